@@ -1,0 +1,149 @@
+"""The public library: copy() and resume() (with async twins), and job listing; the CLI only calls these."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from blobsync.backends.azure_auth import resolve_credential
+from blobsync.backends.azure_rest import AzureContainerStore
+from blobsync.config import TransferConfig
+from blobsync.engine.context import Progress
+from blobsync.engine.job import UploadJob, UploadSpec
+from blobsync.errors import UsageError
+from blobsync.journal import FileRow, JobRow, Journal, default_journal_path
+from blobsync.location import BlobLocation, is_url, parse_location
+from blobsync.report import Report
+
+
+def _journal(config: TransferConfig, env: Mapping[str, str]) -> Journal:
+    return Journal(config.journal_path or default_journal_path(env))
+
+
+def _store(loc: BlobLocation, config: TransferConfig, env: Mapping[str, str]) -> AzureContainerStore:
+    return AzureContainerStore(
+        loc,
+        resolve_credential(loc, env),
+        connections=config.concurrency + 4,
+        read_timeout=config.stall_timeout,
+    )
+
+
+async def _run_upload(
+    source: Path, loc: BlobLocation, config: TransferConfig, env: Mapping[str, str],
+    progress: Progress | None, job: JobRow | None, journal: Journal,
+) -> Report:
+    store = _store(loc, config, env)
+    try:
+        runner = UploadJob(UploadSpec(source, loc, config), store, journal, progress=progress, job=job)
+        return await runner.run()
+    finally:
+        await store.close()
+        journal.close()
+
+
+async def copy_async(
+    source: str | os.PathLike[str],
+    dest: str,
+    config: TransferConfig | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    progress: Progress | None = None,
+) -> Report:
+    """Upload a file, or a folder with `config.recursive`, to a blob URL. Re-running resumes the same job."""
+    config = config or TransferConfig()
+    env = os.environ if env is None else env
+    if is_url(os.fspath(source)):
+        raise UsageError("downloads are not supported yet: the source must be a local path")
+    if not is_url(dest):
+        raise UsageError(f"destination {dest!r} is not a blob URL (https://<account>.blob.core.windows.net/...)")
+    loc = parse_location(dest)
+    src = Path(source).expanduser().absolute()
+    journal = _journal(config, env)
+    return await _run_upload(src, loc, config, env, progress, None, journal)
+
+
+def copy(
+    source: str | os.PathLike[str],
+    dest: str,
+    config: TransferConfig | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    progress: Progress | None = None,
+) -> Report:
+    """Blocking form of `copy_async`."""
+    return asyncio.run(copy_async(source, dest, config, env=env, progress=progress))
+
+
+async def resume_async(
+    job_id: str,
+    *,
+    sas: str | None = None,
+    journal_path: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    progress: Progress | None = None,
+    **overrides: object,
+) -> Report:
+    """Resume a journaled job. Credentials come from `sas` or the environment, never from the journal."""
+    env = os.environ if env is None else env
+    journal = Journal(journal_path or default_journal_path(env))
+    try:
+        job = journal.get_job(job_id)
+        if job.state == "done":
+            raise UsageError(f"job {job.id} is already done")
+        config = TransferConfig.from_journal(job.options, journal_path=journal_path, **overrides)
+        url = job.dest if not sas else f"{job.dest}?{sas.lstrip('?')}"
+        loc = parse_location(url)
+    except BaseException:
+        journal.close()
+        raise
+    return await _run_upload(Path(job.source), loc, config, env, progress, job, journal)
+
+
+def resume(job_id: str, **kwargs: object) -> Report:
+    """Blocking form of `resume_async`."""
+    return asyncio.run(resume_async(job_id, **kwargs))  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class JobSummary:
+    job: JobRow
+    totals: dict[str, dict[str, int]]
+
+
+def list_jobs(journal_path: Path | None = None, env: Mapping[str, str] | None = None) -> list[JobSummary]:
+    journal = Journal(journal_path or default_journal_path(os.environ if env is None else env))
+    try:
+        return [JobSummary(job, journal.job_totals(job.id)) for job in journal.list_jobs()]
+    finally:
+        journal.close()
+
+
+def show_job(
+    job_id: str, journal_path: Path | None = None, env: Mapping[str, str] | None = None
+) -> tuple[JobSummary, list[FileRow]]:
+    journal = Journal(journal_path or default_journal_path(os.environ if env is None else env))
+    try:
+        job = journal.get_job(job_id)
+        return JobSummary(job, journal.job_totals(job.id)), journal.files(job.id)
+    finally:
+        journal.close()
+
+
+def clean_jobs(
+    older_than_days: float | None = None,
+    *,
+    include_unfinished: bool = False,
+    journal_path: Path | None = None,
+    env: Mapping[str, str] | None = None,
+) -> list[str]:
+    """Forget finished jobs (all, or those older than N days); unfinished ones only when asked."""
+    journal = Journal(journal_path or default_journal_path(os.environ if env is None else env))
+    try:
+        seconds = None if older_than_days is None else older_than_days * 86400
+        return journal.delete_jobs(seconds, include_unfinished)
+    finally:
+        journal.close()

@@ -1,0 +1,1 @@
+"""Storage backends: the interface the engine talks to, and its Azure implementation."""

@@ -1,0 +1,235 @@
+"""Azure credentials: where they come from (URL, environment, emulator, Azure AD) and how a request is signed."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+from urllib.parse import unquote
+
+from blobsync.errors import AuthError, UsageError
+from blobsync.location import BlobLocation
+from blobsync.redact import register_secret
+
+# The Azurite / storage-emulator account key: public, documented, the same on every machine.
+EMULATOR_ACCOUNT = "devstoreaccount1"
+EMULATOR_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+STORAGE_SCOPE = "https://storage.azure.com/.default"
+
+
+@dataclass
+class Request:
+    """The parts of an HTTP request a signer needs to see or change."""
+
+    method: str
+    path: str  # percent-encoded, as sent
+    query: list[tuple[str, str]]  # decoded names and values, excluding any SAS
+    headers: dict[str, str]
+    sas: str | None = None  # a raw SAS query string to append, set by SasCredential
+
+
+class Credential(Protocol):
+    """Signs requests for one storage account."""
+
+    description: str  # e.g. "SAS token from the URL"; never contains the secret
+    is_sas: bool
+
+    async def authorize(self, request: Request) -> None: ...
+
+
+@dataclass
+class AnonymousCredential:
+    description: str = "no credentials (anonymous access)"
+    is_sas: bool = False
+
+    async def authorize(self, request: Request) -> None:
+        return None
+
+
+@dataclass
+class SasCredential:
+    sas: str
+    description: str = "SAS token from the URL"
+    is_sas: bool = True
+
+    async def authorize(self, request: Request) -> None:
+        request.sas = self.sas
+
+
+def _canonical_headers(headers: Mapping[str, str]) -> str:
+    xms = sorted((k.lower(), v.strip()) for k, v in headers.items() if k.lower().startswith("x-ms-"))
+    return "".join(f"{k}:{v}\n" for k, v in xms)
+
+
+def _canonical_resource(account: str, path: str, query: list[tuple[str, str]]) -> str:
+    out = f"/{account}{path}"
+    if query:
+        grouped: dict[str, list[str]] = {}
+        for name, value in query:
+            grouped.setdefault(name.lower(), []).append(value)
+        for name in sorted(grouped):
+            out += f"\n{name}:{','.join(sorted(grouped[name]))}"
+    return out
+
+
+@dataclass
+class SharedKeyCredential:
+    """Shared Key authorization as the Azure REST reference specifies (service version 2015-02-21+)."""
+
+    account: str
+    key: str
+    description: str = "account key"
+    is_sas: bool = False
+    _key_bytes: bytes = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        try:
+            self._key_bytes = base64.b64decode(self.key, validate=True)
+        except ValueError as exc:
+            raise UsageError(f"the account key for {self.account!r} is not valid base64") from exc
+        register_secret(self.key)
+
+    def string_to_sign(self, request: Request) -> str:
+        h = {k.lower(): v for k, v in request.headers.items()}
+        length = h.get("content-length", "")
+        if length == "0":
+            length = ""
+        parts = [
+            request.method.upper(),
+            h.get("content-encoding", ""),
+            h.get("content-language", ""),
+            length,
+            h.get("content-md5", ""),
+            h.get("content-type", ""),
+            "",  # Date: we send x-ms-date instead
+            h.get("if-modified-since", ""),
+            h.get("if-match", ""),
+            h.get("if-none-match", ""),
+            h.get("if-unmodified-since", ""),
+            h.get("range", ""),
+        ]
+        return (
+            "\n".join(parts)
+            + "\n"
+            + _canonical_headers(request.headers)
+            + _canonical_resource(self.account, request.path, request.query)
+        )
+
+    async def authorize(self, request: Request) -> None:
+        digest = hmac.new(self._key_bytes, self.string_to_sign(request).encode("utf-8"), hashlib.sha256)
+        signature = base64.b64encode(digest.digest()).decode("ascii")
+        request.headers["Authorization"] = f"SharedKey {self.account}:{signature}"
+
+
+class _TokenSource(Protocol):
+    async def get_token(self, *scopes: str) -> Any: ...
+
+
+@dataclass
+class TokenCredential:
+    """Azure AD bearer tokens from an azure-identity async credential, refreshed before they expire."""
+
+    source: _TokenSource
+    description: str = "Azure AD (DefaultAzureCredential)"
+    is_sas: bool = False
+    _token: str | None = field(default=None, init=False, repr=False)
+    _expires_on: float = field(default=0.0, init=False, repr=False)
+
+    async def authorize(self, request: Request) -> None:
+        if self._token is None or self._expires_on - time.time() < 300:
+            try:
+                token = await self.source.get_token(STORAGE_SCOPE)
+            except Exception as exc:  # azure-identity raises its own tree; name it for the user
+                raise AuthError(
+                    f"could not get an Azure AD token: {type(exc).__name__}",
+                    hint="run 'az login', set AZURE_CLIENT_ID/AZURE_TENANT_ID/AZURE_CLIENT_SECRET, "
+                    "or use a SAS URL or AZURE_STORAGE_KEY",
+                ) from exc
+            self._token = str(token.token)
+            self._expires_on = float(token.expires_on)
+            register_secret(self._token)
+        request.headers["Authorization"] = f"Bearer {self._token}"
+
+
+def parse_connection_string(text: str) -> dict[str, str]:
+    """Split 'Key=Value;Key2=Value2' (values may contain '='); keys are matched case-insensitively."""
+    out: dict[str, str] = {}
+    for part in text.split(";"):
+        part = part.strip()
+        if not part:
+            continue
+        key, sep, value = part.partition("=")
+        if not sep:
+            raise UsageError("AZURE_STORAGE_CONNECTION_STRING is malformed: expected Key=Value;Key=Value")
+        out[key.strip().lower()] = value.strip()
+    return out
+
+
+def _from_connection_string(loc: BlobLocation, text: str) -> Credential | None:
+    cs = parse_connection_string(text)
+    if cs.get("usedevelopmentstorage", "").lower() == "true":
+        if loc.account == EMULATOR_ACCOUNT:
+            return SharedKeyCredential(
+                EMULATOR_ACCOUNT, EMULATOR_KEY, description="emulator key (UseDevelopmentStorage=true)"
+            )
+        return None
+    account = cs.get("accountname")
+    if account is None and "blobendpoint" in cs:
+        # An explicit BlobEndpoint names the account in its host or (emulator style) its path.
+        from blobsync.location import parse_location
+
+        try:
+            account = parse_location(cs["blobendpoint"].rstrip("/") + "/x").account
+        except UsageError:
+            account = None
+    if account is not None and account != loc.account:
+        return None
+    if "accountkey" in cs and account is not None:
+        return SharedKeyCredential(
+            account, cs["accountkey"], description="account key from AZURE_STORAGE_CONNECTION_STRING"
+        )
+    if "sharedaccesssignature" in cs:
+        return SasCredential(
+            cs["sharedaccesssignature"].lstrip("?"),
+            description="SAS from AZURE_STORAGE_CONNECTION_STRING",
+        )
+    return None
+
+
+def _default_azure_credential() -> Credential | None:
+    try:
+        from azure.identity.aio import DefaultAzureCredential
+    except ImportError:
+        return None
+    return TokenCredential(DefaultAzureCredential())
+
+
+def resolve_credential(loc: BlobLocation, env: Mapping[str, str]) -> Credential:
+    """Pick credentials for `loc`: SAS in the URL, then the environment, then the emulator key, then Azure AD."""
+    if loc.sas:
+        return SasCredential(loc.sas)
+    conn = env.get("AZURE_STORAGE_CONNECTION_STRING")
+    if conn:
+        cred = _from_connection_string(loc, conn)
+        if cred is not None:
+            return cred
+    key = env.get("AZURE_STORAGE_KEY")
+    account = env.get("AZURE_STORAGE_ACCOUNT")
+    if key and (account is None or account == loc.account):
+        return SharedKeyCredential(loc.account, key, description="account key from AZURE_STORAGE_KEY")
+    if loc.account == EMULATOR_ACCOUNT and loc.is_loopback:
+        return SharedKeyCredential(EMULATOR_ACCOUNT, EMULATOR_KEY, description="emulator key")
+    if not loc.is_loopback:
+        cred = _default_azure_credential()
+        if cred is not None:
+            return cred
+    return AnonymousCredential()
+
+
+def sas_permissions(loc: BlobLocation) -> str | None:
+    """The SAS 'sp' field (permission letters), or None when there is no SAS."""
+    return unquote(loc.sas_fields["sp"]) if loc.sas and "sp" in loc.sas_fields else None

@@ -1,0 +1,291 @@
+"""The Azure Blob data path: a thin aiohttp client for Put Blob, Put Block, Put Block List and friends."""
+
+from __future__ import annotations
+
+import base64
+import re
+import time
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from email.utils import formatdate, parsedate_to_datetime
+from urllib.parse import quote, urlsplit
+from xml.etree import ElementTree
+
+import aiohttp
+from yarl import URL
+
+from blobsync._version import __version__
+from blobsync.backends.azure_auth import Credential, Request
+from blobsync.backends.azure_errors import error_from_response, network_error
+from blobsync.backends.base import (
+    BlobHeaders,
+    BlobProperties,
+    Block,
+    BlockList,
+    BlockState,
+    Buffer,
+    Conditions,
+    PutResult,
+)
+from blobsync.errors import BlobNotFoundError, ContainerNotFoundError, ServiceError
+from blobsync.location import BlobLocation
+
+API_VERSION = "2023-11-03"
+_USER_AGENT = f"blobsync/{__version__}"
+_META_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class _DateCache:
+    """x-ms-date changes once a second; formatting it per request is measurable on many small files."""
+
+    def __init__(self) -> None:
+        self._second = -1
+        self._value = ""
+
+    def now(self) -> str:
+        second = int(time.time())
+        if second != self._second:
+            self._second = second
+            self._value = formatdate(second, usegmt=True)
+        return self._value
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _parse_http_date(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        return parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _blob_headers(headers: BlobHeaders, prefix: str) -> dict[str, str]:
+    """Properties as request headers; Put Blob uses x-ms-blob-* names, as does Put Block List."""
+    out = {f"{prefix}content-type": headers.content_type}
+    if headers.content_md5 is not None:
+        out[f"{prefix}content-md5"] = _b64(headers.content_md5)
+    for key, value in headers.metadata.items():
+        if not _META_NAME.match(key):
+            raise ServiceError(f"invalid metadata name {key!r}: use letters, digits and '_'")
+        out[f"x-ms-meta-{key}"] = value
+    if headers.tier:
+        out["x-ms-access-tier"] = headers.tier
+    return out
+
+
+def _condition_headers(conditions: Conditions) -> dict[str, str]:
+    out: dict[str, str] = {}
+    if conditions.if_none_match_any:
+        out["If-None-Match"] = "*"
+    if conditions.if_match:
+        out["If-Match"] = conditions.if_match
+    return out
+
+
+class AzureContainerStore:
+    """ContainerStore over the Blob REST API, signed with a SAS, Shared Key or Azure AD token."""
+
+    def __init__(
+        self,
+        loc: BlobLocation,
+        credential: Credential,
+        *,
+        connections: int = 64,
+        connect_timeout: float = 30.0,
+        read_timeout: float = 120.0,
+        session: aiohttp.ClientSession | None = None,
+    ) -> None:
+        self._loc = loc
+        self._cred = credential
+        self._base = loc.container_url
+        self._base_path = urlsplit(self._base).path
+        self._dates = _DateCache()
+        self._own_session = session is None
+        self._session = session or aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=connections, limit_per_host=connections, ttl_dns_cache=300),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=read_timeout),
+            auto_decompress=False,
+            skip_auto_headers=("Content-Type", "User-Agent", "Accept-Encoding"),
+        )
+
+    @property
+    def display_url(self) -> str:
+        return self._loc.display
+
+    @property
+    def location(self) -> BlobLocation:
+        return self._loc
+
+    async def close(self) -> None:
+        if self._own_session:
+            await self._session.close()
+
+    # --- transport ----------------------------------------------------------------------------------------
+
+    async def _call(
+        self,
+        method: str,
+        name: str | None,
+        query: list[tuple[str, str]],
+        headers: dict[str, str],
+        body: Buffer | None,
+        what: str,
+        expect: tuple[int, ...],
+        read_body: bool = True,
+    ) -> tuple[int, Mapping[str, str], bytes]:
+        path = self._base_path if name is None else f"{self._base_path}/{quote(name, safe='/~')}"
+        headers["x-ms-date"] = self._dates.now()
+        headers["x-ms-version"] = API_VERSION
+        headers["User-Agent"] = _USER_AGENT
+        if body is not None:
+            headers["Content-Length"] = str(len(body))
+            headers.setdefault("Content-Type", "application/octet-stream")
+        elif method in ("PUT", "POST"):
+            headers["Content-Length"] = "0"
+        request = Request(method, path, query, headers)
+        await self._cred.authorize(request)
+        qs = "&".join(f"{quote(k, safe='')}={quote(v, safe='')}" for k, v in query)
+        if request.sas:
+            qs = f"{qs}&{request.sas}" if qs else request.sas
+        url = URL(f"{self._loc.scheme}://{self._loc.netloc}{path}{'?' + qs if qs else ''}", encoded=True)
+        try:
+            async with self._session.request(
+                method, url, headers=request.headers, data=body if body is not None else None
+            ) as resp:
+                data = await resp.read() if (read_body or resp.status not in expect) else b""
+                resp_headers = {k.lower(): v for k, v in resp.headers.items()}
+                status = resp.status
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise network_error(what, exc) from exc
+        if status not in expect:
+            raise error_from_response(
+                status=status,
+                headers=resp_headers,
+                body=data,
+                method=method,
+                what=what,
+                loc=self._loc,
+                credential_description=self._cred.description,
+            )
+        return status, resp_headers, data
+
+    # --- operations ---------------------------------------------------------------------------------------
+
+    async def create_container(self) -> bool:
+        """Create the container; False when it already existed."""
+        try:
+            await self._call(
+                "PUT", None, [("restype", "container")], {}, None, f"create container {self._loc.container}",
+                (201,),
+            )
+        except ServiceError as exc:
+            if exc.status == 409 and exc.code == "ContainerAlreadyExists":
+                return False
+            raise
+        return True
+
+    async def container_exists(self) -> bool:
+        try:
+            await self._call(
+                "GET", None, [("restype", "container"), ("comp", "list"), ("maxresults", "1")], {}, None,
+                f"list container {self._loc.container}", (200,),
+            )
+        except ContainerNotFoundError:
+            return False
+        return True
+
+    async def get_properties(self, name: str) -> BlobProperties | None:
+        try:
+            _, h, _ = await self._call("HEAD", name, [], {}, None, f"get properties of {name!r}", (200,),
+                                       read_body=False)
+        except BlobNotFoundError:
+            return None
+        except ServiceError as exc:
+            # HEAD errors carry no body; a 404 without a code may still mean the container is gone.
+            if exc.status == 404:
+                return None
+            raise
+        md5 = h.get("content-md5")
+        return BlobProperties(
+            name=name,
+            size=int(h.get("content-length", "0")),
+            etag=h.get("etag", ""),
+            last_modified=_parse_http_date(h.get("last-modified")) or datetime.fromtimestamp(0),
+            content_md5=base64.b64decode(md5) if md5 else None,
+            content_type=h.get("content-type"),
+            metadata={k[len("x-ms-meta-"):]: v for k, v in h.items() if k.startswith("x-ms-meta-")},
+            blob_type=h.get("x-ms-blob-type"),
+            tier=h.get("x-ms-access-tier"),
+        )
+
+    async def put_blob(
+        self, name: str, data: Buffer, headers: BlobHeaders, conditions: Conditions = Conditions()
+    ) -> PutResult:
+        req = {"x-ms-blob-type": "BlockBlob", **_blob_headers(headers, "x-ms-blob-"),
+               **_condition_headers(conditions)}
+        if headers.content_md5 is not None:
+            # Content-MD5 on Put Blob makes the service check the body, not just store the value.
+            req["Content-MD5"] = _b64(headers.content_md5)
+        _, h, _ = await self._call("PUT", name, [], req, data, f"put blob {name!r}", (201,))
+        md5 = h.get("content-md5")
+        return PutResult(h.get("etag", ""), _parse_http_date(h.get("last-modified")),
+                         base64.b64decode(md5) if md5 else None)
+
+    async def put_block(self, name: str, block_id: str, data: Buffer, content_md5: bytes | None) -> None:
+        req: dict[str, str] = {}
+        if content_md5 is not None:
+            req["Content-MD5"] = _b64(content_md5)
+        await self._call(
+            "PUT", name, [("comp", "block"), ("blockid", block_id)], req, data, f"put block of {name!r}",
+            (201,), read_body=False,
+        )
+
+    async def put_block_list(
+        self,
+        name: str,
+        blocks: Sequence[tuple[str, BlockState]],
+        headers: BlobHeaders,
+        conditions: Conditions = Conditions(),
+    ) -> PutResult:
+        # Built by hand: every entry names the list it must come from (never <Latest> for fresh blocks).
+        body = (
+            '<?xml version="1.0" encoding="utf-8"?><BlockList>'
+            + "".join(f"<{state.value}>{bid}</{state.value}>" for bid, state in blocks)
+            + "</BlockList>"
+        ).encode("ascii")
+        req = {**_blob_headers(headers, "x-ms-blob-"), **_condition_headers(conditions),
+               "Content-Type": "application/xml"}
+        _, h, _ = await self._call(
+            "PUT", name, [("comp", "blocklist")], req, body, f"put block list of {name!r}", (201,)
+        )
+        return PutResult(h.get("etag", ""), _parse_http_date(h.get("last-modified")), None)
+
+    async def get_block_list(self, name: str, which: str = "all") -> BlockList:
+        try:
+            _, h, body = await self._call(
+                "GET", name, [("comp", "blocklist"), ("blocklisttype", which)], {}, None,
+                f"get block list of {name!r}", (200,),
+            )
+        except BlobNotFoundError:
+            return BlockList((), (), None, None)
+        root = ElementTree.fromstring(body)
+
+        def blocks(tag: str) -> tuple[Block, ...]:
+            return tuple(
+                Block(b.findtext("Name") or "", int(b.findtext("Size") or "0"))
+                for b in root.iterfind(f"{tag}/Block")
+            )
+
+        length = h.get("x-ms-blob-content-length")
+        committed = blocks("CommittedBlocks")
+        return BlockList(
+            committed,
+            blocks("UncommittedBlocks"),
+            int(length) if length is not None and (committed or h.get("etag")) else None,
+            h.get("etag"),
+        )
+

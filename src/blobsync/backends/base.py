@@ -1,0 +1,101 @@
+"""The storage interface the engine depends on (a Protocol), and the plain records it returns."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import Enum
+from typing import Protocol
+
+
+class BlockState(Enum):
+    """Which list Put Block List resolves a block ID in."""
+
+    COMMITTED = "Committed"
+    UNCOMMITTED = "Uncommitted"
+    LATEST = "Latest"
+
+
+@dataclass(frozen=True)
+class Block:
+    block_id: str  # base64 text, as sent on the wire
+    size: int
+
+
+@dataclass(frozen=True)
+class BlockList:
+    committed: tuple[Block, ...]
+    uncommitted: tuple[Block, ...]
+    blob_length: int | None  # None when the blob has no committed version
+    etag: str | None
+
+
+@dataclass(frozen=True)
+class BlobProperties:
+    name: str
+    size: int
+    etag: str
+    last_modified: datetime
+    content_md5: bytes | None
+    content_type: str | None
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    blob_type: str | None = None
+    tier: str | None = None
+
+
+@dataclass(frozen=True)
+class PutResult:
+    etag: str
+    last_modified: datetime | None
+    content_md5: bytes | None  # what the service computed or stored, when it says
+
+
+@dataclass(frozen=True)
+class BlobHeaders:
+    """Properties that Put Blob and Put Block List set (they replace, so we send them every time)."""
+
+    content_type: str
+    content_md5: bytes | None
+    metadata: Mapping[str, str]
+    tier: str | None = None
+
+
+@dataclass(frozen=True)
+class Conditions:
+    """Optional preconditions for a write: create-only, or only over a known version."""
+
+    if_none_match_any: bool = False
+    if_match: str | None = None
+
+
+Buffer = bytes | bytearray | memoryview
+
+
+class ContainerStore(Protocol):
+    """Blob operations on one container. Implementations raise only blobsync.errors exceptions."""
+
+    @property
+    def display_url(self) -> str: ...
+
+    async def create_container(self) -> bool: ...
+
+    async def get_properties(self, name: str) -> BlobProperties | None: ...
+
+    async def put_blob(
+        self, name: str, data: Buffer, headers: BlobHeaders, conditions: Conditions = Conditions()
+    ) -> PutResult: ...
+
+    async def put_block(self, name: str, block_id: str, data: Buffer, content_md5: bytes | None) -> None: ...
+
+    async def put_block_list(
+        self,
+        name: str,
+        blocks: Sequence[tuple[str, BlockState]],
+        headers: BlobHeaders,
+        conditions: Conditions = Conditions(),
+    ) -> PutResult: ...
+
+    async def get_block_list(self, name: str, which: str = "all") -> BlockList: ...
+
+    async def close(self) -> None: ...

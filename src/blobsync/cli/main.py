@@ -1,0 +1,236 @@
+"""The `blobsync` command: cp and jobs. Flags map onto TransferConfig; errors become one line and an exit code."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from blobsync import api
+from blobsync._version import __version__
+from blobsync.cli.output import LiveProgress, human_bytes, summary
+from blobsync.config import TIERS, Overwrite, TransferConfig, parse_metadata
+from blobsync.engine.context import Progress
+from blobsync.errors import BlobsyncError, ExitCode
+from blobsync.redact import RedactingFilter, redact
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _error(message: str, code: int) -> None:
+    click.echo(f"blobsync: error: {redact(message)}", err=True)
+    sys.exit(code)
+
+
+def _handle_errors(fn: F) -> F:
+    """Turn every expected failure into one line on stderr and its exit code: never a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except BlobsyncError as exc:
+            _error(str(exc), int(exc.exit_code))
+        except OSError as exc:
+            _error(f"{exc.strerror or exc}", int(ExitCode.PARTIAL))
+        return None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _setup_logging(level: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(RedactingFilter())
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger("blobsync")
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+
+
+def _sigterm_as_interrupt() -> None:
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def _run_transfer(call: Callable[[Progress], Any], *, quiet: bool) -> None:
+    progress = Progress()
+    _sigterm_as_interrupt()
+    try:
+        with LiveProgress(progress) if not quiet else _nullcontext():
+            report = call(progress)
+    except KeyboardInterrupt:
+        job = progress.job_id
+        hint = f"run the same command again, or 'blobsync jobs resume {job}'" if job else "run it again"
+        click.echo(f"blobsync: interrupted; nothing is lost: {hint} to resume", err=True)
+        sys.exit(int(ExitCode.INTERRUPTED))
+    click.echo(summary(report))
+    if report.files_failed and report.bytes_sent == 0 and report.files_uploaded == 0 and progress.job_id:
+        click.echo(f"  resume with: blobsync jobs resume {progress.job_id}", err=True)
+    sys.exit(int(report.exit_code))
+
+
+class _nullcontext:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(__version__, prog_name="blobsync")
+def cli() -> None:
+    """Fast, resumable, verified transfers between local disks and Azure Blob Storage."""
+
+
+def _log_option(fn: F) -> F:
+    return click.option(
+        "--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+        default="WARNING", show_default=True, help="Log detail on stderr (secrets are always redacted).",
+    )(fn)
+
+
+@cli.command()
+@click.argument("source", type=click.Path(path_type=Path))
+@click.argument("destination")
+@click.option("-r", "--recursive", is_flag=True, help="Upload a folder's contents (blob names = relative paths).")
+@click.option("--block-size-mb", type=float, default=8, show_default=True,
+              help="Block size; raised automatically so no blob needs more than 50,000 blocks.")
+@click.option("--put-blob-size-mb", type=float, default=None,
+              help="Files up to this size go up in one request [default: the block size].")
+@click.option("--concurrency", type=int, default=16, show_default=True,
+              help="Requests in flight, shared by all files.")
+@click.option("--memory-mb", type=float, default=256, show_default=True,
+              help="Bytes in flight (read buffers), shared by all files.")
+@click.option("--overwrite", type=click.Choice(["true", "false", "ifSourceNewer"], case_sensitive=False),
+              default="true", show_default=True, help="What to do when the blob exists.")
+@click.option("--put-md5/--no-put-md5", default=True, show_default=True,
+              help="Store the whole-file MD5 as the blob's Content-MD5 (every block carries its own MD5 anyway).")
+@click.option("--content-type", default=None, help="Content type [default: guessed from the file name].")
+@click.option("--metadata", default=None, help="Blob metadata, 'key=value;key2=value2'.")
+@click.option("--block-blob-tier", type=click.Choice(TIERS, case_sensitive=False), default=None,
+              help="Access tier for uploaded blobs.")
+@click.option("--create-container", is_flag=True, help="Create the container if it does not exist.")
+@click.option("--follow-symlinks", is_flag=True, help="Follow symbolic links (default: skip them with a note).")
+@click.option("--journal", "journal_path", type=click.Path(path_type=Path), default=None,
+              help="Journal database [default: $XDG_STATE_HOME/blobsync/journal.db].")
+@click.option("--max-retries", type=int, default=8, show_default=True, help="Retries per request.")
+@click.option("--retry-deadline", type=float, default=900, show_default=True,
+              help="Seconds after which a request stops retrying.")
+@click.option("--quiet", is_flag=True, help="No live progress line.")
+@_log_option
+@_handle_errors
+def cp(source: Path, destination: str, recursive: bool, block_size_mb: float, put_blob_size_mb: float | None,
+       concurrency: int, memory_mb: float, overwrite: str, put_md5: bool, content_type: str | None,
+       metadata: str | None, block_blob_tier: str | None, create_container: bool, follow_symlinks: bool,
+       journal_path: Path | None, max_retries: int, retry_deadline: float, quiet: bool, log_level: str) -> None:
+    """Upload SOURCE (a file, or a folder with -r) to DESTINATION, a container or blob URL.
+
+    Interrupted? Run the same command again: only the blocks that never reached Azure are sent.
+    """
+    _setup_logging(log_level)
+    tier = next((t for t in TIERS if block_blob_tier and t.lower() == block_blob_tier.lower()), None)
+    config = TransferConfig.from_mib(
+        block_size_mb=block_size_mb,
+        put_blob_size_mb=put_blob_size_mb,
+        memory_mb=memory_mb,
+        concurrency=concurrency,
+        overwrite=Overwrite.parse(overwrite),
+        put_md5=put_md5,
+        content_type=content_type,
+        metadata=parse_metadata(metadata),
+        tier=tier,
+        create_container=create_container,
+        recursive=recursive,
+        follow_symlinks=follow_symlinks,
+        journal_path=journal_path,
+        max_retries=max_retries,
+        retry_deadline=retry_deadline,
+    )
+    _run_transfer(lambda progress: api.copy(source, destination, config, progress=progress), quiet=quiet)
+
+
+@cli.group()
+def jobs() -> None:
+    """List, inspect, resume and clean journaled jobs."""
+
+
+_journal_option = click.option("--journal", "journal_path", type=click.Path(path_type=Path), default=None,
+                               help="Journal database [default: $XDG_STATE_HOME/blobsync/journal.db].")
+
+
+def _when(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts))
+
+
+@jobs.command("list")
+@_journal_option
+@_handle_errors
+def jobs_list(journal_path: Path | None) -> None:
+    """One line per job: id, state, when, files, source and destination."""
+    summaries = api.list_jobs(journal_path)
+    if not summaries:
+        click.echo("no jobs")
+        return
+    for s in summaries:
+        files = sum(t["files"] for t in s.totals.values())
+        done = s.totals.get("committed", {}).get("files", 0)
+        click.echo(f"{s.job.id}  {s.job.state:<11} {_when(s.job.updated)}  {done}/{files} files  "
+                   f"{s.job.source} -> {s.job.dest}")
+
+
+@jobs.command("show")
+@click.argument("job_id")
+@_journal_option
+@_handle_errors
+def jobs_show(job_id: str, journal_path: Path | None) -> None:
+    """Per-file state and bytes of one job."""
+    s, files = api.show_job(job_id, journal_path)
+    click.echo(f"job {s.job.id}: {s.job.kind} {s.job.state}, started {_when(s.job.created)}, "
+               f"updated {_when(s.job.updated)}")
+    click.echo(f"  {s.job.source} -> {s.job.dest}")
+    for state, t in sorted(s.totals.items()):
+        click.echo(f"  {state}: {t['files']} files, {human_bytes(t['bytes'])}")
+    for f in files:
+        line = f"  {f.state:<9} {human_bytes(f.bytes_sent):>11} / {human_bytes(f.size):<11} {f.rel}"
+        if f.error:
+            line += f"  ({f.error})"
+        click.echo(line)
+
+
+@jobs.command("resume")
+@click.argument("job_id")
+@click.option("--sas", default=None, help="SAS token for the destination (the journal never stores one).")
+@_journal_option
+@click.option("--quiet", is_flag=True, help="No live progress line.")
+@_log_option
+@_handle_errors
+def jobs_resume(job_id: str, sas: str | None, journal_path: Path | None, quiet: bool, log_level: str) -> None:
+    """Resume a job; credentials come from --sas or the environment."""
+    _setup_logging(log_level)
+    _run_transfer(lambda progress: api.resume(job_id, sas=sas, journal_path=journal_path, progress=progress),
+                  quiet=quiet)
+
+
+@jobs.command("clean")
+@click.option("--older-than", "older_than", type=float, default=None, help="Only jobs older than DAYS.")
+@click.option("--all", "include_unfinished", is_flag=True, help="Also forget unfinished (resumable) jobs.")
+@_journal_option
+@_handle_errors
+def jobs_clean(older_than: float | None, include_unfinished: bool, journal_path: Path | None) -> None:
+    """Forget finished jobs from the journal."""
+    removed = api.clean_jobs(older_than, include_unfinished=include_unfinished, journal_path=journal_path)
+    click.echo(f"removed {len(removed)} job(s)")
+
+
+def main() -> None:
+    cli(prog_name="blobsync")

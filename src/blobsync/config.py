@@ -1,0 +1,148 @@
+"""TransferConfig: every option of a transfer in one frozen, validated record (the CLI flags map onto it)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from types import MappingProxyType
+
+from blobsync.errors import UsageError
+
+MiB = 1024 * 1024
+MAX_BLOCK_SIZE = 4000 * MiB
+MAX_PUT_BLOB_SIZE = 5000 * MiB
+MAX_BLOCKS = 50_000
+TIERS = ("Hot", "Cool", "Cold", "Archive")
+_RESERVED_METADATA = ("mtime",)
+
+
+class Overwrite(Enum):
+    TRUE = "true"
+    FALSE = "false"
+    IF_SOURCE_NEWER = "ifSourceNewer"
+
+    @classmethod
+    def parse(cls, text: str) -> Overwrite:
+        for member in cls:
+            if member.value.lower() == text.lower():
+                return member
+        raise UsageError(f"invalid --overwrite {text!r}: use true, false or ifSourceNewer")
+
+
+def parse_metadata(text: str | None) -> dict[str, str]:
+    """Parse AzCopy-style 'k=v;k2=v2' metadata; names must be valid C# identifiers, as Azure requires."""
+    out: dict[str, str] = {}
+    if not text:
+        return out
+    for item in text.split(";"):
+        if not item.strip():
+            continue
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise UsageError(f"invalid --metadata item {item!r}: expected key=value")
+        if not (key[0].isalpha() or key[0] == "_") or not all(c.isalnum() or c == "_" for c in key) \
+                or not key.isascii():
+            raise UsageError(f"invalid metadata name {key!r}: letters, digits and '_', not starting with a digit")
+        if key.lower() in _RESERVED_METADATA:
+            raise UsageError(f"metadata name {key!r} is reserved: blobsync stores the source mtime there")
+        if not value.isascii():
+            raise UsageError(f"metadata value for {key!r} must be ASCII (an HTTP header)")
+        out[key] = value
+    return out
+
+
+def _mib(value: float, flag: str, lo: float, hi: int) -> int:
+    if not (lo <= value * MiB <= hi):
+        raise UsageError(f"{flag} {value:g} is out of range: {lo / MiB:g} to {hi // MiB} MiB")
+    return int(value * MiB)
+
+
+@dataclass(frozen=True)
+class TransferConfig:
+    """Options of a transfer; sizes in bytes. Build it with `TransferConfig.from_mib(...)` from MiB values."""
+
+    block_size: int = 8 * MiB
+    put_blob_size: int | None = None  # None: same as block_size (AzCopy's rule)
+    concurrency: int = 16
+    memory: int = 256 * MiB
+    overwrite: Overwrite = Overwrite.TRUE
+    put_md5: bool = True
+    content_type: str | None = None
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    tier: str | None = None
+    create_container: bool = False
+    recursive: bool = False
+    follow_symlinks: bool = False
+    journal_path: Path | None = None
+    max_retries: int = 8
+    retry_deadline: float = 900.0
+    stall_timeout: float = 120.0
+
+    def __post_init__(self) -> None:
+        if not (1 <= self.block_size <= MAX_BLOCK_SIZE):
+            raise UsageError(f"--block-size-mb is out of range: up to {MAX_BLOCK_SIZE // MiB} MiB")
+        if self.put_blob_size is not None and not (0 <= self.put_blob_size <= MAX_PUT_BLOB_SIZE):
+            raise UsageError(f"--put-blob-size-mb is out of range: 0 to {MAX_PUT_BLOB_SIZE // MiB} MiB")
+        if not (1 <= self.concurrency <= 512):
+            raise UsageError(f"--concurrency {self.concurrency} is out of range: 1 to 512")
+        if self.memory < MiB:
+            raise UsageError("--memory-mb must be at least 1")
+        if self.memory < self.block_size:
+            raise UsageError(
+                f"--memory-mb ({self.memory // MiB}) must hold at least one block "
+                f"(--block-size-mb {self.block_size / MiB:g})"
+            )
+        if self.tier is not None and self.tier not in TIERS:
+            raise UsageError(f"invalid --block-blob-tier {self.tier!r}: use one of {', '.join(TIERS)}")
+        if self.max_retries < 0 or self.retry_deadline <= 0 or self.stall_timeout <= 0:
+            raise UsageError("retry limits and timeouts must be positive")
+        object.__setattr__(self, "metadata", MappingProxyType(dict(self.metadata)))
+
+    @property
+    def single_put_limit(self) -> int:
+        """Files up to this size go up in one Put Blob."""
+        limit = self.block_size if self.put_blob_size is None else self.put_blob_size
+        return min(limit, self.memory)
+
+    @classmethod
+    def from_mib(
+        cls,
+        *,
+        block_size_mb: float = 8,
+        put_blob_size_mb: float | None = None,
+        memory_mb: float = 256,
+        **kwargs: object,
+    ) -> TransferConfig:
+        return cls(
+            block_size=_mib(block_size_mb, "--block-size-mb", 1 / 1024, MAX_BLOCK_SIZE),
+            put_blob_size=None if put_blob_size_mb is None
+            else _mib(put_blob_size_mb, "--put-blob-size-mb", 0, MAX_PUT_BLOB_SIZE),
+            memory=_mib(memory_mb, "--memory-mb", 1, 1 << 45),
+            **kwargs,  # type: ignore[arg-type]
+        )
+
+    def journal_options(self) -> dict[str, object]:
+        """The options worth keeping with a job (for 'jobs show' and 'jobs resume'); no secrets live here."""
+        return {
+            "block_size": self.block_size,
+            "put_blob_size": self.put_blob_size,
+            "concurrency": self.concurrency,
+            "memory": self.memory,
+            "overwrite": self.overwrite.value,
+            "put_md5": self.put_md5,
+            "content_type": self.content_type,
+            "metadata": dict(self.metadata),
+            "tier": self.tier,
+            "recursive": self.recursive,
+            "follow_symlinks": self.follow_symlinks,
+        }
+
+    @classmethod
+    def from_journal(cls, options: Mapping[str, object], **overrides: object) -> TransferConfig:
+        known = dict(options)
+        known["overwrite"] = Overwrite.parse(str(known.get("overwrite", "true")))
+        known.update(overrides)
+        return cls(**known)  # type: ignore[arg-type]

@@ -1,0 +1,134 @@
+"""Global budgets: bytes in flight (a pool of reusable buffers) and requests in flight."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+class MemoryBudget:
+    """Bytes in flight, as reusable buffers; waiters are served first come, first served.
+
+    Buffers are kept for reuse because fresh multi-MiB allocations cost page faults on every block.
+    Allocated buffers (in use or idle) plus reservations never exceed the limit; idle buffers of another
+    size are dropped to make room.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._counted = 0  # allocated buffers (in use or idle) + reservations
+        self._idle: dict[int, list[bytearray]] = {}
+        self._queue: deque[object] = deque()
+        self._futures: dict[object, asyncio.Future[None]] = {}
+
+    @property
+    def counted(self) -> int:
+        return self._counted
+
+    def _fits(self, size: int) -> bool:
+        if self._counted + size <= self.limit:
+            return True
+        for cap in list(self._idle):
+            idle = self._idle[cap]
+            while idle and self._counted + size > self.limit:
+                idle.pop()
+                self._counted -= cap
+            if not idle:
+                del self._idle[cap]
+        return self._counted + size <= self.limit
+
+    def _try_buffer(self, capacity: int) -> bytearray | None:
+        idle = self._idle.get(capacity)
+        if idle:
+            return idle.pop()
+        if self._fits(capacity):
+            self._counted += capacity
+            return bytearray(capacity)
+        return None
+
+    def _try_reserve(self, size: int) -> int | None:
+        if self._fits(size):
+            self._counted += size
+            return size
+        return None
+
+    async def _acquire(self, attempt: Callable[[], T | None]) -> T:
+        if not self._queue:
+            got = attempt()
+            if got is not None:
+                return got
+        ticket = object()
+        self._queue.append(ticket)
+        try:
+            while True:
+                if self._queue[0] is ticket:
+                    got = attempt()
+                    if got is not None:
+                        return got
+                fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                self._futures[ticket] = fut
+                await fut
+        finally:
+            self._queue.remove(ticket)
+            self._futures.pop(ticket, None)
+            self._wake()
+
+    def _wake(self) -> None:
+        for fut in self._futures.values():
+            if not fut.done():
+                fut.set_result(None)
+
+    async def buffer(self, capacity: int) -> bytearray:
+        """A buffer of exactly `capacity` bytes, counted against the budget until `release`."""
+        return await self._acquire(lambda: self._try_buffer(min(capacity, self.limit)))
+
+    def release(self, buf: bytearray) -> None:
+        self._idle.setdefault(len(buf), []).append(buf)
+        self._wake()
+
+    async def reserve(self, size: int) -> int:
+        """Count `size` bytes (no buffer) against the budget; pass the result to `unreserve`."""
+        return await self._acquire(lambda: self._try_reserve(min(size, self.limit)))
+
+    def unreserve(self, size: int) -> None:
+        self._counted -= size
+        self._wake()
+
+
+class RequestLimiter:
+    """Requests in flight across every file of a job; the limit can be changed while running (AIMD later)."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._active = 0
+        self._cond = asyncio.Condition()
+
+    @property
+    def limit(self) -> int:
+        return self._limit
+
+    @property
+    def active(self) -> int:
+        return self._active
+
+    async def set_limit(self, limit: int) -> None:
+        async with self._cond:
+            self._limit = max(1, limit)
+            self._cond.notify_all()
+
+    @asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        async with self._cond:
+            await self._cond.wait_for(lambda: self._active < self._limit)
+            self._active += 1
+        try:
+            yield
+        finally:
+            async with self._cond:
+                self._active -= 1
+                self._cond.notify()

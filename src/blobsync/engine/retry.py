@@ -1,0 +1,67 @@
+"""The one retry policy: which errors are retried, how long to wait (backoff, jitter, Retry-After), how often."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, stop_after_delay
+
+from blobsync.errors import TransientError
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Per-request limits. Every transient failure of one request retries that request only."""
+
+    max_attempts: int = 9  # the first try plus 8 retries
+    base_delay: float = 0.25
+    max_delay: float = 30.0
+    deadline: float = 900.0  # seconds from the first try; a request never retries past this
+    max_retry_after: float = 600.0  # honour the service's Retry-After up to this
+
+
+def backoff_delay(policy: RetryPolicy, attempt: int, error: BaseException | None,
+                  rng: Callable[[float, float], float] = random.uniform) -> float:
+    """Full-jitter exponential backoff, never shorter than a Retry-After the service sent."""
+    ceiling = min(policy.max_delay, policy.base_delay * (2 ** max(0, attempt - 1)))
+    delay = rng(0.0, ceiling)
+    retry_after = getattr(error, "retry_after", None)
+    if retry_after is not None:
+        delay = max(delay, min(float(retry_after), policy.max_retry_after))
+    return delay
+
+
+class Retrier:
+    """Runs request attempts under a RetryPolicy and counts the retries it made."""
+
+    def __init__(self, policy: RetryPolicy, on_retry: Callable[[BaseException, float], None] | None = None):
+        self.policy = policy
+        self.retries = 0
+        self._on_retry = on_retry
+
+    def _wait(self, state: RetryCallState) -> float:
+        error = state.outcome.exception() if state.outcome else None
+        return backoff_delay(self.policy, state.attempt_number, error)
+
+    def _before_sleep(self, state: RetryCallState) -> None:
+        self.retries += 1
+        if self._on_retry is not None and state.outcome is not None:
+            error = state.outcome.exception()
+            if error is not None:
+                self._on_retry(error, state.upcoming_sleep)
+
+    async def call(self, attempt: Callable[[], Awaitable[T]]) -> T:
+        """Await `attempt()` until it succeeds, fails with a non-transient error, or the policy gives up."""
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self.policy.max_attempts) | stop_after_delay(self.policy.deadline),
+            wait=self._wait,
+            retry=retry_if_exception_type(TransientError),
+            before_sleep=self._before_sleep,
+            reraise=True,
+        )
+        return await retrying(attempt)

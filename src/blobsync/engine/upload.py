@@ -1,0 +1,323 @@
+"""Uploads one local file: a single Put Blob when small, else resumable Put Block + Put Block List + verify."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from blobsync.backends.base import BlobHeaders, BlobProperties, BlockList, BlockState, Conditions
+from blobsync.config import Overwrite
+from blobsync.engine.context import EngineContext
+from blobsync.engine.plan import (
+    BLOCK_ID_LENGTH,
+    block_count,
+    block_id,
+    block_ranges,
+    choose_block_size,
+    new_nonce,
+)
+from blobsync.errors import IntegrityError, InvalidBlockListError, ServiceError, SourceChangedError
+from blobsync.journal import FileRow
+from blobsync.local.files import FileIdentity, OpenFile, stat_file
+from blobsync.report import FileResult, FileStatus
+
+MTIME_KEY = "mtime"  # same key and RFC 3339 format as rclone, so either tool reads the other's mtime
+
+
+def format_mtime(mtime_ns: int) -> str:
+    seconds, nanos = divmod(mtime_ns, 1_000_000_000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{nanos:09d}Z"
+
+
+def parse_mtime(text: str) -> int | None:
+    """Nanoseconds since the epoch from an RFC 3339 time (as written by blobsync or rclone)."""
+    try:
+        head, _, frac = text.rstrip("Z").partition(".")
+        seconds = int(datetime.strptime(head, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC).timestamp())
+        nanos = int((frac + "000000000")[:9]) if frac else 0
+        return seconds * 1_000_000_000 + nanos
+    except ValueError:
+        return None
+
+
+def destination_mtime_ns(props: BlobProperties) -> int:
+    stored = props.metadata.get(MTIME_KEY)
+    parsed = parse_mtime(stored) if stored else None
+    return parsed if parsed is not None else int(props.last_modified.timestamp() * 1e9)
+
+
+@dataclass
+class _Plan:
+    blob: str
+    identity: FileIdentity
+    headers: BlobHeaders
+    conditions: Conditions
+
+
+class FileUploader:
+    """Uploads files of one job. Errors that concern only the file are raised as such; callers decide."""
+
+    def __init__(self, ctx: EngineContext) -> None:
+        self.ctx = ctx
+
+    async def upload(self, row: FileRow, path: Path) -> FileResult:
+        cfg = self.ctx.config
+        identity = stat_file(path)
+        conditions = Conditions()
+        if cfg.overwrite is not Overwrite.TRUE:
+            props = await self.ctx.request(lambda: self.ctx.store.get_properties(row.blob))
+            if props is not None:
+                if cfg.overwrite is Overwrite.FALSE:
+                    return self._skipped(row, identity, "exists at the destination (--overwrite false)")
+                if identity.mtime_ns <= destination_mtime_ns(props):
+                    return self._skipped(row, identity, "destination is as new or newer (--overwrite ifSourceNewer)")
+                conditions = Conditions(if_match=props.etag)
+            else:
+                conditions = Conditions(if_none_match_any=True)
+        content_type = cfg.content_type or _guess_type(path)
+        metadata = {**cfg.metadata, MTIME_KEY: format_mtime(identity.mtime_ns)}
+        plan = _Plan(row.blob, identity, BlobHeaders(content_type, None, metadata, cfg.tier), conditions)
+        if identity.size <= cfg.single_put_limit:
+            return await self._put_single(row, path, plan)
+        return await self._put_blocks(row, path, plan)
+
+    def _skipped(self, row: FileRow, identity: FileIdentity, reason: str) -> FileResult:
+        self.ctx.journal.finish_file(row.id, "skipped", error=reason)
+        return FileResult(row.rel, row.blob, identity.size, FileStatus.SKIPPED, reason=reason)
+
+    # --- small files --------------------------------------------------------------------------------------
+
+    async def _put_single(self, row: FileRow, path: Path, plan: _Plan) -> FileResult:
+        ctx = self.ctx
+        loop = asyncio.get_running_loop()
+        reserved = await ctx.memory.reserve(plan.identity.size)
+        try:
+            with OpenFile(path) as src:
+                before = src.identity()
+                data, md5 = await loop.run_in_executor(ctx.io_pool, src.read_all, before.size)
+                if src.identity() != before:
+                    raise SourceChangedError(f"{path}: file changed while it was being read")
+            headers = BlobHeaders(plan.headers.content_type, md5, plan.headers.metadata, plan.headers.tier)
+            result = await ctx.request(lambda: ctx.store.put_blob(plan.blob, data, headers, plan.conditions))
+        finally:
+            ctx.memory.unreserve(reserved)
+        if result.content_md5 is not None and result.content_md5 != md5:
+            raise IntegrityError(f"{plan.blob}: the service stored a different MD5 than was sent")
+        ctx.progress.bytes_done += before.size
+        ctx.progress.bytes_sent += before.size
+        ctx.journal.start_file(row.id, nonce=None, block_size=None, n_blocks=None, size=before.size,
+                               mtime_ns=before.mtime_ns, inode=before.inode, reset=True)
+        ctx.journal.finish_file(row.id, "committed", md5_hex=md5.hex(), etag=result.etag, bytes_sent=before.size)
+        return FileResult(row.rel, plan.blob, before.size, FileStatus.UPLOADED, bytes_sent=before.size)
+
+    # --- block uploads ------------------------------------------------------------------------------------
+
+    async def _put_blocks(self, row: FileRow, path: Path, plan: _Plan) -> FileResult:
+        nonce = row.nonce
+        block_size = row.block_size
+        size = plan.identity.size
+        same_source = (row.size, row.mtime_ns, row.inode) == (size, plan.identity.mtime_ns, plan.identity.inode)
+        # Resume only the same source with the same nonce; anything else starts clean with a new nonce.
+        resume = bool(nonce and block_size and same_source and row.state in ("active", "failed", "committed"))
+        for attempt in range(3):
+            if not resume or nonce is None or block_size is None:
+                nonce = new_nonce()
+                block_size = choose_block_size(size, self.ctx.config.block_size)
+                self.ctx.journal.start_file(
+                    row.id, nonce=nonce, block_size=block_size, n_blocks=block_count(size, block_size),
+                    size=size, mtime_ns=plan.identity.mtime_ns, inode=plan.identity.inode, reset=True,
+                )
+                # The nonce must be durable before the first block leaves, or a crash orphans the blocks.
+                self.ctx.journal.flush()
+            try:
+                return await self._send_file(row, path, plan, nonce, block_size, resume)
+            except InvalidBlockListError:
+                # Staged blocks vanished before the commit (expired, discarded, service restarted):
+                # ask the service what it still has and send the rest again.
+                if attempt == 2:
+                    raise
+                resume = True
+            except ServiceError as exc:
+                if exc.code != "InvalidBlobOrBlock" or attempt == 2:
+                    raise
+                # Usually leftover uncommitted blocks with IDs of another length (another tool's upload).
+                if not await self._clear_foreign_blocks(plan):
+                    raise
+                resume = False
+        raise AssertionError("unreachable")
+
+    async def _send_file(
+        self, row: FileRow, path: Path, plan: _Plan, nonce: str, block_size: int, resume: bool
+    ) -> FileResult:
+        ctx = self.ctx
+        store = ctx.store
+        loop = asyncio.get_running_loop()
+        size = plan.identity.size
+        n = block_count(size, block_size)
+        ids = [block_id(nonce, i) for i in range(n)]
+        expected = {ids[i]: length for i, _, length in block_ranges(size, block_size)}
+        present: dict[str, BlockState] = {}
+        if resume:
+            listing: BlockList = await ctx.request(lambda: store.get_block_list(plan.blob, "all"))
+            for blk in listing.committed:
+                if expected.get(blk.block_id) == blk.size:
+                    present[blk.block_id] = BlockState.COMMITTED
+            for blk in listing.uncommitted:
+                if expected.get(blk.block_id) == blk.size:
+                    present[blk.block_id] = BlockState.UNCOMMITTED
+            ctx.journal.start_file(row.id, nonce=nonce, block_size=block_size, n_blocks=n, size=size,
+                                   mtime_ns=plan.identity.mtime_ns, inode=plan.identity.inode, reset=False)
+
+        whole = hashlib.md5() if ctx.config.put_md5 else None
+        states = [BlockState.UNCOMMITTED] * n
+        tasks: set[asyncio.Task[int]] = set()
+        last_hash: asyncio.Future[None] | None = None
+        reused = 0
+        src = OpenFile(path)
+        reading: asyncio.Future[bytes] | None = None
+        try:
+            if src.identity() != plan.identity:
+                raise SourceChangedError(f"{path}: file changed before its upload started")
+            for idx, offset, length in block_ranges(size, block_size):
+                for task in [t for t in tasks if t.done()]:
+                    tasks.discard(task)
+                    task.result()  # a failed block stops the file now, not after reading the rest
+                buf = await ctx.memory.buffer(block_size)
+                view = memoryview(buf)[:length]
+                try:
+                    reading = loop.run_in_executor(ctx.io_pool, src.read_into, view, offset)
+                    md5 = await reading
+                except BaseException:
+                    if reading is not None and not reading.done():
+                        await asyncio.wait([reading])  # the thread still writes into buf
+                    ctx.memory.release(buf)
+                    raise
+                if whole is not None:
+                    last_hash = loop.run_in_executor(ctx.hash_pool, whole.update, view)
+                bid = ids[idx]
+                if bid in present:
+                    states[idx] = present[bid]
+                    reused += length
+                    ctx.progress.bytes_done += length
+                    self._release_after(buf, last_hash)
+                else:
+                    tasks.add(asyncio.create_task(
+                        self._send_block(row, plan.blob, idx, bid, view, buf, md5, last_hash)))
+            if tasks:
+                await _gather_or_cancel(tasks)
+            if last_hash is not None:
+                await last_hash
+            if src.identity() != plan.identity:
+                raise SourceChangedError(f"{path}: file changed while it was being uploaded; nothing committed")
+        except BaseException:
+            await _cancel_all(tasks)
+            raise
+        finally:
+            src.close()
+
+        whole_md5 = whole.digest() if whole is not None else None
+        headers = BlobHeaders(plan.headers.content_type, whole_md5, plan.headers.metadata, plan.headers.tier)
+        entries = list(zip(ids, states, strict=True))
+        result = await ctx.request(lambda: store.put_block_list(plan.blob, entries, headers, plan.conditions))
+        await self._verify(plan.blob, ids, expected, size, whole_md5)
+        sent = size - reused
+        ctx.journal.finish_file(row.id, "committed", md5_hex=whole_md5.hex() if whole_md5 else None,
+                                etag=result.etag)
+        note = f"resumed: {reused} bytes were already on the service" if reused else ""
+        return FileResult(row.rel, plan.blob, size, FileStatus.UPLOADED, bytes_sent=sent, reason=note)
+
+    def _release_after(self, buf: bytearray, hashing: asyncio.Future[None] | None) -> None:
+        if hashing is None or hashing.done():
+            self.ctx.memory.release(buf)
+        else:
+            hashing.add_done_callback(lambda _: self.ctx.memory.release(buf))
+
+    async def _send_block(
+        self,
+        row: FileRow,
+        blob: str,
+        idx: int,
+        bid: str,
+        view: memoryview,
+        buf: bytearray,
+        md5: bytes,
+        hashing: asyncio.Future[None] | None,
+    ) -> int:
+        ctx = self.ctx
+        try:
+            await ctx.request(lambda: ctx.store.put_block(blob, bid, view, md5))
+        finally:
+            self._release_after(buf, hashing)
+        ctx.journal.block_done(row.id, idx, len(view), md5.hex())
+        ctx.progress.bytes_done += len(view)
+        ctx.progress.bytes_sent += len(view)
+        return len(view)
+
+    async def _verify(
+        self, blob: str, ids: list[str], expected: dict[str, int], size: int, md5: bytes | None
+    ) -> None:
+        """Check what the service now holds against what was sent: block list, length and MD5."""
+        ctx = self.ctx
+        listing = await ctx.request(lambda: ctx.store.get_block_list(blob, "committed"))
+        got = [(b.block_id, b.size) for b in listing.committed]
+        if got != [(bid, expected[bid]) for bid in ids]:
+            raise IntegrityError(f"{blob}: the committed block list differs from the one sent")
+        props = await ctx.request(lambda: ctx.store.get_properties(blob))
+        if props is None or props.size != size:
+            raise IntegrityError(f"{blob}: the blob's length after commit is not {size}")
+        if md5 is not None and props.content_md5 != md5:
+            raise IntegrityError(f"{blob}: the blob's Content-MD5 after commit differs from the file's MD5")
+
+    async def _clear_foreign_blocks(self, plan: _Plan) -> bool:
+        """Discard uncommitted blocks whose IDs have another length, keeping any committed content."""
+        ctx = self.ctx
+        store = ctx.store
+        listing = await ctx.request(lambda: store.get_block_list(plan.blob, "all"))
+        if not any(len(b.block_id) != BLOCK_ID_LENGTH for b in listing.uncommitted):
+            return False
+        if listing.committed:
+            props = await ctx.request(lambda: store.get_properties(plan.blob))
+            if props is None:
+                return False
+            keep = [(b.block_id, BlockState.COMMITTED) for b in listing.committed]
+            same = BlobHeaders(props.content_type or "application/octet-stream", props.content_md5,
+                               props.metadata, None)
+            result = await ctx.request(
+                lambda: store.put_block_list(plan.blob, keep, same, Conditions(if_match=props.etag)))
+        else:
+            # No committed version: an empty commit discards the uncommitted blocks. The placeholder it
+            # leaves is ours, so our own commit may replace it even under --overwrite false.
+            result = await ctx.request(lambda: store.put_block_list(plan.blob, [], plan.headers, plan.conditions))
+        if plan.conditions.if_none_match_any or plan.conditions.if_match:
+            plan.conditions = Conditions(if_match=result.etag)
+        return True
+
+
+def _guess_type(path: Path) -> str:
+    import mimetypes
+
+    guessed, _ = mimetypes.guess_type(path.name, strict=False)
+    return guessed or "application/octet-stream"
+
+
+async def _gather_or_cancel(tasks: set[asyncio.Task[int]]) -> None:
+    """Wait for every task; on the first failure cancel the rest and raise that failure."""
+    pending = set(tasks)
+    while pending:
+        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
+        for task in done:
+            if task.exception() is not None:
+                await _cancel_all(pending)
+                task.result()
+
+
+async def _cancel_all(tasks: set[asyncio.Task[int]]) -> None:
+    live = [t for t in tasks if not t.done()]
+    for task in live:
+        task.cancel()
+    if live:
+        await asyncio.wait(live)

@@ -1,0 +1,131 @@
+"""The one exception tree of blobsync, with the exit code each kind of failure maps to."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """Process exit codes a script can act on (documented in README)."""
+
+    OK = 0
+    PARTIAL = 1  # some files failed, the rest were transferred
+    USAGE = 2
+    AUTH = 3
+    INTEGRITY = 4
+    INTERRUPTED = 130
+
+
+class BlobsyncError(Exception):
+    """Base of every error blobsync raises on purpose; `str(err)` is one line for a user."""
+
+    exit_code: ExitCode = ExitCode.PARTIAL
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return f"{self.message} ({self.hint})" if self.hint else self.message
+
+
+class UsageError(BlobsyncError):
+    """Bad flags, URL or arguments: nothing was transferred."""
+
+    exit_code = ExitCode.USAGE
+
+
+class Interrupted(BlobsyncError):
+    """The user stopped the transfer; the journal holds what is needed to resume."""
+
+    exit_code = ExitCode.INTERRUPTED
+
+
+# --- local side -------------------------------------------------------------------------------------------
+
+
+class SourceError(BlobsyncError):
+    """A local file could not be read (missing, unreadable, not a regular file)."""
+
+
+class SourceChangedError(SourceError):
+    """A local file changed while it was being uploaded; nothing of it was committed."""
+
+
+class LocalWriteError(BlobsyncError):
+    """A local file could not be written (disk full, permission)."""
+
+
+# --- service side -----------------------------------------------------------------------------------------
+
+
+class ServiceError(BlobsyncError):
+    """The storage service answered with an error that retrying will not fix."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        code: str | None = None,
+        hint: str | None = None,
+    ) -> None:
+        super().__init__(message, hint=hint)
+        self.status = status
+        self.code = code
+
+
+class AuthError(ServiceError):
+    """401/403: credentials missing, expired, or lacking a permission."""
+
+    exit_code = ExitCode.AUTH
+
+
+class ContainerNotFoundError(ServiceError):
+    """The destination container does not exist."""
+
+
+class BlobNotFoundError(ServiceError):
+    """The blob does not exist."""
+
+
+class ConflictError(ServiceError):
+    """A condition failed: the blob exists (overwrite false) or changed under us (ETag)."""
+
+
+class InvalidBlockListError(ServiceError):
+    """Put Block List named blocks the service no longer has (expired, discarded, or foreign IDs)."""
+
+
+class IntegrityError(BlobsyncError):
+    """What the service holds does not match what was sent (length, block list or MD5)."""
+
+    exit_code = ExitCode.INTEGRITY
+
+
+class TransientError(ServiceError):
+    """A failure worth retrying: throttling, server busy, timeouts, dropped connections, corrupted bodies."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        code: str | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message, status=status, code=code)
+        self.retry_after = retry_after
+
+
+class ThrottledError(TransientError):
+    """429, 503 ServerBusy or 500 OperationTimedOut: the service asks us to slow down."""
+
+
+class NetworkError(TransientError):
+    """The connection failed, was reset, or stalled past the timeout."""
+
+
+class CorruptedInTransitError(TransientError):
+    """The service rejected a body whose Content-MD5 did not match: resend it."""

@@ -1,0 +1,275 @@
+"""Job -> file -> block state in SQLite (WAL), written in batches so the journal never limits throughput."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import sqlite_utils
+
+from blobsync.errors import UsageError
+
+SCHEMA_VERSION = 1
+_FLUSH_OPS = 2000
+_FLUSH_SECONDS = 1.0
+
+
+def default_journal_path(env: Mapping[str, str] | None = None) -> Path:
+    """$XDG_STATE_HOME/blobsync/journal.db, else ~/.local/state/blobsync/journal.db."""
+    env = os.environ if env is None else env
+    base = env.get("XDG_STATE_HOME") or str(Path(env.get("HOME") or Path.home()) / ".local" / "state")
+    return Path(base) / "blobsync" / "journal.db"
+
+
+@dataclass(frozen=True)
+class JobRow:
+    id: str
+    kind: str
+    source: str
+    dest: str  # URL without query string: never a SAS
+    options: dict[str, Any]
+    state: str  # running | interrupted | failed | done
+    created: float
+    updated: float
+    pid: int | None
+
+
+@dataclass(frozen=True)
+class FileRow:
+    id: int
+    job_id: str
+    rel: str
+    blob: str
+    size: int
+    mtime_ns: int
+    inode: int
+    state: str  # pending | active | committed | skipped | failed
+    nonce: str | None
+    block_size: int | None
+    n_blocks: int | None
+    md5: str | None
+    etag: str | None
+    bytes_sent: int
+    error: str | None
+
+
+@dataclass(frozen=True)
+class BlockRow:
+    idx: int
+    size: int
+    md5: str
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Journal:
+    """All journal reads and writes. Writes queue up and commit together in one transaction per flush."""
+
+    def __init__(self, path: Path | str) -> None:
+        path = Path(path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(str(path), timeout=10.0, isolation_level=None)
+        except (OSError, sqlite3.Error) as exc:
+            raise UsageError(f"cannot open the journal at {path}: {exc}", hint="pass --journal PATH") from exc
+        self.path = path
+        self.db = sqlite_utils.Database(conn)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self._pending: list[tuple[str, tuple[Any, ...]]] = []
+        self._last_flush = time.monotonic()
+        self._create_schema()
+
+    def _create_schema(self) -> None:
+        db = self.db
+        if "jobs" not in db.table_names():
+            db["jobs"].create(
+                {"id": str, "kind": str, "source": str, "dest": str, "options": str, "state": str,
+                 "created": float, "updated": float, "pid": int},
+                pk="id",
+            )
+            db["jobs"].create_index(["kind", "source", "dest"])
+        if "files" not in db.table_names():
+            db["files"].create(
+                {"id": int, "job_id": str, "rel": str, "blob": str, "size": int, "mtime_ns": int,
+                 "inode": int, "state": str, "nonce": str, "block_size": int, "n_blocks": int,
+                 "md5": str, "etag": str, "bytes_sent": int, "error": str, "updated": float},
+                pk="id",
+            )
+            db["files"].create_index(["job_id", "rel"], unique=True)
+        if "blocks" not in db.table_names():
+            db["blocks"].create({"file_id": int, "idx": int, "size": int, "md5": str},
+                                pk=("file_id", "idx"))
+        db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+    @contextmanager
+    def _tx(self) -> Iterator[None]:
+        """One explicit transaction (the connection runs in autocommit mode otherwise)."""
+        conn = self.db.conn
+        conn.execute("begin immediate")
+        try:
+            yield
+        except BaseException:
+            conn.execute("rollback")
+            raise
+        conn.execute("commit")
+
+    # --- jobs ---------------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _job(row: Mapping[str, Any]) -> JobRow:
+        return JobRow(row["id"], row["kind"], row["source"], row["dest"], json.loads(row["options"] or "{}"),
+                      row["state"], row["created"], row["updated"], row["pid"])
+
+    def find_unfinished_job(self, kind: str, source: str, dest: str) -> JobRow | None:
+        rows = list(self.db["jobs"].rows_where(
+            "kind = ? and source = ? and dest = ? and state != 'done'", [kind, source, dest],
+            order_by="created desc", limit=1,
+        ))
+        return self._job(rows[0]) if rows else None
+
+    def get_job(self, job_id: str) -> JobRow:
+        rows = list(self.db["jobs"].rows_where("id = ? or id like ?", [job_id, f"{job_id}%"], limit=2))
+        if len(rows) != 1:
+            raise UsageError(f"no job {job_id!r} in {self.path}" if not rows else f"job id {job_id!r} is ambiguous",
+                             hint="see 'blobsync jobs list'")
+        return self._job(rows[0])
+
+    def create_job(self, kind: str, source: str, dest: str, options: Mapping[str, Any]) -> JobRow:
+        now = time.time()
+        job_id = uuid.uuid4().hex[:12]
+        if True:  # sqlite-utils commits the insert itself
+            self.db["jobs"].insert({"id": job_id, "kind": kind, "source": source, "dest": dest,
+                                    "options": json.dumps(dict(options), sort_keys=True), "state": "running",
+                                    "created": now, "updated": now, "pid": os.getpid()})
+        return self.get_job(job_id)
+
+    def claim_job(self, job: JobRow) -> None:
+        """Mark `job` as run by this process; refuse if another live process runs it."""
+        if job.state == "running" and job.pid and job.pid != os.getpid() and _pid_alive(job.pid):
+            raise UsageError(f"job {job.id} is being run by process {job.pid}",
+                             hint="wait for it or stop it, then run the command again")
+        self.set_job_state(job.id, "running")
+
+    def set_job_state(self, job_id: str, state: str) -> None:
+        self.flush()
+        with self._tx():
+            self.db.execute("update jobs set state = ?, updated = ?, pid = ? where id = ?",
+                            [state, time.time(), os.getpid(), job_id])
+
+    def list_jobs(self) -> list[JobRow]:
+        return [self._job(r) for r in self.db["jobs"].rows_where(order_by="created desc")]
+
+    def job_totals(self, job_id: str) -> dict[str, dict[str, int]]:
+        """Per file state: number of files, bytes and bytes sent."""
+        out: dict[str, dict[str, int]] = {}
+        for row in self.db.query(
+            "select state, count(*) n, coalesce(sum(size),0) bytes, coalesce(sum(bytes_sent),0) sent "
+            "from files where job_id = ? group by state", [job_id],
+        ):
+            out[row["state"]] = {"files": row["n"], "bytes": row["bytes"], "sent": row["sent"]}
+        return out
+
+    def delete_jobs(self, older_than_seconds: float | None, include_unfinished: bool) -> list[str]:
+        cutoff = time.time() - (older_than_seconds or 0)
+        where = "updated <= ?" + ("" if include_unfinished else " and state = 'done'")
+        ids = [r["id"] for r in self.db["jobs"].rows_where(where, [cutoff])]
+        self.flush()
+        with self._tx():
+            for job_id in ids:
+                self.db.execute(
+                    "delete from blocks where file_id in (select id from files where job_id = ?)", [job_id]
+                )
+                self.db.execute("delete from files where job_id = ?", [job_id])
+                self.db.execute("delete from jobs where id = ?", [job_id])
+        return ids
+
+    # --- files --------------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _file(row: Mapping[str, Any]) -> FileRow:
+        return FileRow(row["id"], row["job_id"], row["rel"], row["blob"], row["size"], row["mtime_ns"],
+                       row["inode"], row["state"], row["nonce"], row["block_size"], row["n_blocks"],
+                       row["md5"], row["etag"], row["bytes_sent"] or 0, row["error"])
+
+    def files(self, job_id: str) -> list[FileRow]:
+        return [self._file(r) for r in self.db["files"].rows_where("job_id = ?", [job_id], order_by="rel")]
+
+    def add_files(self, job_id: str, entries: Iterable[tuple[str, str, int, int, int]]) -> dict[str, FileRow]:
+        """Insert (rel, blob, size, mtime_ns, inode) rows not yet known; return every file of the job by rel."""
+        now = time.time()
+        self.flush()
+        with self._tx():
+            self.db.conn.executemany(
+                "insert or ignore into files (job_id, rel, blob, size, mtime_ns, inode, state, bytes_sent, "
+                "updated) values (?, ?, ?, ?, ?, ?, 'pending', 0, ?)",
+                ((job_id, rel, blob, size, mtime, inode, now) for rel, blob, size, mtime, inode in entries),
+            )
+        return {f.rel: f for f in self.files(job_id)}
+
+    def blocks(self, file_id: int) -> list[BlockRow]:
+        return [BlockRow(r["idx"], r["size"], r["md5"])
+                for r in self.db["blocks"].rows_where("file_id = ?", [file_id], order_by="idx")]
+
+    # --- batched writes -----------------------------------------------------------------------------------
+
+    def _queue(self, sql: str, params: tuple[Any, ...]) -> None:
+        self._pending.append((sql, params))
+        if len(self._pending) >= _FLUSH_OPS or time.monotonic() - self._last_flush >= _FLUSH_SECONDS:
+            self.flush()
+
+    def start_file(self, file_id: int, *, nonce: str | None, block_size: int | None, n_blocks: int | None,
+                   size: int, mtime_ns: int, inode: int, reset: bool) -> None:
+        """Record how a file is being sent; `reset` forgets its blocks (a new nonce: a clean restart)."""
+        if reset:
+            self._queue("delete from blocks where file_id = ?", (file_id,))
+        self._queue(
+            "update files set state = 'active', nonce = ?, block_size = ?, n_blocks = ?, size = ?, "
+            "mtime_ns = ?, inode = ?, error = null, updated = ?" + (", bytes_sent = 0" if reset else "")
+            + " where id = ?",
+            (nonce, block_size, n_blocks, size, mtime_ns, inode, time.time(), file_id),
+        )
+
+    def block_done(self, file_id: int, idx: int, size: int, md5_hex: str) -> None:
+        """Record a block the service acknowledged (never before)."""
+        self._queue("insert or replace into blocks (file_id, idx, size, md5) values (?, ?, ?, ?)",
+                    (file_id, idx, size, md5_hex))
+        self._queue("update files set bytes_sent = bytes_sent + ? where id = ?", (size, file_id))
+
+    def finish_file(self, file_id: int, state: str, *, md5_hex: str | None = None, etag: str | None = None,
+                    error: str | None = None, bytes_sent: int | None = None) -> None:
+        self._queue(
+            "update files set state = ?, md5 = coalesce(?, md5), etag = coalesce(?, etag), error = ?, "
+            "bytes_sent = coalesce(?, bytes_sent), updated = ? where id = ?",
+            (state, md5_hex, etag, error, bytes_sent, time.time(), file_id),
+        )
+
+    def flush(self) -> None:
+        """Commit every queued write in one transaction."""
+        self._last_flush = time.monotonic()
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, []
+        with self._tx():
+            for sql, params in pending:
+                self.db.conn.execute(sql, params)
+
+    def close(self) -> None:
+        self.flush()
+        self.db.conn.close()

@@ -1,0 +1,1 @@
+"""Local file access: walking trees, identifying files, and reading blocks off the event loop."""

@@ -1,0 +1,142 @@
+"""Local source files: stat identity, positional reads into reusable buffers, and tree walking."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from blobsync.errors import SourceChangedError, SourceError, UsageError
+
+
+@dataclass(frozen=True)
+class FileIdentity:
+    """What tells us a file is still the one we started with."""
+
+    size: int
+    mtime_ns: int
+    inode: int
+
+    @classmethod
+    def of(cls, st: os.stat_result) -> FileIdentity:
+        return cls(st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    path: Path  # absolute
+    rel: str  # relative name with '/', as it becomes part of the blob name
+    identity: FileIdentity
+
+
+@dataclass(frozen=True)
+class SkippedEntry:
+    path: Path
+    rel: str
+    reason: str
+
+
+def _os_error_text(exc: OSError) -> str:
+    return exc.strerror or type(exc).__name__
+
+
+def stat_file(path: Path) -> FileIdentity:
+    """Stat a source file; SourceError if it is missing, unreadable or not a regular file."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise SourceError(f"{path}: {_os_error_text(exc)}") from exc
+    if not stat.S_ISREG(st.st_mode):
+        raise SourceError(f"{path}: not a regular file")
+    return FileIdentity.of(st)
+
+
+def walk(root: Path, *, follow_symlinks: bool = False) -> Iterator[SourceFile | SkippedEntry]:
+    """Yield every regular file under `root` (sorted, depth first) and every entry that had to be skipped."""
+    stack: list[tuple[Path, str]] = [(root, "")]
+    while stack:
+        folder, rel_folder = stack.pop()
+        try:
+            with os.scandir(folder) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError as exc:
+            yield SkippedEntry(folder, rel_folder or ".", f"cannot list folder: {_os_error_text(exc)}")
+            continue
+        subfolders: list[tuple[Path, str]] = []
+        for entry in entries:
+            rel = f"{rel_folder}{entry.name}"
+            path = Path(entry.path)
+            try:
+                if entry.is_symlink() and not follow_symlinks:
+                    yield SkippedEntry(path, rel, "symbolic link skipped (use --follow-symlinks)")
+                    continue
+                if entry.is_dir(follow_symlinks=follow_symlinks):
+                    subfolders.append((path, rel + "/"))
+                    continue
+                st = entry.stat(follow_symlinks=follow_symlinks)
+            except OSError as exc:
+                yield SkippedEntry(path, rel, _os_error_text(exc))
+                continue
+            if stat.S_ISREG(st.st_mode):
+                yield SourceFile(path, rel, FileIdentity.of(st))
+            else:
+                yield SkippedEntry(path, rel, "not a regular file")
+        stack.extend(reversed(subfolders))
+
+
+def check_source(path: Path, recursive: bool) -> None:
+    """Fail early, as a usage error, when the source cannot be what the command needs."""
+    if not path.exists():
+        raise UsageError(f"source {str(path)!r} does not exist")
+    if path.is_dir() and not recursive:
+        raise UsageError(f"source {str(path)!r} is a folder: pass -r/--recursive to upload its contents")
+
+
+class OpenFile:
+    """An open source file read with pread: many threads may read different offsets at once."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self.fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+        except OSError as exc:
+            raise SourceError(f"{path}: {_os_error_text(exc)}") from exc
+
+    def identity(self) -> FileIdentity:
+        return FileIdentity.of(os.fstat(self.fd))
+
+    def read_into(self, buf: memoryview, offset: int) -> bytes:
+        """Fill `buf` from `offset` and return its MD5 digest (both off the event loop, in one thread)."""
+        done = 0
+        size = len(buf)
+        try:
+            while done < size:
+                n = os.preadv(self.fd, [buf[done:]], offset + done)
+                if n == 0:
+                    raise SourceChangedError(f"{self.path}: file shrank while it was being read")
+                done += n
+        except OSError as exc:
+            raise SourceError(f"{self.path}: {_os_error_text(exc)}") from exc
+        return hashlib.md5(buf).digest()
+
+    def read_all(self, size: int) -> tuple[bytes, bytes]:
+        """Read a small file whole; return its bytes and MD5. A size change is reported as SourceError."""
+        try:
+            data = os.pread(self.fd, size + 1, 0)
+        except OSError as exc:
+            raise SourceError(f"{self.path}: {_os_error_text(exc)}") from exc
+        if len(data) != size:
+            raise SourceChangedError(f"{self.path}: file changed size while it was being read")
+        return data, hashlib.md5(data).digest()
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+    def __enter__(self) -> OpenFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,127 @@
+"""Parses blob URLs (public-cloud host style and emulator path style) into account, container, prefix and SAS."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass
+from urllib.parse import parse_qs, quote, unquote, urlsplit
+
+from blobsync.errors import UsageError
+
+_CONTAINER_RE = re.compile(r"^(?:\$root|\$web|\$logs|[a-z0-9](?:[a-z0-9]|-(?=[a-z0-9])){2,62})$")
+_ACCOUNT_RE = re.compile(r"^[a-z0-9]{3,24}$|^devstoreaccount1$")
+
+
+@dataclass(frozen=True)
+class BlobLocation:
+    """A container (and optional prefix or blob name) addressed by URL, with the SAS kept apart."""
+
+    scheme: str
+    netloc: str
+    account: str
+    container: str
+    path: str  # blob name or prefix inside the container, without a leading '/', may be ""
+    path_style: bool  # emulator style: http://host:port/<account>/<container>/...
+    sas: str | None  # the query string as given, or None; never logged, never journaled
+
+    @property
+    def account_url(self) -> str:
+        """The account's base URL (no trailing slash, no SAS)."""
+        base = f"{self.scheme}://{self.netloc}"
+        return f"{base}/{self.account}" if self.path_style else base
+
+    @property
+    def container_url(self) -> str:
+        """The container's URL without SAS."""
+        return f"{self.account_url}/{self.container}"
+
+    @property
+    def display(self) -> str:
+        """The URL without its query string: safe to print, log and journal."""
+        tail = f"/{quote(self.path, safe='/')}" if self.path else ""
+        return f"{self.container_url}{tail}"
+
+    @property
+    def is_loopback(self) -> bool:
+        host = self.netloc.rsplit(":", 1)[0].strip("[]")
+        if host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            return False
+
+    @property
+    def sas_fields(self) -> dict[str, str]:
+        """The SAS parameters (sp, se, st, spr, sv, ...) by name, first value each."""
+        if not self.sas:
+            return {}
+        return {k: v[0] for k, v in parse_qs(self.sas, keep_blank_values=True).items()}
+
+    def with_path(self, path: str) -> BlobLocation:
+        return BlobLocation(
+            self.scheme, self.netloc, self.account, self.container, path, self.path_style, self.sas
+        )
+
+
+def _is_path_style_host(host: str) -> bool:
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+        return True
+    except ValueError:
+        return ".blob." not in host
+
+
+def is_url(text: str) -> bool:
+    """True when `text` looks like an http(s) URL rather than a local path."""
+    return text.lower().startswith(("http://", "https://"))
+
+
+def parse_location(url: str) -> BlobLocation:
+    """Parse a container/blob URL; raises UsageError naming what is wrong (never echoing a SAS)."""
+    shown = url.split("?", 1)[0]
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:
+        raise UsageError(f"malformed URL {shown!r}: {exc}") from exc
+    scheme = parts.scheme.lower()
+    if scheme not in ("http", "https"):
+        raise UsageError(
+            f"malformed URL {shown!r}: expected https://<account>.blob.core.windows.net/<container>[/<path>]"
+        )
+    host = (parts.hostname or "").lower()
+    if not host:
+        raise UsageError(f"malformed URL {shown!r}: no host")
+    netloc = parts.netloc.rsplit("@", 1)[-1]
+    segments = parts.path.split("/")[1:]  # path starts with '/'
+    path_style = _is_path_style_host(host)
+    if path_style:
+        if not segments or not segments[0]:
+            raise UsageError(
+                f"malformed URL {shown!r}: expected http://{netloc}/<account>/<container>[/<path>]"
+            )
+        account = segments.pop(0)
+    else:
+        account = host.split(".", 1)[0]
+    if not _ACCOUNT_RE.match(account):
+        raise UsageError(f"malformed URL {shown!r}: {account!r} is not a valid storage account name")
+    if not segments or not segments[0]:
+        raise UsageError(
+            f"URL {shown!r} names no container: add one, e.g. {scheme}://{netloc}"
+            f"{'/' + account if path_style else ''}/<container>"
+        )
+    container = unquote(segments.pop(0))
+    if not _CONTAINER_RE.match(container):
+        raise UsageError(
+            f"invalid container name {container!r} in {shown!r}: 3-63 lowercase letters, digits and "
+            "single hyphens, starting with a letter or digit"
+        )
+    path = unquote("/".join(segments))
+    sas = parts.query or None
+    if sas is not None and "sig=" not in sas:
+        # A query without a signature is not a SAS (e.g. a copied '?restype=container').
+        raise UsageError(f"URL {shown!r} has a query string that is not a SAS token (no 'sig=')")
+    return BlobLocation(scheme, netloc, account, container, path, path_style, sas)

@@ -1,0 +1,72 @@
+"""What a transfer did: per-file results and the totals a user or a pipeline acts on."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+
+from blobsync.errors import ExitCode
+
+
+class FileStatus(Enum):
+    UPLOADED = "uploaded"
+    SKIPPED = "skipped"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class FileResult:
+    rel: str
+    blob: str
+    size: int
+    status: FileStatus
+    bytes_sent: int = 0
+    reason: str = ""  # why skipped or failed; "resumed" notes for uploads
+    exit_code: ExitCode = ExitCode.OK
+
+
+@dataclass
+class Report:
+    """Totals of one run of a job. Failures are kept in full; successes only as counts (trees can be huge)."""
+
+    job_id: str
+    source: str
+    dest: str
+    files_uploaded: int = 0
+    files_skipped: int = 0
+    files_failed: int = 0
+    bytes_uploaded: int = 0  # size of files uploaded
+    bytes_sent: int = 0  # bytes that went over the wire in this run (blocks, bodies)
+    bytes_reused: int = 0  # bytes found already on the service (resume)
+    retries: int = 0
+    started: float = field(default_factory=time.monotonic)
+    duration: float = 0.0
+    failures: list[FileResult] = field(default_factory=list)
+    skipped_notes: list[FileResult] = field(default_factory=list)
+
+    def add(self, result: FileResult) -> None:
+        if result.status is FileStatus.UPLOADED:
+            self.files_uploaded += 1
+            self.bytes_uploaded += result.size
+        elif result.status is FileStatus.SKIPPED:
+            self.files_skipped += 1
+            if len(self.skipped_notes) < 1000:
+                self.skipped_notes.append(result)
+        else:
+            self.files_failed += 1
+            self.failures.append(result)
+
+    @property
+    def ok(self) -> bool:
+        return self.files_failed == 0
+
+    @property
+    def exit_code(self) -> ExitCode:
+        if not self.failures:
+            return ExitCode.OK
+        codes = {f.exit_code for f in self.failures}
+        for code in (ExitCode.INTEGRITY, ExitCode.AUTH):
+            if code in codes:
+                return code
+        return ExitCode.PARTIAL

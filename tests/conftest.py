@@ -1,0 +1,95 @@
+"""Shared fixtures: one in-memory Azurite per session, fresh containers and fault proxies per test."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from azure.core.exceptions import ResourceNotFoundError
+from azure.storage.blob import BlobServiceClient, ContainerClient
+
+# tests/ has no __init__.py and pyproject sets no pythonpath, so make `import support...` work under
+# any pytest import mode.
+_TESTS_DIR = str(Path(__file__).resolve().parent)
+if _TESTS_DIR not in sys.path:
+    sys.path.insert(0, _TESTS_DIR)
+
+from support.azurite import Azurite  # noqa: E402
+from support.proxy import FaultProxy  # noqa: E402
+
+
+@dataclass
+class ContainerHandle:
+    """A test container plus an SDK client that talks to Azurite directly (never through a proxy)."""
+
+    name: str
+    url: str  # http://127.0.0.1:PORT/devstoreaccount1/<name>
+    client: ContainerClient
+
+    def download(self, blob_name: str) -> bytes:
+        """Independent read-back of a blob, bypassing the code under test."""
+        return self.client.download_blob(blob_name).readall()
+
+    def blob_names(self) -> list[str]:
+        return sorted(b.name for b in self.client.list_blobs())
+
+
+@pytest.fixture(scope="session")
+def azurite() -> Iterator[Azurite]:
+    """One Azurite for the whole session. Tests may restart() it (same port) but must leave it running."""
+    with Azurite() as instance:
+        yield instance
+
+
+@pytest.fixture(scope="session")
+def blob_service(azurite: Azurite) -> BlobServiceClient:
+    """SDK client talking to Azurite directly."""
+    return BlobServiceClient.from_connection_string(azurite.connection_string)
+
+
+def _container_name(test_name: str) -> str:
+    # Container names: 3-63 chars of [a-z0-9-], starting with a letter/digit, no "--". Keep a readable
+    # slice of the test name for debugging and a random suffix for uniqueness.
+    slug = re.sub(r"[^a-z0-9]+", "-", test_name.lower()).strip("-")[:40].strip("-")
+    return f"t-{slug}-{uuid.uuid4().hex[:12]}" if slug else f"t-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def container(
+    request: pytest.FixtureRequest, azurite: Azurite, blob_service: BlobServiceClient
+) -> Iterator[ContainerHandle]:
+    name = _container_name(request.node.name)
+    client = blob_service.create_container(name)
+    yield ContainerHandle(name=name, url=f"{azurite.blob_endpoint}/{name}", client=client)
+    # Not found: the test restarted Azurite (in-memory data gone) or deleted the container itself.
+    if azurite.running:
+        with contextlib.suppress(ResourceNotFoundError):
+            client.delete_container()
+
+
+@pytest.fixture
+def proxy(azurite: Azurite) -> Iterator[FaultProxy]:
+    """A started FaultProxy forwarding to the session Azurite; use ``proxy.endpoint()`` as blob endpoint."""
+    with FaultProxy(azurite.base_url) as p:
+        yield p
+
+
+@pytest.fixture
+def azurite_env(monkeypatch: pytest.MonkeyPatch, azurite: Azurite) -> str:
+    """Point AZURE_STORAGE_CONNECTION_STRING (inherited by subprocesses) straight at Azurite."""
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azurite.connection_string)
+    return azurite.connection_string
+
+
+@pytest.fixture
+def proxy_env(monkeypatch: pytest.MonkeyPatch, azurite: Azurite, proxy: FaultProxy) -> str:
+    """Like ``azurite_env`` but with the blob endpoint going through the ``proxy`` fixture."""
+    conn = azurite.connection_string_via(proxy.endpoint())
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", conn)
+    return conn

@@ -1,0 +1,1 @@
+"""Test-support helpers: a managed Azurite process and a fault-injecting HTTP proxy."""

@@ -1,0 +1,210 @@
+"""Start, stop and restart a throw-away, in-memory Azurite blob service for tests."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import weakref
+from pathlib import Path
+from types import TracebackType
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+AZURITE_BIN = REPO_ROOT / ".tools/azurite/node_modules/.bin/azurite-blob"
+
+# The well-known development-storage account baked into Azurite (public, not a secret).
+DEV_ACCOUNT = "devstoreaccount1"
+DEV_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+
+_PR_SET_PDEATHSIG = 1
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """Return a TCP port that was free a moment ago (the OS picks it, so collisions are unlikely)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def connection_string(blob_endpoint: str, account: str = DEV_ACCOUNT, key: str = DEV_KEY) -> str:
+    """Build a Shared Key connection string for ``blob_endpoint`` (e.g. a proxy in front of Azurite)."""
+    return (
+        f"DefaultEndpointsProtocol=http;AccountName={account};AccountKey={key};BlobEndpoint={blob_endpoint};"
+    )
+
+
+def _die_with_parent() -> None:
+    # Runs in the child between fork and exec: ask the kernel to SIGKILL Azurite if the test process
+    # dies without running its cleanup (e.g. pytest itself is SIGKILLed), so node never outlives us.
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+class AzuriteError(RuntimeError):
+    """Azurite is not installed or did not come up."""
+
+
+class Azurite:
+    """One Azurite blob-service process listening on 127.0.0.1, with all data held in memory."""
+
+    host = "127.0.0.1"
+    account = DEV_ACCOUNT
+    key = DEV_KEY
+
+    def __init__(self, port: int | None = None, *, startup_timeout: float = 30.0) -> None:
+        self._port = port
+        self._startup_timeout = startup_timeout
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._workdir: Path | None = None
+        self._finalizer: weakref.finalize[..., Azurite] | None = None
+
+    # -- addresses ---------------------------------------------------------------------------------
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            raise AzuriteError("Azurite has not been started yet, so it has no port")
+        return self._port
+
+    @property
+    def blob_endpoint(self) -> str:
+        return f"http://{self.host}:{self.port}/{self.account}"
+
+    @property
+    def base_url(self) -> str:
+        """``http://127.0.0.1:PORT`` without the account segment (what FaultProxy forwards to)."""
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def connection_string(self) -> str:
+        return connection_string(self.blob_endpoint, self.account, self.key)
+
+    def connection_string_via(self, blob_endpoint: str) -> str:
+        """Connection string with this account's credentials but another endpoint (e.g. a proxy)."""
+        return connection_string(blob_endpoint, self.account, self.key)
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._proc is not None:
+            raise AzuriteError("Azurite is already running")
+        if not os.access(AZURITE_BIN, os.X_OK):
+            raise AzuriteError(
+                f"Azurite not found at {AZURITE_BIN}; run scripts/setup.sh to install it project-locally"
+            )
+        if self._port is None:
+            self._port = free_port(self.host)
+        # Azurite refuses --location together with --inMemoryPersistence, so instead its cwd (the default
+        # location) is a private temp dir: if it writes anything (its log does) stop() removes it.
+        self._workdir = Path(tempfile.mkdtemp(prefix="blobsync-azurite-"))
+        cmd = [
+            str(AZURITE_BIN),
+            "--blobHost", self.host,
+            "--blobPort", str(self._port),
+            "--inMemoryPersistence",
+            "--skipApiVersionCheck",  # the SDK may be newer than this Azurite release
+            "--loose",  # ignore headers/params Azurite does not implement instead of failing
+            "--silent",
+            "--disableTelemetry",  # telemetry would try to reach the internet
+        ]  # fmt: skip
+        on_main_thread = threading.current_thread() is threading.main_thread()
+        log = (self._workdir / "azurite.log").open("wb")
+        try:
+            self._proc = subprocess.Popen(
+                cmd,
+                cwd=self._workdir,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # own process group: stop() can kill node and anything it spawns
+                # PDEATHSIG is tied to the *thread* that forked, so only use it from the main thread,
+                # otherwise Azurite would die when a short-lived helper thread ends.
+                preexec_fn=_die_with_parent if on_main_thread else None,
+            )
+        finally:
+            log.close()
+        # Backstop for interpreter exit without stop(); detached by stop().
+        self._finalizer = weakref.finalize(self, _kill_group, self._proc.pid)
+        try:
+            self._wait_until_listening()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_until_listening(self) -> None:
+        assert self._proc is not None and self._workdir is not None
+        deadline = time.monotonic() + self._startup_timeout
+        while True:
+            if self._proc.poll() is not None:
+                raise AzuriteError(f"Azurite exited with code {self._proc.returncode}:\n{self._log_tail()}")
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.settimeout(1.0)
+                if s.connect_ex((self.host, self.port)) == 0:
+                    return
+            if time.monotonic() > deadline:
+                raise AzuriteError(
+                    f"Azurite did not listen on {self.host}:{self.port} within {self._startup_timeout}s:\n"
+                    f"{self._log_tail()}"
+                )
+            time.sleep(0.05)  # polling interval for the port, not a synchronisation sleep
+
+    def _log_tail(self) -> str:
+        if self._workdir is None:
+            return ""
+        try:
+            return (self._workdir / "azurite.log").read_text(errors="replace")[-4000:]
+        except OSError:
+            return ""
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """SIGTERM the process group, SIGKILL it if it has not exited after ``timeout`` seconds."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout)
+            # Also reaps any straggler in the group even if the leader exited cleanly.
+            _kill_group(proc.pid)
+            proc.wait()
+        if self._finalizer is not None:
+            self._finalizer.detach()
+            self._finalizer = None
+        if self._workdir is not None:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+            self._workdir = None
+
+    def kill(self) -> None:
+        """Stop abruptly (SIGKILL, no graceful shutdown), like a crashed service."""
+        self.stop(timeout=0)
+
+    def restart(self, *, graceful: bool = False) -> None:
+        """Stop and start again on the same port; in-memory data (containers, blobs) is lost."""
+        if graceful:
+            self.stop()
+        else:
+            self.kill()
+        self.start()
+
+    def __enter__(self) -> Azurite:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
