@@ -1,11 +1,10 @@
 """blobsync: fast, resumable, verified transfers between local disks and Azure Blob Storage."""
 
 from blobsync._version import __version__
-
-from blobsync.api import clean_jobs, copy, copy_async, list_jobs, resume, resume_async, show_job  # noqa: E402
-from blobsync.config import Overwrite, TransferConfig  # noqa: E402
-from blobsync.engine.context import Progress  # noqa: E402
-from blobsync.errors import (  # noqa: E402
+from blobsync.api import clean_jobs, copy, copy_async, list_jobs, resume, resume_async, show_job
+from blobsync.config import Overwrite, TransferConfig
+from blobsync.engine.context import Progress
+from blobsync.errors import (
     AuthError,
     BlobsyncError,
     ContainerNotFoundError,
@@ -14,7 +13,7 @@ from blobsync.errors import (  # noqa: E402
     SourceError,
     UsageError,
 )
-from blobsync.report import FileResult, FileStatus, Report  # noqa: E402
+from blobsync.report import FileResult, FileStatus, Report
 
 __all__ = [
     "AuthError",

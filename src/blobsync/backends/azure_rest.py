@@ -18,6 +18,7 @@ from blobsync._version import __version__
 from blobsync.backends.azure_auth import Credential, Request
 from blobsync.backends.azure_errors import error_from_response, network_error
 from blobsync.backends.base import (
+    NO_CONDITIONS,
     BlobHeaders,
     BlobProperties,
     Block,
@@ -223,7 +224,7 @@ class AzureContainerStore:
         )
 
     async def put_blob(
-        self, name: str, data: Buffer, headers: BlobHeaders, conditions: Conditions = Conditions()
+        self, name: str, data: Buffer, headers: BlobHeaders, conditions: Conditions = NO_CONDITIONS
     ) -> PutResult:
         req = {"x-ms-blob-type": "BlockBlob", **_blob_headers(headers, "x-ms-blob-"),
                **_condition_headers(conditions)}
@@ -249,7 +250,7 @@ class AzureContainerStore:
         name: str,
         blocks: Sequence[tuple[str, BlockState]],
         headers: BlobHeaders,
-        conditions: Conditions = Conditions(),
+        conditions: Conditions = NO_CONDITIONS,
     ) -> PutResult:
         # Built by hand: every entry names the list it must come from (never <Latest> for fresh blocks).
         body = (

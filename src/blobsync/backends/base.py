@@ -69,6 +69,8 @@ class Conditions:
     if_match: str | None = None
 
 
+NO_CONDITIONS = Conditions()
+
 Buffer = bytes | bytearray | memoryview
 
 
@@ -83,7 +85,7 @@ class ContainerStore(Protocol):
     async def get_properties(self, name: str) -> BlobProperties | None: ...
 
     async def put_blob(
-        self, name: str, data: Buffer, headers: BlobHeaders, conditions: Conditions = Conditions()
+        self, name: str, data: Buffer, headers: BlobHeaders, conditions: Conditions = NO_CONDITIONS
     ) -> PutResult: ...
 
     async def put_block(self, name: str, block_id: str, data: Buffer, content_md5: bytes | None) -> None: ...
@@ -93,7 +95,7 @@ class ContainerStore(Protocol):
         name: str,
         blocks: Sequence[tuple[str, BlockState]],
         headers: BlobHeaders,
-        conditions: Conditions = Conditions(),
+        conditions: Conditions = NO_CONDITIONS,
     ) -> PutResult: ...
 
     async def get_block_list(self, name: str, which: str = "all") -> BlockList: ...

@@ -130,9 +130,8 @@ class UploadJob:
         progress.files_total = len(work)
         progress.bytes_total = sum(f.identity.size for _, f in work)
 
-        if cfg.create_container:
-            if await Retrier(self._retry_policy()).call(self.store.create_container):
-                log.info("created container %s", spec.dest.container)
+        if cfg.create_container and await Retrier(self._retry_policy()).call(self.store.create_container):
+            log.info("created container %s", spec.dest.container)
 
         try:
             await self._upload_all(work, report)

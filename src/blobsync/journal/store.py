@@ -99,22 +99,22 @@ class Journal:
     def _create_schema(self) -> None:
         db = self.db
         if "jobs" not in db.table_names():
-            db["jobs"].create(
+            db.table("jobs").create(
                 {"id": str, "kind": str, "source": str, "dest": str, "options": str, "state": str,
                  "created": float, "updated": float, "pid": int},
                 pk="id",
             )
-            db["jobs"].create_index(["kind", "source", "dest"])
+            db.table("jobs").create_index(["kind", "source", "dest"])
         if "files" not in db.table_names():
-            db["files"].create(
+            db.table("files").create(
                 {"id": int, "job_id": str, "rel": str, "blob": str, "size": int, "mtime_ns": int,
                  "inode": int, "state": str, "nonce": str, "block_size": int, "n_blocks": int,
                  "md5": str, "etag": str, "bytes_sent": int, "error": str, "updated": float},
                 pk="id",
             )
-            db["files"].create_index(["job_id", "rel"], unique=True)
+            db.table("files").create_index(["job_id", "rel"], unique=True)
         if "blocks" not in db.table_names():
-            db["blocks"].create({"file_id": int, "idx": int, "size": int, "md5": str},
+            db.table("blocks").create({"file_id": int, "idx": int, "size": int, "md5": str},
                                 pk=("file_id", "idx"))
         db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
@@ -138,14 +138,14 @@ class Journal:
                       row["state"], row["created"], row["updated"], row["pid"])
 
     def find_unfinished_job(self, kind: str, source: str, dest: str) -> JobRow | None:
-        rows = list(self.db["jobs"].rows_where(
+        rows = list(self.db.table("jobs").rows_where(
             "kind = ? and source = ? and dest = ? and state != 'done'", [kind, source, dest],
             order_by="created desc", limit=1,
         ))
         return self._job(rows[0]) if rows else None
 
     def get_job(self, job_id: str) -> JobRow:
-        rows = list(self.db["jobs"].rows_where("id = ? or id like ?", [job_id, f"{job_id}%"], limit=2))
+        rows = list(self.db.table("jobs").rows_where("id = ? or id like ?", [job_id, f"{job_id}%"], limit=2))
         if len(rows) != 1:
             raise UsageError(f"no job {job_id!r} in {self.path}" if not rows else f"job id {job_id!r} is ambiguous",
                              hint="see 'blobsync jobs list'")
@@ -155,7 +155,7 @@ class Journal:
         now = time.time()
         job_id = uuid.uuid4().hex[:12]
         if True:  # sqlite-utils commits the insert itself
-            self.db["jobs"].insert({"id": job_id, "kind": kind, "source": source, "dest": dest,
+            self.db.table("jobs").insert({"id": job_id, "kind": kind, "source": source, "dest": dest,
                                     "options": json.dumps(dict(options), sort_keys=True), "state": "running",
                                     "created": now, "updated": now, "pid": os.getpid()})
         return self.get_job(job_id)
@@ -174,7 +174,7 @@ class Journal:
                             [state, time.time(), os.getpid(), job_id])
 
     def list_jobs(self) -> list[JobRow]:
-        return [self._job(r) for r in self.db["jobs"].rows_where(order_by="created desc")]
+        return [self._job(r) for r in self.db.table("jobs").rows_where(order_by="created desc")]
 
     def job_totals(self, job_id: str) -> dict[str, dict[str, int]]:
         """Per file state: number of files, bytes and bytes sent."""
@@ -189,7 +189,7 @@ class Journal:
     def delete_jobs(self, older_than_seconds: float | None, include_unfinished: bool) -> list[str]:
         cutoff = time.time() - (older_than_seconds or 0)
         where = "updated <= ?" + ("" if include_unfinished else " and state = 'done'")
-        ids = [r["id"] for r in self.db["jobs"].rows_where(where, [cutoff])]
+        ids = [r["id"] for r in self.db.table("jobs").rows_where(where, [cutoff])]
         self.flush()
         with self._tx():
             for job_id in ids:
@@ -209,7 +209,7 @@ class Journal:
                        row["md5"], row["etag"], row["bytes_sent"] or 0, row["error"])
 
     def files(self, job_id: str) -> list[FileRow]:
-        return [self._file(r) for r in self.db["files"].rows_where("job_id = ?", [job_id], order_by="rel")]
+        return [self._file(r) for r in self.db.table("files").rows_where("job_id = ?", [job_id], order_by="rel")]
 
     def add_files(self, job_id: str, entries: Iterable[tuple[str, str, int, int, int]]) -> dict[str, FileRow]:
         """Insert (rel, blob, size, mtime_ns, inode) rows not yet known; return every file of the job by rel."""
@@ -225,7 +225,7 @@ class Journal:
 
     def blocks(self, file_id: int) -> list[BlockRow]:
         return [BlockRow(r["idx"], r["size"], r["md5"])
-                for r in self.db["blocks"].rows_where("file_id = ?", [file_id], order_by="idx")]
+                for r in self.db.table("blocks").rows_where("file_id = ?", [file_id], order_by="idx")]
 
     # --- batched writes -----------------------------------------------------------------------------------
 
