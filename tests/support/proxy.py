@@ -128,9 +128,7 @@ class Hold:
 Action = Respond | ResetBefore | ResetAfter | ResetMidResponse | Stall | FlipByte | Hold
 
 
-def respond(
-    status: int, error_code: str, retry_after: float | None = None, message: str | None = None
-) -> Respond:
+def respond(status: int, error_code: str, retry_after: float | None = None, message: str | None = None) -> Respond:
     return Respond(status, error_code, retry_after, message)
 
 
@@ -598,9 +596,7 @@ class FaultProxy:
                     return action
         return None
 
-    async def _dispatch(
-        self, request: web.BaseRequest, req: _Req, action: Action | None
-    ) -> web.StreamResponse:
+    async def _dispatch(self, request: web.BaseRequest, req: _Req, action: Action | None) -> web.StreamResponse:
         if action is not None:
             req.fault = action.name
         if isinstance(action, Respond):
@@ -662,9 +658,7 @@ class FaultProxy:
         req.fault = "hold"
         return await self._hold(request, None)
 
-    async def _forward(
-        self, request: web.BaseRequest, req: _Req, action: Action | None
-    ) -> web.StreamResponse:
+    async def _forward(self, request: web.BaseRequest, req: _Req, action: Action | None) -> web.StreamResponse:
         assert self._session is not None
         headers = CIMultiDict((k, v) for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP)
         # A chunked request body has no Content-Length; keep it chunked so the signed headers are unchanged.
@@ -677,9 +671,7 @@ class FaultProxy:
             ) as upstream:  # fmt: skip
                 body = await upstream.read()
                 status, reason = upstream.status, upstream.reason
-                resp_headers = CIMultiDict(
-                    (k, v) for k, v in upstream.headers.items() if k.lower() not in _HOP_BY_HOP
-                )
+                resp_headers = CIMultiDict((k, v) for k, v in upstream.headers.items() if k.lower() not in _HOP_BY_HOP)
         except (aiohttp.ClientError, OSError, TimeoutError):
             # The service is unreachable (e.g. Azurite restarting): the client sees a dropped connection,
             # as it would if the real endpoint were down.
@@ -717,18 +709,19 @@ class FaultProxy:
         error_code: str | None,
     ) -> web.StreamResponse:
         sent = 0 if request.method == "HEAD" else body_len
+        # Record first: the client may act on the response (and the test may look at the stats) before
+        # this coroutine resumes after the write, so counting afterwards would be racy.
+        entry = self._record(req, response.status, sent, error_code=error_code, delivered=True)
         try:
             await response.prepare(request)
             await response.write_eof()
-        except (ConnectionError, aiohttp.ClientConnectionResetError):
+        except (ConnectionError, asyncio.CancelledError):
+            self._unrecord(entry)
             self._record(req, None, 0, fault=req.fault or "client_gone")
             raise
-        self._record(req, response.status, sent, error_code=error_code, delivered=True)
         return response
 
-    async def _respond_error(
-        self, request: web.BaseRequest, req: _Req, action: Respond
-    ) -> web.StreamResponse:
+    async def _respond_error(self, request: web.BaseRequest, req: _Req, action: Respond) -> web.StreamResponse:
         request_id = str(uuid.uuid4())
         message = action.message or f"Injected {action.error_code} by FaultProxy."
         body = _error_body(action.error_code, f"{message}\nRequestId:{request_id}\nTime:{_now_iso()}")
@@ -807,7 +800,7 @@ class FaultProxy:
         fault: str | None = None,
         error_code: str | None = None,
         delivered: bool = False,
-    ) -> None:
+    ) -> LogEntry:
         req.recorded = True
         entry = LogEntry(
             op=req.op,
@@ -828,6 +821,16 @@ class FaultProxy:
                 self._stats.responses[req.op][status] += 1
             self._stats.bytes_out[req.op] += response_bytes
             self._cond.notify_all()
+        return entry
+
+    def _unrecord(self, entry: LogEntry) -> None:
+        """Undo a delivered-response record whose write then failed (client went away meanwhile)."""
+        with self._cond:
+            with contextlib.suppress(ValueError):
+                self._log.remove(entry)
+            if entry.status is not None:
+                self._stats.responses[entry.op][entry.status] -= 1
+            self._stats.bytes_out[entry.op] -= entry.response_bytes
 
 
 def _client_gone(request: web.BaseRequest) -> bool:

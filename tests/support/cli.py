@@ -1,0 +1,48 @@
+"""Helpers to run blobsync as a real process (for crash and CLI tests) and to make test files."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+
+def blobsync_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "blobsync", *args]
+
+
+def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The test process's environment without Azure credentials, plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AZURE_STORAGE")}
+    env.update(extra or {})
+    return env
+
+
+def run(args: Sequence[str], env: Mapping[str, str] | None = None, timeout: float = 120,
+        **kwargs: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(blobsync_cmd(*args), env=clean_env(env), capture_output=True, text=True,
+                          timeout=timeout, check=False, **kwargs)  # type: ignore[call-overload, no-any-return]
+
+
+def start(args: Sequence[str], env: Mapping[str, str] | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen(blobsync_cmd(*args), env=clean_env(env), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def random_file(path: Path, size: int, seed: int = 0) -> bytes:
+    """Write `size` pseudo-random bytes (fast, deterministic per seed) and return them."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    chunks = []
+    counter = 0
+    remaining = size
+    while remaining > 0:
+        block = hashlib.sha512(f"{seed}:{counter}".encode()).digest() * 512  # 32 KiB
+        chunks.append(block[:remaining])
+        remaining -= len(chunks[-1])
+        counter += 1
+    data = b"".join(chunks)
+    path.write_bytes(data)
+    return data

@@ -1,0 +1,161 @@
+"""Unit tests: block planning, IDs, retry delays and Retry-After, error explanations, redaction, config, budgets."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from blobsync.backends.azure_errors import error_from_response, explain_sas, parse_retry_after
+from blobsync.config import MAX_BLOCKS, MiB, TransferConfig, parse_metadata
+from blobsync.engine.budget import MemoryBudget
+from blobsync.engine.plan import BLOCK_ID_LENGTH, block_count, block_id, block_ranges, choose_block_size, new_nonce
+from blobsync.engine.retry import RetryPolicy, backoff_delay
+from blobsync.engine.upload import format_mtime, parse_mtime
+from blobsync.errors import AuthError, ContainerNotFoundError, CorruptedInTransitError, ThrottledError, UsageError
+from blobsync.location import parse_location
+from blobsync.redact import redact
+
+
+@given(size=st.integers(min_value=0, max_value=4000 * MiB * MAX_BLOCKS), requested=st.sampled_from([MiB, 4 * MiB, 8 * MiB]))
+def test_block_size_keeps_blob_under_50000_blocks(size: int, requested: int) -> None:
+    bs = choose_block_size(size, requested)
+    assert bs >= requested
+    assert block_count(size, bs) <= MAX_BLOCKS
+    if size <= requested * MAX_BLOCKS:
+        assert bs == requested
+
+
+@given(size=st.integers(min_value=0, max_value=10**7), bs=st.integers(min_value=1000, max_value=10**6))
+def test_block_ranges_tile_the_file(size: int, bs: int) -> None:
+    ranges = list(block_ranges(size, bs))
+    assert len(ranges) == block_count(size, bs)
+    pos = 0
+    for idx, (i, off, length) in enumerate(ranges):
+        assert (i, off) == (idx, pos) and 0 < length <= bs
+        pos += length
+    assert pos == size
+
+
+def test_block_ids_are_deterministic_and_fixed_length() -> None:
+    nonce = new_nonce()
+    assert block_id(nonce, 7) == block_id(nonce, 7)
+    assert block_id(nonce, 7) != block_id(new_nonce(), 7)
+    assert {len(block_id(nonce, i)) for i in (0, 9, 10, 49_999)} == {BLOCK_ID_LENGTH}
+
+
+def test_backoff_is_jittered_capped_and_honours_retry_after() -> None:
+    policy = RetryPolicy(base_delay=1.0, max_delay=8.0)
+    assert backoff_delay(policy, 10, None, rng=lambda lo, hi: hi) == 8.0
+    assert backoff_delay(policy, 1, None, rng=lambda lo, hi: hi) == 1.0
+    assert backoff_delay(policy, 3, None, rng=lambda lo, hi: lo) == 0.0
+    throttled = ThrottledError("busy", status=503, retry_after=20.0)
+    assert backoff_delay(policy, 1, throttled, rng=lambda lo, hi: lo) == 20.0
+
+
+def test_retry_after_forms() -> None:
+    now = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
+    assert parse_retry_after("7") == 7.0
+    assert parse_retry_after("Mon, 30 Nov 2026 12:00:30 GMT", now) == 30.0
+    assert parse_retry_after("soon") is None
+    assert parse_retry_after(None) is None
+
+
+def _sas_url(**fields: str) -> str:
+    query = "&".join(f"{k}={v}" for k, v in {**fields, "sig": "secret"}.items())
+    return f"https://acct.blob.core.windows.net/cont?{query}"
+
+
+def test_explain_sas() -> None:
+    past = (datetime.now(UTC) - timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    future = (datetime.now(UTC) + timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert "expired" in (explain_sas(parse_location(_sas_url(sp="rw", se=past)), "PUT") or "")
+    assert "not valid before" in (explain_sas(parse_location(_sas_url(sp="rw", se=future, st=future)), "PUT") or "")
+    assert "lacks 'w'" in (explain_sas(parse_location(_sas_url(sp="rl", se=future)), "PUT") or "")
+    assert "'c' (create) without 'w'" in (explain_sas(parse_location(_sas_url(sp="rc", se=future)), "PUT") or "")
+    assert explain_sas(parse_location(_sas_url(sp="racwdl", se=future)), "PUT") is None
+
+
+def _error(status: int, code: str, url: str = "https://acct.blob.core.windows.net/cont", detail: str = "") -> object:
+    body = f"<Error><Code>{code}</Code><Message>m</Message><AuthenticationErrorDetail>{detail}</AuthenticationErrorDetail></Error>"
+    return error_from_response(status=status, headers={"x-ms-error-code": code, "retry-after": "3"},
+                               body=body.encode(), method="PUT", what="put blob 'x'",
+                               loc=parse_location(url), credential_description="SAS token from the URL")
+
+
+def test_error_mapping() -> None:
+    assert isinstance(_error(503, "ServerBusy"), ThrottledError)
+    assert _error(503, "ServerBusy").retry_after == 3.0  # type: ignore[attr-defined]
+    assert isinstance(_error(500, "OperationTimedOut"), ThrottledError)
+    assert isinstance(_error(400, "Md5Mismatch"), CorruptedInTransitError)
+    missing = _error(404, "ContainerNotFound")
+    assert isinstance(missing, ContainerNotFoundError) and "--create-container" in str(missing)
+    past = (datetime.now(UTC) - timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    expired = _error(403, "AuthenticationFailed", _sas_url(sp="rw", se=past),
+                     detail="Signature not valid in the specified time frame")
+    assert isinstance(expired, AuthError) and "expired" in str(expired) and "secret" not in str(expired)
+    # Azurite answers 403 AuthorizationFailure with no detail: the SAS fields explain it.
+    readonly = _error(403, "AuthorizationFailure", _sas_url(sp="rl", se="2099-01-01"))
+    assert "lacks 'w'" in str(readonly)
+
+
+def test_redaction() -> None:
+    text = ("GET https://a.blob.core.windows.net/cont?sv=1&sig=AbC%2Bd%3D&se=x "
+            "AccountKey=Zm9vYmFy; Authorization: SharedKey acct:c2lnbmF0dXJl Bearer eyJ0eXAi.abc.def")
+    out = redact(text)
+    for secret in ("AbC%2Bd%3D", "Zm9vYmFy", "c2lnbmF0dXJl", "eyJ0eXAi"):
+        assert secret not in out
+    assert "se=x" in out
+
+
+def test_mtime_roundtrip() -> None:
+    ns = 1_764_470_000_123_456_789
+    assert format_mtime(ns) == "2025-11-30T02:33:20.123456789Z"
+    assert parse_mtime(format_mtime(ns)) == ns
+    assert parse_mtime("2025-11-30T02:33:20Z") == 1_764_470_000 * 10**9
+    assert parse_mtime("nonsense") is None
+
+
+def test_config_validation() -> None:
+    with pytest.raises(UsageError, match="block-size-mb"):
+        TransferConfig.from_mib(block_size_mb=5000)
+    with pytest.raises(UsageError, match="block-size-mb"):
+        TransferConfig.from_mib(block_size_mb=0)
+    with pytest.raises(UsageError, match="memory-mb"):
+        TransferConfig.from_mib(block_size_mb=64, memory_mb=32)
+    with pytest.raises(UsageError, match="concurrency"):
+        TransferConfig(concurrency=0)
+    cfg = TransferConfig.from_mib(block_size_mb=4, memory_mb=2048)
+    assert cfg.single_put_limit == 4 * MiB
+    assert TransferConfig.from_mib(put_blob_size_mb=0).single_put_limit == 0
+
+
+def test_metadata_parsing() -> None:
+    assert parse_metadata("team=ml; run_id=42") == {"team": "ml", "run_id": "42"}
+    for bad in ("noequals", "1abc=x", "a-b=x", "mtime=x", "k=ü"):
+        with pytest.raises(UsageError):
+            parse_metadata(bad)
+
+
+def test_memory_budget_bounds_and_reuses_buffers() -> None:
+    async def scenario() -> None:
+        budget = MemoryBudget(3 * 100)
+        bufs = [await budget.buffer(100) for _ in range(3)]
+        assert budget.counted == 300
+        waiter = asyncio.create_task(budget.buffer(100))
+        await asyncio.sleep(0)
+        assert not waiter.done()  # over budget: waits
+        budget.release(bufs[0])
+        got = await asyncio.wait_for(waiter, 5)
+        assert got is bufs[0]  # reused, not reallocated
+        # A bigger buffer evicts idle ones instead of waiting forever.
+        budget.release(got)
+        budget.release(bufs[1])
+        budget.release(bufs[2])
+        big = await asyncio.wait_for(budget.buffer(250), 5)
+        assert len(big) == 250 and budget.counted <= 300
+
+    asyncio.run(scenario())
