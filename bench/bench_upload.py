@@ -9,7 +9,6 @@ import importlib.metadata
 import json
 import os
 import platform
-import resource
 import shlex
 import shutil
 import signal
@@ -20,10 +19,10 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
 REPO = Path(__file__).resolve().parents[1]
 AZURITE_BIN = REPO / ".tools/azurite/node_modules/.bin/azurite-blob"
@@ -146,6 +145,34 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((HOST, 0))
         return int(s.getsockname()[1])
+
+
+def system_busy_seconds() -> float:
+    """CPU seconds all cores have spent not idle since boot (from /proc/stat), to expose background load."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields[:8]  # guest time is already inside user
+    return (user + nice + system + irq + softirq + steal) / _CLK_TCK
+
+
+def background_cores(sample_s: float = 1.0) -> float:
+    t0, b0 = time.monotonic(), system_busy_seconds()
+    time.sleep(sample_s)  # a sampling window, not a synchronisation sleep
+    return (system_busy_seconds() - b0) / (time.monotonic() - t0)
+
+
+def wait_for_quiet(max_cores: float, patience_s: float) -> None:
+    """Hold the next run while something else (a test suite, a build) keeps the 2 cores busy."""
+    deadline = time.monotonic() + patience_s
+    busy = background_cores()
+    warned = False
+    while busy > max_cores and time.monotonic() < deadline:
+        if not warned:
+            print(f"bench:   background load {busy:.2f} cores > {max_cores:.2f}; waiting for it", file=sys.stderr)
+            warned = True
+        time.sleep(4.0)  # re-check interval
+        busy = background_cores()
+    if busy > max_cores:
+        print(f"bench:   still {busy:.2f} cores busy after {patience_s:.0f} s; measuring anyway", file=sys.stderr)
 
 
 def group_cpu_seconds(pgid: int) -> float:
@@ -337,6 +364,7 @@ class Run:
     rss_mib: float = float("nan")
     azurite_cpu_s: float = float("nan")
     azurite_rss_mib: float = float("nan")
+    other_cpu_s: float = float("nan")  # everything else on the machine during the run (should be ~0)
     returncode: int | None = None
     valid: bool = False
     error: str = ""
@@ -351,7 +379,8 @@ class Settings:
     sdk_mode: str
     memory_mb: float | None
     keep_temp: bool
-    extra: dict[str, Any] = field(default_factory=dict)
+    max_background: float
+    idle_wait: float
 
 
 def tool_command(tool: str, wl: Workload, url: str, tmp: Path, st: Settings) -> list[str]:
@@ -403,9 +432,11 @@ def one_run(rnd: int, tool: str, wl: Workload, st: Settings) -> Run:
             no_proxy=HOST,
         )
         cmd = tool_command(tool, wl, url, tmp, st)
-        az0 = azurite.cpu_seconds()
+        wait_for_quiet(st.max_background, st.idle_wait)
+        az0, sys0 = azurite.cpu_seconds(), system_busy_seconds()
         res = run_measured(cmd, env, tmp, tmp / "child.log", st.timeout)
         run.azurite_cpu_s = azurite.cpu_seconds() - az0
+        run.other_cpu_s = max(0.0, system_busy_seconds() - sys0 - run.azurite_cpu_s - res.user_s - res.sys_s)
         run.azurite_rss_mib = azurite.peak_rss_mib()
         run.wall_s, run.user_s, run.sys_s = res.wall_s, res.user_s, res.sys_s
         run.cpu_s = res.user_s + res.sys_s
@@ -464,6 +495,7 @@ def derived(run: Run, wl: Workload) -> dict[str, float]:
         "az_cpu_s": run.azurite_cpu_s,
         "az_pct": 100 * run.azurite_cpu_s / w,
         "az_rss_mib": run.azurite_rss_mib,
+        "other_pct": 100 * run.other_cpu_s / w,
     }
 
 
@@ -479,6 +511,7 @@ COLUMNS: dict[str, list[tuple[str, str, int]]] = {
         ("rss_mib", "Client peak RSS MiB", 1),
         ("az_cpu_s", "Azurite CPU s", 2),
         ("az_pct", "Azurite CPU %", 0),
+        ("other_pct", "Other CPU %", 0),
     ],
     "small": [
         ("wall_s", "Wall s", 2),
@@ -490,6 +523,7 @@ COLUMNS: dict[str, list[tuple[str, str, int]]] = {
         ("rss_mib", "Client peak RSS MiB", 1),
         ("az_cpu_s", "Azurite CPU s", 2),
         ("az_pct", "Azurite CPU %", 0),
+        ("other_pct", "Other CPU %", 0),
     ],
 }
 
@@ -516,7 +550,9 @@ def verdict(ok: bool | None) -> str:
     return "n/a" if ok is None else ("PASS" if ok else "FAIL")
 
 
-def target_rows(wl: Workload, med: dict[str, dict[str, float] | None], st: Settings) -> list[list[str]]:
+def target_rows(
+    wl: Workload, med: dict[str, dict[str, float] | None], runs: Sequence[Run], st: Settings
+) -> list[list[str]]:
     rows: list[list[str]] = []
     sdk = med.get("sdk")
     rate, unit = ("mb_s", "MB/s") if wl.name == "large" else ("files_s", "files/s")
@@ -527,7 +563,9 @@ def target_rows(wl: Workload, med: dict[str, dict[str, float] | None], st: Setti
             rows.append([label, "n/a", f">= {target:.2f}x", "n/a", "no valid runs to compare"])
             return
         r = m[rate] / sdk[rate]
-        note = f"{fmt(m[rate], 1)} vs {fmt(sdk[rate], 1)} {unit}; Azurite CPU {m['az_pct']:.0f}% vs {sdk['az_pct']:.0f}%"
+        note = (
+            f"{fmt(m[rate], 1)} vs {fmt(sdk[rate], 1)} {unit}; Azurite CPU {m['az_pct']:.0f}% vs {sdk['az_pct']:.0f}%"
+        )
         rows.append([label, f"{r:.2f}x", f">= {target:.2f}x", verdict(r >= target), note])
 
     if wl.name == "large":
@@ -553,16 +591,16 @@ def target_rows(wl: Workload, med: dict[str, dict[str, float] | None], st: Setti
     budget = st.memory_mb if st.memory_mb is not None else DEFAULT_MEMORY_MB
     limit = RSS_HEADROOM_MIB + budget  # blobsync reads --memory-mb as MiB (config.memory = 256 * MiB)
     for tool in ("blobsync", "blobsync-nomd5"):
-        m = med.get(tool)
-        if m is None:
+        # Judge the worst run (valid or not), not the median: a memory ceiling must hold every time.
+        rss = [r.rss_mib for r in runs if r.tool == tool and r.rss_mib == r.rss_mib]
+        if not rss:
             continue
-        # Judge the worst run, not the median: a memory ceiling must hold every time.
         rows.append(
             [
                 f"{tool} client peak RSS MiB (max of runs)",
-                fmt(st.extra["max_rss"][tool], 1),
+                fmt(max(rss), 1),
                 f"<= {limit:.0f}",
-                verdict(st.extra["max_rss"][tool] <= limit),
+                verdict(max(rss) <= limit),
                 f"100 MiB + --memory-mb {budget:g}",
             ]
         )
@@ -602,7 +640,7 @@ def machine_info(st: Settings) -> list[str]:
         f"- Machine: nproc={nproc}, CPU: {model}, RAM {mem}, Linux {platform.release()}",
         f"- Python {py} ({st.python}), azure-storage-blob {ver('azure-storage-blob')}, aiohttp {ver('aiohttp')}",
         f"- blobsync {ver('blobsync')} at commit {commit}{' + uncommitted changes in src/' if dirty else ''}",
-        f"- Azurite {out([str(AZURITE_BIN), '--version'])} (in-memory, fresh per run) on Node.js {out(['node', '--version'])}",
+        f"- Azurite {out([str(AZURITE_BIN), '--version'])} (in-memory, fresh per run), Node.js {out(['node', '-v'])}",
         f"- Note: {SERVER_NOTE}",
     ]
 
@@ -610,7 +648,8 @@ def machine_info(st: Settings) -> list[str]:
 def report(wl: Workload, runs: list[Run], tools: Sequence[str], st: Settings, markdown: bool) -> str:
     cols = COLUMNS[wl.name]
     parts: list[str] = []
-    argv = os.environ.get(ORIG_ARGV_ENV) or shlex.join(sys.orig_argv)
+    argv_list = shlex.split(os.environ.get(ORIG_ARGV_ENV) or shlex.join(sys.orig_argv))
+    argv = shlex.join([Path(argv_list[0]).name, *argv_list[1:]])  # interpreter by name: its install path is noise
     if markdown:
         parts += [f"#### Workload `{wl.name}`: {wl.description}", "", "Command:", "", "```", argv, "```", ""]
         parts += machine_info(st)
@@ -638,14 +677,23 @@ def report(wl: Workload, runs: list[Run], tools: Sequence[str], st: Settings, ma
     parts += ["Medians per tool (each column's own median over the valid runs):", "", render(heads, rows, markdown), ""]
 
     parts += ["Against the targets (ratios are of the medians):", ""]
-    parts += [render(["Check", "Measured", "Target", "Verdict", "Context"], target_rows(wl, med, st), markdown), ""]
+    parts += [
+        render(["Check", "Measured", "Target", "Verdict", "Context"], target_rows(wl, med, runs, st), markdown),
+        "",
+    ]
 
     heads = ["Round", "Tool", *(h for _, h, _ in cols), "Azurite peak RSS MiB", "Valid"]
     rows = []
     for r in runs:
         d = derived(r, wl)
         rows.append(
-            [str(r.round), r.tool, *(fmt(d[k], p) for k, _, p in cols), fmt(r.azurite_rss_mib, 0), "yes" if r.valid else "NO"]
+            [
+                str(r.round),
+                r.tool,
+                *(fmt(d[k], p) for k, _, p in cols),
+                fmt(r.azurite_rss_mib, 0),
+                "yes" if r.valid else "NO",
+            ]
         )
     parts += ["All runs, in the order they ran (tool order rotates each round):", "", render(heads, rows, markdown), ""]
     bad = [r for r in runs if not r.valid]
@@ -731,7 +779,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
             "the upload with an independent listing, stop Azurite. Run by hand; never in CI. " + SERVER_NOTE
         ),
     )
-    p.add_argument("--workload", choices=("large", "small"), required=True, help="large: one 1 GiB file; small: 2,000 x 16 KiB")
+    p.add_argument(
+        "--workload", choices=("large", "small"), required=True, help="large: one 1 GiB file; small: 2,000 x 16 KiB"
+    )
     p.add_argument("--repeat", type=int, default=3, help="rounds; each round runs every tool once (default 3)")
     p.add_argument("--tools", default=",".join(TOOLS), help=f"comma-separated subset of {','.join(TOOLS)}")
     p.add_argument("--markdown", action="store_true", help="print tables ready for bench/RESULTS.md")
@@ -743,12 +793,21 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help="how the SDK uploads many files: sync client on 8 threads (default, the faster here) or aio + semaphore 8",
     )
     p.add_argument("--memory-mb", type=float, help="pass --memory-mb to blobsync (default: its own, 256)")
-    p.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help=f"generated workloads (default {DEFAULT_CACHE})")
+    p.add_argument(
+        "--cache-dir", type=Path, default=DEFAULT_CACHE, help=f"generated workloads (default {DEFAULT_CACHE})"
+    )
     p.add_argument("--large-mib", type=int, default=1024, help="size of the large file in MiB (default 1024)")
     p.add_argument("--small-files", type=int, default=2000, help="number of small files (default 2000)")
     p.add_argument("--small-kib", type=int, default=16, help="size of each small file in KiB (default 16)")
     p.add_argument("--python", type=Path, default=VENV_PYTHON, help="interpreter for the SDK child (default .venv)")
     p.add_argument("--json", type=Path, help="also write every run's raw measurements to this file")
+    p.add_argument(
+        "--max-background",
+        type=float,
+        default=0.25,
+        help="before each run, wait while other processes use more than this many cores (default 0.25)",
+    )
+    p.add_argument("--idle-wait", type=float, default=900.0, help="longest wait for a quiet machine, s (default 900)")
     p.add_argument("--keep-temp", action="store_true", help="keep each run's temp dir (logs, journal) for debugging")
     a = p.parse_args(argv)
     a.tools = [t.strip() for t in a.tools.split(",") if t.strip()]
@@ -764,10 +823,13 @@ def ensure_sdk_importable() -> None:
     try:
         import azure.storage.blob  # noqa: F401
     except ImportError:
-        if VENV_PYTHON.exists() and Path(sys.executable).resolve() != VENV_PYTHON.resolve():
+        # Compare prefixes, not executables: the venv's python is a symlink to the very same interpreter binary.
+        if VENV_PYTHON.exists() and Path(sys.prefix).resolve() != VENV_PYTHON.parents[1].resolve():
             os.environ.setdefault(ORIG_ARGV_ENV, shlex.join(sys.orig_argv))
             os.execv(VENV_PYTHON, [str(VENV_PYTHON), str(Path(__file__).resolve()), *sys.argv[1:]])
-        raise BenchError("azure-storage-blob is not importable; run scripts/setup.sh and use .venv/bin/python") from None
+        raise BenchError(
+            "azure-storage-blob is not importable; run scripts/setup.sh and use .venv/bin/python"
+        ) from None
 
 
 def preflight(tools: Sequence[str], st: Settings) -> None:
@@ -788,7 +850,17 @@ def main(argv: Sequence[str]) -> int:
         return sdk_child(argv[1:])
     a = parse_args(argv)
     signal.signal(signal.SIGTERM, _sigterm)
-    st = Settings(python=a.python, timeout=a.timeout, sdk_mode=a.sdk_mode, memory_mb=a.memory_mb, keep_temp=a.keep_temp)
+    st = Settings(
+        python=a.python,
+        timeout=a.timeout,
+        sdk_mode=a.sdk_mode,
+        memory_mb=a.memory_mb,
+        keep_temp=a.keep_temp,
+        max_background=a.max_background,
+        idle_wait=a.idle_wait,
+    )
+    runs: list[Run] = []
+    interrupted = False
     try:
         ensure_sdk_importable()
         preflight(a.tools, st)
@@ -803,7 +875,6 @@ def main(argv: Sequence[str]) -> int:
             with path.open("rb") as f:
                 while f.read(16 * MiB):
                     pass
-        runs: list[Run] = []
         n = len(a.tools)
         for rnd in range(1, a.repeat + 1):
             # Round-robin, rotated each round, so slow drift and position effects are shared by all tools.
@@ -815,8 +886,9 @@ def main(argv: Sequence[str]) -> int:
                 d = derived(run, wl)
                 status = "ok" if run.valid else "INVALID"
                 print(
-                    f"bench:   {status}: wall {fmt(d['wall_s'])} s, {fmt(d['mb_s'], 1)} MB/s, {fmt(d['files_s'], 0)} files/s,"
-                    f" client CPU {fmt(d['cpu_s'])} s, RSS {fmt(d['rss_mib'], 1)} MiB, Azurite CPU {fmt(d['az_cpu_s'])} s",
+                    f"bench:   {status}: wall {fmt(d['wall_s'])} s, {fmt(d['mb_s'], 1)} MB/s,"
+                    f" {fmt(d['files_s'], 0)} files/s, client CPU {fmt(d['cpu_s'])} s,"
+                    f" RSS {fmt(d['rss_mib'], 1)} MiB, Azurite CPU {fmt(d['az_cpu_s'])} s",
                     file=sys.stderr,
                     flush=True,
                 )
@@ -825,10 +897,19 @@ def main(argv: Sequence[str]) -> int:
     except BenchError as exc:
         print(f"bench: error: {exc}", file=sys.stderr)
         return 2
-    st.extra["max_rss"] = {t: max((r.rss_mib for r in runs if r.tool == t and r.valid), default=float("nan")) for t in a.tools}
+    except KeyboardInterrupt:
+        # Azurite and the child are already stopped by the finally blocks; still report what was measured.
+        print("bench: interrupted; reporting the runs completed so far", file=sys.stderr)
+        interrupted = True
+    if not runs:
+        return 130 if interrupted else 2
     if a.json:
-        a.json.write_text(json.dumps({"workload": asdict(wl) | {"src": str(wl.src)}, "runs": [asdict(r) for r in runs]}, indent=2))
+        a.json.write_text(
+            json.dumps({"workload": asdict(wl) | {"src": str(wl.src)}, "runs": [asdict(r) for r in runs]}, indent=2)
+        )
     print(report(wl, runs, a.tools, st, a.markdown))
+    if interrupted:
+        return 130
     return 0 if all(r.valid for r in runs) else 1
 
 
