@@ -9,6 +9,7 @@ import sys
 import textwrap
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from azure.core.exceptions import HttpResponseError, ResourceNotFoundError, ServiceResponseError
@@ -35,18 +36,20 @@ pytestmark = pytest.mark.timeout(60)
 UNICODE_NAME = "dir one/naïve файл.txt"
 
 
-def sdk_via(azurite: Azurite, proxy: FaultProxy, **kwargs: object) -> BlobServiceClient:
+def sdk_via(azurite: Azurite, proxy: FaultProxy, **kwargs: Any) -> BlobServiceClient:
     # retry_total=0: SDK retries would otherwise silently absorb the injected faults.
     return BlobServiceClient.from_connection_string(
         azurite.connection_string_via(proxy.endpoint()), retry_total=0, **kwargs
     )
 
 
-def via(azurite: Azurite, proxy: FaultProxy, container: ContainerHandle, **kwargs: object) -> ContainerClient:
+def via(azurite: Azurite, proxy: FaultProxy, container: ContainerHandle, **kwargs: Any) -> ContainerClient:
     return sdk_via(azurite, proxy, **kwargs).get_container_client(container.name)
 
 
-def test_block_upload_is_counted_and_relayed(azurite: Azurite, proxy: FaultProxy, container: ContainerHandle) -> None:
+def test_block_upload_is_counted_and_relayed(
+    azurite: Azurite, proxy: FaultProxy, container: ContainerHandle
+) -> None:
     data = os.urandom(5 * 1024 + 100)
     c = via(azurite, proxy, container, max_single_put_size=1024, max_block_size=1024)
     c.upload_blob("big.bin", data)
@@ -75,15 +78,15 @@ def test_block_upload_is_counted_and_relayed(azurite: Azurite, proxy: FaultProxy
 
 def test_respond_injects_azure_error(azurite: Azurite, proxy: FaultProxy, container: ContainerHandle) -> None:
     proxy.add_rule(Rule("put_block", respond(503, "ServerBusy", retry_after=1), nth=2))
-    c = via(azurite, proxy, container, max_single_put_size=1024, max_block_size=1024, max_concurrency=1)
+    c = via(azurite, proxy, container, max_single_put_size=1024, max_block_size=1024)
 
     with pytest.raises(HttpResponseError) as info:
-        c.upload_blob("busy.bin", os.urandom(4096))
-    assert info.value.status_code == 503
-    assert info.value.error_code == "ServerBusy"
-    assert info.value.response is not None
-    assert info.value.response.headers["Retry-After"] == "1"
-    assert info.value.response.headers["x-ms-error-code"] == "ServerBusy"
+        c.upload_blob("busy.bin", os.urandom(4096), max_concurrency=1)
+    err: Any = info.value  # the SDK's stubs lack error_code / response.headers
+    assert err.status_code == 503
+    assert err.error_code == "ServerBusy"
+    assert err.response.headers["Retry-After"] == "1"
+    assert err.response.headers["x-ms-error-code"] == "ServerBusy"
 
     stats = proxy.stats
     assert stats.responses["put_block"][503] == 1 and stats.faults["put_block"] == 1
@@ -103,8 +106,9 @@ def test_flip_byte_is_rejected_when_content_md5_is_sent(
     # 400 "Crc64Mismatch"). Without any checksum header Azurite silently stores the corrupted bytes.
     with pytest.raises(HttpResponseError) as info:
         c.upload_blob("flipped.bin", b"x" * 100, validate_content=True)
-    assert info.value.status_code == 400
-    assert info.value.error_code == "Md5Mismatch"
+    err: Any = info.value
+    assert err.status_code == 400
+    assert err.error_code == "Md5Mismatch"
     assert container.blob_names() == []
 
     entry = proxy.log[-1]
@@ -115,13 +119,15 @@ def test_flip_byte_is_rejected_when_content_md5_is_sent(
     assert container.download("flipped.bin") == b"x" * 100
 
 
-def test_hold_after_wait_for_and_release(azurite: Azurite, proxy: FaultProxy, container: ContainerHandle) -> None:
+def test_hold_after_wait_for_and_release(
+    azurite: Azurite, proxy: FaultProxy, container: ContainerHandle
+) -> None:
     data = os.urandom(8 * 1024)
-    c = via(azurite, proxy, container, max_single_put_size=1024, max_block_size=1024, max_concurrency=4)
+    c = via(azurite, proxy, container, max_single_put_size=1024, max_block_size=1024)
     proxy.hold_after("put_block", 3)
 
     with ThreadPoolExecutor(1) as pool:
-        upload = pool.submit(c.upload_blob, "held.bin", data)
+        upload = pool.submit(c.upload_blob, "held.bin", data, max_concurrency=4)
         proxy.wait_for("put_block", 3, timeout=20)
         proxy.wait_for_held(1, timeout=20)
         # Exactly three blocks reached Azurite even though the SDK uploads four at a time.
@@ -190,7 +196,10 @@ def test_connection_resets(azurite: Azurite, proxy: FaultProxy, container: Conta
     with pytest.raises(ServiceResponseError):
         c.upload_blob("applied.bin", b"data")
     assert container.download("applied.bin") == b"data"
-    assert [(e.fault, e.status) for e in proxy.log if e.fault] == [("reset_before", None), ("reset_after", 201)]
+    assert [(e.fault, e.status) for e in proxy.log if e.fault] == [
+        ("reset_before", None),
+        ("reset_after", 201),
+    ]
 
 
 def test_reset_mid_response(azurite: Azurite, proxy: FaultProxy, container: ContainerHandle) -> None:
@@ -219,7 +228,9 @@ def test_reset_mid_response(azurite: Azurite, proxy: FaultProxy, container: Cont
     assert proxy.stats.ok("get_blob") == 0  # truncated responses do not count as delivered
 
 
-def test_stall_until_release_and_timed_stall(azurite: Azurite, proxy: FaultProxy, container: ContainerHandle) -> None:
+def test_stall_until_release_and_timed_stall(
+    azurite: Azurite, proxy: FaultProxy, container: ContainerHandle
+) -> None:
     container.client.upload_blob("s.txt", b"s")
     c = via(azurite, proxy, container)
     proxy.add_rule(Rule("get_properties", stall(), times=1))
@@ -241,6 +252,21 @@ def test_restart_loses_in_memory_data(azurite: Azurite, container: ContainerHand
     assert azurite.port == port and azurite.running
     with pytest.raises(ResourceNotFoundError):
         container.client.get_container_properties()
+
+
+def test_proxy_drops_connections_while_azurite_is_down(
+    azurite: Azurite, proxy: FaultProxy, container: ContainerHandle
+) -> None:
+    c = via(azurite, proxy, container)
+    azurite.kill()
+    try:
+        with pytest.raises(ServiceResponseError):
+            c.get_container_properties()
+    finally:
+        azurite.start()  # same port again
+    assert proxy.log[-1].fault == "upstream_error"
+    with pytest.raises(ResourceNotFoundError):
+        c.get_container_properties()
 
 
 def test_rule_selectors() -> None:

@@ -35,7 +35,9 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def connection_string(blob_endpoint: str, account: str = DEV_ACCOUNT, key: str = DEV_KEY) -> str:
     """Build a Shared Key connection string for ``blob_endpoint`` (e.g. a proxy in front of Azurite)."""
-    return f"DefaultEndpointsProtocol=http;AccountName={account};AccountKey={key};BlobEndpoint={blob_endpoint};"
+    return (
+        f"DefaultEndpointsProtocol=http;AccountName={account};AccountKey={key};BlobEndpoint={blob_endpoint};"
+    )
 
 
 def _die_with_parent() -> None:

@@ -128,7 +128,9 @@ class Hold:
 Action = Respond | ResetBefore | ResetAfter | ResetMidResponse | Stall | FlipByte | Hold
 
 
-def respond(status: int, error_code: str, retry_after: float | None = None, message: str | None = None) -> Respond:
+def respond(
+    status: int, error_code: str, retry_after: float | None = None, message: str | None = None
+) -> Respond:
     return Respond(status, error_code, retry_after, message)
 
 
@@ -596,7 +598,9 @@ class FaultProxy:
                     return action
         return None
 
-    async def _dispatch(self, request: web.BaseRequest, req: _Req, action: Action | None) -> web.StreamResponse:
+    async def _dispatch(
+        self, request: web.BaseRequest, req: _Req, action: Action | None
+    ) -> web.StreamResponse:
         if action is not None:
             req.fault = action.name
         if isinstance(action, Respond):
@@ -658,7 +662,9 @@ class FaultProxy:
         req.fault = "hold"
         return await self._hold(request, None)
 
-    async def _forward(self, request: web.BaseRequest, req: _Req, action: Action | None) -> web.StreamResponse:
+    async def _forward(
+        self, request: web.BaseRequest, req: _Req, action: Action | None
+    ) -> web.StreamResponse:
         assert self._session is not None
         headers = CIMultiDict((k, v) for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP)
         # A chunked request body has no Content-Length; keep it chunked so the signed headers are unchanged.
@@ -671,7 +677,9 @@ class FaultProxy:
             ) as upstream:  # fmt: skip
                 body = await upstream.read()
                 status, reason = upstream.status, upstream.reason
-                resp_headers = CIMultiDict((k, v) for k, v in upstream.headers.items() if k.lower() not in _HOP_BY_HOP)
+                resp_headers = CIMultiDict(
+                    (k, v) for k, v in upstream.headers.items() if k.lower() not in _HOP_BY_HOP
+                )
         except (aiohttp.ClientError, OSError, TimeoutError):
             # The service is unreachable (e.g. Azurite restarting): the client sees a dropped connection,
             # as it would if the real endpoint were down.
@@ -721,7 +729,9 @@ class FaultProxy:
             raise
         return response
 
-    async def _respond_error(self, request: web.BaseRequest, req: _Req, action: Respond) -> web.StreamResponse:
+    async def _respond_error(
+        self, request: web.BaseRequest, req: _Req, action: Respond
+    ) -> web.StreamResponse:
         request_id = str(uuid.uuid4())
         message = action.message or f"Injected {action.error_code} by FaultProxy."
         body = _error_body(action.error_code, f"{message}\nRequestId:{request_id}\nTime:{_now_iso()}")

@@ -55,8 +55,10 @@ def _setup_logging(level: str) -> None:
 
 
 def _sigterm_as_interrupt() -> None:
+    """Treat SIGTERM like Ctrl-C: asyncio's SIGINT handling cancels the job cleanly and it stays resumable."""
+
     def handler(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
+        signal.raise_signal(signal.SIGINT)
 
     signal.signal(signal.SIGTERM, handler)
 

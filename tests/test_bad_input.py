@@ -1,0 +1,203 @@
+"""Bad input gets one clear line, an exit code a script can act on, no traceback, and loses nothing."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from urllib.parse import unquote
+
+import pytest
+from azure.storage.blob import ContainerSasPermissions, generate_container_sas
+from conftest import ContainerHandle
+from support.azurite import Azurite
+from support.cli import random_file, run, start
+from support.proxy import FaultProxy
+
+from blobsync.config import MiB
+
+
+def _sas(azurite: Azurite, container: str, permission: str, expiry: datetime) -> str:
+    return generate_container_sas(
+        azurite.account, container, account_key=azurite.key,
+        permission=ContainerSasPermissions.from_string(permission), expiry=expiry,
+    )
+
+
+def _one_error_line(stderr: str) -> str:
+    assert "Traceback" not in stderr
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith("blobsync: error: ")
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["cp", "/nonexistent/file.bin", "http://127.0.0.1:1/devstoreaccount1/cont"], "does not exist"),
+        (["cp", "{tmp}", "http://127.0.0.1:1/devstoreaccount1/cont"], "pass -r/--recursive"),
+        (["cp", "{tmp}/f", "https://acct.blob.core.windows.net"], "names no container"),
+        (["cp", "{tmp}/f", "ftp://x/y"], "is not a blob URL"),
+        (["cp", "{tmp}/f", "http://127.0.0.1:1/devstoreaccount1/Bad_Name"], "invalid container name"),
+        (["cp", "{tmp}/f", "http://127.0.0.1:1/devstoreaccount1/cont", "--block-size-mb", "5000"], "out of range"),
+        (["cp", "{tmp}/f", "http://127.0.0.1:1/devstoreaccount1/cont", "--metadata", "bad name=1"], "metadata"),
+        (["cp", "{tmp}/f", "http://127.0.0.1:1/devstoreaccount1/cont", "--memory-mb", "4",
+          "--block-size-mb", "8"], "must hold at least one block"),
+    ],
+)
+def test_usage_errors_exit_2(args: list[str], fragment: str, tmp_path: Path) -> None:
+    (tmp_path / "f").write_bytes(b"x")
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    done = run([*args, "--journal", str(tmp_path / "j.db")])
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert fragment in _one_error_line(done.stderr)
+
+
+def test_missing_container_is_named_and_create_container_fixes_it(
+    azurite: Azurite, container: ContainerHandle, tmp_path: Path
+) -> None:
+    data = random_file(tmp_path / "f.bin", 1000)
+    url = f"{azurite.blob_endpoint}/{container.name}-missing"
+    done = run(["cp", str(tmp_path / "f.bin"), url, "--journal", str(tmp_path / "j.db")])
+    assert done.returncode == 1
+    line = _one_error_line(done.stderr)
+    assert f"container '{container.name}-missing' does not exist" in line and "--create-container" in line
+    done = run(["cp", str(tmp_path / "f.bin"), url, "--journal", str(tmp_path / "j.db"), "--create-container"])
+    assert done.returncode == 0, done.stderr
+    other = container.client._get_blob_service_client().get_container_client(f"{container.name}-missing")  # noqa: SLF001
+    try:
+        assert other.download_blob("f.bin").readall() == data
+    finally:
+        other.delete_container()
+
+
+def test_read_only_sas_says_write_is_missing(azurite: Azurite, container: ContainerHandle, tmp_path: Path) -> None:
+    random_file(tmp_path / "f.bin", 1000)
+    sas = _sas(azurite, container.name, "rl", datetime.now(UTC) + timedelta(hours=1))
+    done = run(["cp", str(tmp_path / "f.bin"), f"{container.url}?{sas}", "--journal", str(tmp_path / "j.db")])
+    assert done.returncode == 3
+    line = _one_error_line(done.stderr)
+    assert "lacks 'w' (write)" in line
+    assert container.blob_names() == []
+
+
+def test_expired_sas_says_expired(azurite: Azurite, container: ContainerHandle, tmp_path: Path) -> None:
+    random_file(tmp_path / "f.bin", 1000)
+    sas = _sas(azurite, container.name, "rwl", datetime.now(UTC) - timedelta(hours=1))
+    done = run(["cp", str(tmp_path / "f.bin"), f"{container.url}?{sas}", "--journal", str(tmp_path / "j.db")])
+    assert done.returncode == 3
+    line = _one_error_line(done.stderr)
+    assert "expired" in line
+    sig = unquote(sas.split("sig=")[1].split("&")[0])
+    assert sig not in line and sas.split("sig=")[1].split("&")[0] not in line
+
+
+def test_no_secret_reaches_output_logs_or_journal(
+    azurite: Azurite, container: ContainerHandle, tmp_path: Path
+) -> None:
+    data = random_file(tmp_path / "src" / "big.bin", 3 * MiB + 5)
+    random_file(tmp_path / "src" / "small.txt", 10)
+    sas = _sas(azurite, container.name, "racwl", datetime.now(UTC) + timedelta(hours=1))
+    journal = tmp_path / "j.db"
+    done = run(["cp", "-r", str(tmp_path / "src"), f"{container.url}/pre?{sas}", "--journal", str(journal),
+                "--block-size-mb", "1", "--log-level", "DEBUG"])
+    assert done.returncode == 0, done.stderr
+    assert container.download("pre/big.bin") == data
+    raw_sig = sas.split("sig=")[1].split("&")[0]
+    secrets = {raw_sig, unquote(raw_sig), azurite.key}
+    listed = run(["jobs", "list", "--journal", str(journal)])
+    shown = run(["jobs", "show", listed.stdout.split()[0], "--journal", str(journal)])
+    blobs = b"".join(p.read_bytes() for p in tmp_path.glob("j.db*"))
+    for secret in secrets:
+        for text in (done.stdout, done.stderr, listed.stdout, shown.stdout):
+            assert secret not in text
+        assert secret.encode() not in blobs
+    with sqlite3.connect(journal) as db:
+        (dest,) = db.execute("select dest from jobs").fetchone()
+    assert dest == f"{container.url}/pre"
+
+
+def test_file_vanishing_mid_run_is_reported_and_the_rest_continue(
+    container: ContainerHandle, proxy: FaultProxy, tmp_path: Path
+) -> None:
+    src = tmp_path / "src"
+    big = random_file(src / "a-big.bin", 4 * MiB, seed=1)
+    random_file(src / "b-gone.txt", 100, seed=2)
+    args = ["cp", "-r", str(src), f"{proxy.endpoint()}/{container.name}", "--journal", str(tmp_path / "j.db"),
+            "--block-size-mb", "1", "--concurrency", "1", "--quiet"]
+    proxy.hold_after("put_block", 1)  # one worker: b-gone.txt waits until a-big.bin is done
+    proc = start(args)
+    proxy.wait_for_held(1, timeout=60)
+    (src / "b-gone.txt").unlink()
+    proxy.clear_rules()
+    proxy.release_holds()
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1, err
+    assert "1 uploaded, 0 skipped, 1 failed" in out
+    assert "FAILED b-gone.txt" in out and "No such file" in out
+    assert "Traceback" not in err
+    assert container.blob_names() == ["a-big.bin"]
+    assert container.download("a-big.bin") == big
+
+
+def test_file_changing_during_upload_is_never_committed(
+    container: ContainerHandle, proxy: FaultProxy, tmp_path: Path
+) -> None:
+    src = tmp_path / "grow.log"
+    random_file(src, 4 * MiB, seed=3)
+    args = ["cp", str(src), f"{proxy.endpoint()}/{container.name}/", "--journal", str(tmp_path / "j.db"),
+            "--block-size-mb", "1", "--quiet"]
+    proxy.hold_after("put_block", 2)
+    proc = start(args)
+    proxy.wait_for_held(1, timeout=60)
+    with src.open("ab") as f:
+        f.write(b"appended while uploading")
+    proxy.clear_rules()
+    proxy.release_holds()
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1, (out, err)
+    assert "changed while it was being uploaded" in out
+    assert container.blob_names() == []
+    # Running again uploads the file as it is now.
+    done = run(args)
+    assert done.returncode == 0, done.stderr
+    assert container.download("grow.log") == src.read_bytes()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")
+def test_unreadable_file_is_reported_and_the_rest_continue(container: ContainerHandle, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    good = random_file(src / "ok.bin", 100)
+    random_file(src / "secret.bin", 100)
+    (src / "secret.bin").chmod(0)
+    done = run(["cp", "-r", str(src), container.url, "--journal", str(tmp_path / "j.db")])
+    assert done.returncode == 1
+    assert "FAILED secret.bin" in done.stdout and "Permission denied" in done.stdout
+    assert container.download("ok.bin") == good
+
+
+def test_unreachable_endpoint_fails_with_a_clear_line(tmp_path: Path) -> None:
+    random_file(tmp_path / "f.bin", 10)
+    from support.azurite import free_port
+
+    url = f"http://127.0.0.1:{free_port()}/devstoreaccount1/cont"
+    done = run(["cp", str(tmp_path / "f.bin"), url, "--journal", str(tmp_path / "j.db"), "--max-retries", "1"])
+    assert done.returncode == 1
+    line = _one_error_line(done.stderr)
+    assert "put blob 'f.bin'" in line and "onnect" in line
+
+
+def test_sigterm_is_an_interrupt(container: ContainerHandle, proxy: FaultProxy, tmp_path: Path) -> None:
+    random_file(tmp_path / "f.bin", 4 * MiB)
+    proxy.hold_after("put_block", 1)
+    proc = start(["cp", str(tmp_path / "f.bin"), f"{proxy.endpoint()}/{container.name}/",
+                  "--journal", str(tmp_path / "j.db"), "--block-size-mb", "1", "--quiet"])
+    proxy.wait_for_held(1, timeout=60)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    proxy.clear_rules()
+    proxy.release_holds()
+    assert proc.returncode == 130 and "interrupted" in err and "Traceback" not in err
