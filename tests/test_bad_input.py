@@ -11,12 +11,12 @@ from urllib.parse import unquote
 
 import pytest
 from azure.storage.blob import ContainerSasPermissions, generate_container_sas
+
+from blobsync.config import MiB
 from conftest import ContainerHandle
 from support.azurite import Azurite
 from support.cli import random_file, run, start
 from support.proxy import FaultProxy
-
-from blobsync.config import MiB
 
 
 def _sas(azurite: Azurite, container: str, permission: str, expiry: datetime) -> str:
@@ -67,7 +67,7 @@ def test_missing_container_is_named_and_create_container_fixes_it(
     assert f"container '{container.name}-missing' does not exist" in line and "--create-container" in line
     done = run(["cp", str(tmp_path / "f.bin"), url, "--journal", str(tmp_path / "j.db"), "--create-container"])
     assert done.returncode == 0, done.stderr
-    other = container.client._get_blob_service_client().get_container_client(f"{container.name}-missing")  # noqa: SLF001
+    other = container.client._get_blob_service_client().get_container_client(f"{container.name}-missing")
     try:
         assert other.download_blob("f.bin").readall() == data
     finally:

@@ -134,7 +134,9 @@ def test_hold_after_wait_for_and_release(
         blocks = container.client.get_blob_client("held.bin").get_block_list("uncommitted")[1]
         assert len(blocks) == 3
         assert not upload.done()
-        assert proxy.stats.ok("put_block") == 3
+        stats = proxy.stats
+        assert stats.ok("put_block") == 3
+        assert stats.requests["put_block"] >= 4  # the fourth concurrent block was throttled, then held
 
         proxy.release_holds()
         upload.result(timeout=20)

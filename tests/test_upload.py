@@ -8,13 +8,13 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import ContainerHandle
-from support.cli import random_file, run
-from support.proxy import FaultProxy, Rule, flip_byte
 
 import blobsync
 from blobsync import FileStatus, Overwrite, TransferConfig
 from blobsync.config import MiB
+from conftest import ContainerHandle
+from support.cli import random_file, run
+from support.proxy import FaultProxy, Rule, flip_byte
 
 
 def _copy(src: Path, url: str, tmp_path: Path, **options: object) -> blobsync.Report:

@@ -336,7 +336,12 @@ def _error_body(code: str, message: str) -> bytes:
 class FaultProxy:
     """HTTP proxy on 127.0.0.1 running its own event loop in a background thread.
 
-    Every public method is safe to call from any thread except the proxy's own.
+    Every public method is safe to call from any thread except the proxy's own. Typical use::
+
+        proxy.add_rule(Rule("put_block", respond(503, "ServerBusy", retry_after=1), nth={2, 3}))
+        proxy.add_rule(Rule("get_blob", reset_mid_response(0.5), blob="big", times=1))
+        proxy.hold_after("put_block", 5)      # then: proxy.wait_for("put_block", 5); kill the client
+        proxy.stats.ok("put_block"), proxy.stats.bytes_in["put_block"], proxy.log[-1].fault
     """
 
     def __init__(self, target_base_url: str, *, host: str = "127.0.0.1", port: int = 0) -> None:
@@ -352,6 +357,7 @@ class FaultProxy:
         self._gate: _HoldGate | None = None
         self._release_gen = 0  # bumped by release_holds(); waiters compare with the value they started at
         self._held = 0
+        self._active = 0  # requests whose handler is running (body being read, held, or forwarded)
         self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -525,6 +531,16 @@ class FaultProxy:
             if not self._cond.wait_for(predicate, timeout):
                 raise TimeoutError(f"condition not met after {timeout}s; held={self._held}")
 
+    def wait_idle(self, timeout: float = 60) -> None:
+        """Block until no request is being handled: e.g. a killed client's held requests have been dropped.
+
+        Call it between two runs before ``reset_stats()`` so that nothing of the first run is counted in the
+        second.
+        """
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._active == 0, timeout):
+                raise TimeoutError(f"{self._active} requests still being handled after {timeout}s")
+
     def wait_for_held(self, count: int = 1, timeout: float = 60) -> None:
         """Block until at least ``count`` requests are being held at the same time."""
         with self._cond:
@@ -562,6 +578,16 @@ class FaultProxy:
 
     # -- request handling --------------------------------------------------------------------------------
     async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        with self._cond:
+            self._active += 1
+        try:
+            return await self._handle_counted(request)
+        finally:
+            with self._cond:
+                self._active -= 1
+                self._cond.notify_all()
+
+    async def _handle_counted(self, request: web.BaseRequest) -> web.StreamResponse:
         if request.headers.get("Expect", "").lower() == "100-continue":
             # The low-level server has no router to answer Expect for us, and clients would otherwise wait.
             await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
