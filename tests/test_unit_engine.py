@@ -20,7 +20,10 @@ from blobsync.location import parse_location
 from blobsync.redact import redact
 
 
-@given(size=st.integers(min_value=0, max_value=4000 * MiB * MAX_BLOCKS), requested=st.sampled_from([MiB, 4 * MiB, 8 * MiB]))
+@given(
+    size=st.integers(min_value=0, max_value=4000 * MiB * MAX_BLOCKS),
+    requested=st.sampled_from([MiB, 4 * MiB, 8 * MiB]),
+)
 def test_block_size_keeps_blob_under_50000_blocks(size: int, requested: int) -> None:
     bs = choose_block_size(size, requested)
     assert bs >= requested
@@ -80,7 +83,8 @@ def test_explain_sas() -> None:
 
 
 def _error(status: int, code: str, url: str = "https://acct.blob.core.windows.net/cont", detail: str = "") -> object:
-    body = f"<Error><Code>{code}</Code><Message>m</Message><AuthenticationErrorDetail>{detail}</AuthenticationErrorDetail></Error>"
+    body = (f"<Error><Code>{code}</Code><Message>m</Message>"
+            f"<AuthenticationErrorDetail>{detail}</AuthenticationErrorDetail></Error>")
     return error_from_response(status=status, headers={"x-ms-error-code": code, "retry-after": "3"},
                                body=body.encode(), method="PUT", what="put blob 'x'",
                                loc=parse_location(url), credential_description="SAS token from the URL")
