@@ -161,5 +161,12 @@ def test_memory_budget_bounds_and_reuses_buffers() -> None:
         budget.release(bufs[2])
         big = await asyncio.wait_for(budget.buffer(250), 5)
         assert len(big) == 250 and budget.counted <= 300
+        # A buffer bigger than the whole budget is granted once nothing else is held, never clipped.
+        waiter = asyncio.create_task(budget.buffer(1000))
+        await asyncio.sleep(0)
+        assert not waiter.done()
+        budget.release(big)
+        huge = await asyncio.wait_for(waiter, 5)
+        assert len(huge) == 1000
 
     asyncio.run(scenario())

@@ -137,6 +137,16 @@ def test_overwrite_modes(container: ContainerHandle, tmp_path: Path) -> None:
     assert container.download("f.bin") == new
 
 
+def test_overwrite_false_creates_a_new_block_blob_and_then_skips_it(container: ContainerHandle, tmp_path: Path) -> None:
+    data = random_file(tmp_path / "big.bin", 3 * MiB + 1)
+    report = _copy(tmp_path / "big.bin", container.url + "/", tmp_path, block_size_mb=1, overwrite=Overwrite.FALSE)
+    assert report.files_uploaded == 1, report.failures
+    random_file(tmp_path / "big.bin", 3 * MiB + 1, seed=8)
+    report = _copy(tmp_path / "big.bin", container.url + "/", tmp_path, block_size_mb=1, overwrite=Overwrite.FALSE)
+    assert report.files_skipped == 1
+    _check_blob(container, "big.bin", data)
+
+
 def test_cli_cp_summary_and_jobs_commands(container: ContainerHandle, tmp_path: Path) -> None:
     data = random_file(tmp_path / "src" / "a.bin", 3 * MiB, seed=5)
     journal = str(tmp_path / "j.db")

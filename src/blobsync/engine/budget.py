@@ -31,7 +31,8 @@ class MemoryBudget:
         return self._counted
 
     def _fits(self, size: int) -> bool:
-        if self._counted + size <= self.limit:
+        # A request larger than the whole budget (an auto-raised block size) is let through alone.
+        if self._counted + size <= self.limit or self._counted == 0:
             return True
         for cap in list(self._idle):
             idle = self._idle[cap]
@@ -40,7 +41,7 @@ class MemoryBudget:
                 self._counted -= cap
             if not idle:
                 del self._idle[cap]
-        return self._counted + size <= self.limit
+        return self._counted + size <= self.limit or self._counted == 0
 
     def _try_buffer(self, capacity: int) -> bytearray | None:
         idle = self._idle.get(capacity)
@@ -85,7 +86,7 @@ class MemoryBudget:
 
     async def buffer(self, capacity: int) -> bytearray:
         """A buffer of exactly `capacity` bytes, counted against the budget until `release`."""
-        return await self._acquire(lambda: self._try_buffer(min(capacity, self.limit)))
+        return await self._acquire(lambda: self._try_buffer(capacity))
 
     def release(self, buf: bytearray) -> None:
         self._idle.setdefault(len(buf), []).append(buf)
@@ -93,7 +94,7 @@ class MemoryBudget:
 
     async def reserve(self, size: int) -> int:
         """Count `size` bytes (no buffer) against the budget; pass the result to `unreserve`."""
-        return await self._acquire(lambda: self._try_reserve(min(size, self.limit)))
+        return await self._acquire(lambda: self._try_reserve(size))
 
     def unreserve(self, size: int) -> None:
         self._counted -= size
