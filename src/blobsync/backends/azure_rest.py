@@ -12,6 +12,8 @@ from urllib.parse import quote, urlsplit
 from xml.etree import ElementTree
 
 import aiohttp
+import aiohttp.abc
+import aiohttp.payload
 from yarl import URL
 
 from blobsync._version import __version__
@@ -34,6 +36,44 @@ from blobsync.location import BlobLocation
 API_VERSION = "2023-11-03"
 _USER_AGENT = f"blobsync/{__version__}"
 _META_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+_CHUNK = 256 * 1024
+
+
+class _BufferPayload(aiohttp.payload.Payload):
+    """A request body written in slices, each awaited.
+
+    Handing a multi-MiB buffer to the transport in one write makes asyncio copy whatever the socket does not
+    take at once into its own buffer: a second copy of every block, in memory and in CPU. Slices keep that
+    copy small and let the transport's flow control pace the writes.
+    """
+
+    _autoclose = True
+
+    def __init__(self, value: Buffer) -> None:
+        super().__init__(value, content_type=None)
+        self._view = memoryview(value).cast("B")
+        self._size = self._view.nbytes
+
+    def decode(self, encoding: str = "utf-8", errors: str = "strict") -> str:
+        return bytes(self._view).decode(encoding, errors)
+
+    async def write(self, writer: aiohttp.abc.AbstractStreamWriter) -> None:
+        await self.write_with_length(writer, None)
+
+    async def write_with_length(
+        self, writer: aiohttp.abc.AbstractStreamWriter, content_length: int | None
+    ) -> None:
+        view = self._view if content_length is None else self._view[:content_length]
+        for start in range(0, view.nbytes, _CHUNK):
+            await writer.write(view[start:start + _CHUNK])
+
+
+def _body(data: Buffer | None) -> Buffer | aiohttp.payload.Payload | None:
+    if data is None or len(data) <= _CHUNK:
+        return data
+    return _BufferPayload(data)
 
 
 class _DateCache:
@@ -155,7 +195,7 @@ class AzureContainerStore:
         url = URL(f"{self._loc.scheme}://{self._loc.netloc}{path}{'?' + qs if qs else ''}", encoded=True)
         try:
             async with self._session.request(
-                method, url, headers=request.headers, data=body if body is not None else None
+                method, url, headers=request.headers, data=_body(body)
             ) as resp:
                 data = await resp.read() if (read_body or resp.status not in expect) else b""
                 resp_headers = {k.lower(): v for k, v in resp.headers.items()}
@@ -229,12 +269,12 @@ class AzureContainerStore:
         req = {"x-ms-blob-type": "BlockBlob", **_blob_headers(headers, "x-ms-blob-"),
                **_condition_headers(conditions)}
         if headers.content_md5 is not None:
-            # Content-MD5 on Put Blob makes the service check the body, not just store the value.
-            req["Content-MD5"] = _b64(headers.content_md5)
+            # Content-MD5 on Put Blob makes the service check the body and store it as the blob's MD5;
+            # x-ms-blob-content-md5 would only make it hash the body a second time.
+            req["Content-MD5"] = req.pop("x-ms-blob-content-md5")
         _, h, _ = await self._call("PUT", name, [], req, data, f"put blob {name!r}", (201,))
         md5 = h.get("content-md5")
-        return PutResult(h.get("etag", ""), _parse_http_date(h.get("last-modified")),
-                         base64.b64decode(md5) if md5 else None)
+        return PutResult(h.get("etag", ""), base64.b64decode(md5) if md5 else None)
 
     async def put_block(self, name: str, block_id: str, data: Buffer, content_md5: bytes | None) -> None:
         req: dict[str, str] = {}
@@ -263,7 +303,7 @@ class AzureContainerStore:
         _, h, _ = await self._call(
             "PUT", name, [("comp", "blocklist")], req, body, f"put block list of {name!r}", (201,)
         )
-        return PutResult(h.get("etag", ""), _parse_http_date(h.get("last-modified")), None)
+        return PutResult(h.get("etag", ""), None)
 
     async def get_block_list(self, name: str, which: str = "all") -> BlockList:
         try:

@@ -47,7 +47,6 @@ class BlobProperties:
 @dataclass(frozen=True)
 class PutResult:
     etag: str
-    last_modified: datetime | None
     content_md5: bytes | None  # what the service computed or stored, when it says
 
 

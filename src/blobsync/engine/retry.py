@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -46,7 +48,7 @@ class Retrier:
 
     def _wait(self, state: RetryCallState) -> float:
         error = state.outcome.exception() if state.outcome else None
-        return backoff_delay(self.policy, state.attempt_number, error)
+        return backoff_delay(self.policy, state.attempt_number + 1, error)  # the bare first try came before
 
     def _before_sleep(self, state: RetryCallState) -> None:
         self.retries += 1
@@ -57,8 +59,23 @@ class Retrier:
 
     async def call(self, attempt: Callable[[], Awaitable[T]]) -> T:
         """Await `attempt()` until it succeeds, fails with a non-transient error, or the policy gives up."""
+        # The first try runs bare: setting up a tenacity loop costs more CPU than a small Put Blob, and
+        # almost every request succeeds at once. Tenacity takes over from the first transient failure.
+        started = time.monotonic()
+        try:
+            return await attempt()
+        except TransientError as exc:
+            if self.policy.max_attempts <= 1:
+                raise
+            first = exc
+        delay = backoff_delay(self.policy, 1, first)
+        self.retries += 1
+        if self._on_retry is not None:
+            self._on_retry(first, delay)
+        await asyncio.sleep(delay)
+        remaining = self.policy.deadline - (time.monotonic() - started)
         retrying = AsyncRetrying(
-            stop=stop_after_attempt(self.policy.max_attempts) | stop_after_delay(self.policy.deadline),
+            stop=stop_after_attempt(self.policy.max_attempts - 1) | stop_after_delay(max(0.0, remaining)),
             wait=self._wait,
             retry=retry_if_exception_type(TransientError),
             before_sleep=self._before_sleep,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import mimetypes
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -22,7 +23,7 @@ from blobsync.engine.plan import (
 )
 from blobsync.errors import IntegrityError, InvalidBlockListError, ServiceError, SourceChangedError
 from blobsync.journal import FileRow
-from blobsync.local.files import FileIdentity, OpenFile, stat_file
+from blobsync.local.files import FileIdentity, OpenFile
 from blobsync.report import FileResult, FileStatus
 
 MTIME_KEY = "mtime"  # same key and RFC 3339 format as rclone, so either tool reads the other's mtime
@@ -65,8 +66,16 @@ class FileUploader:
         self.ctx = ctx
 
     async def upload(self, row: FileRow, path: Path) -> FileResult:
+        src = OpenFile(path)
+        try:
+            return await self._upload(row, src)
+        finally:
+            src.close()  # every read of it has finished by now, even on cancellation
+
+    async def _upload(self, row: FileRow, src: OpenFile) -> FileResult:
         cfg = self.ctx.config
-        identity = stat_file(path)
+        path = src.path
+        identity = src.opened
         conditions = Conditions()
         if cfg.overwrite is not Overwrite.TRUE:
             props = await self.ctx.request(lambda: self.ctx.store.get_properties(row.blob))
@@ -82,8 +91,8 @@ class FileUploader:
         metadata = {**cfg.metadata, MTIME_KEY: format_mtime(identity.mtime_ns)}
         plan = _Plan(row.blob, identity, BlobHeaders(content_type, None, metadata, cfg.tier), conditions)
         if identity.size <= cfg.single_put_limit:
-            return await self._put_single(row, path, plan)
-        return await self._put_blocks(row, path, plan)
+            return await self._put_single(row, src, plan)
+        return await self._put_blocks(row, src, plan)
 
     def _skipped(self, row: FileRow, identity: FileIdentity, reason: str) -> FileResult:
         self.ctx.journal.finish_file(row.id, "skipped", error=reason)
@@ -91,16 +100,20 @@ class FileUploader:
 
     # --- small files --------------------------------------------------------------------------------------
 
-    async def _put_single(self, row: FileRow, path: Path, plan: _Plan) -> FileResult:
+    async def _put_single(self, row: FileRow, src: OpenFile, plan: _Plan) -> FileResult:
         ctx = self.ctx
         loop = asyncio.get_running_loop()
-        reserved = await ctx.memory.reserve(plan.identity.size)
+        before = plan.identity
+        reserved = await ctx.memory.reserve(before.size)
         try:
-            with OpenFile(path) as src:
-                before = src.identity()
-                data, md5 = await loop.run_in_executor(ctx.io_pool, src.read_all, before.size)
-                if src.identity() != before:
-                    raise SourceChangedError(f"{path}: file changed while it was being read")
+            reading = loop.run_in_executor(ctx.io_pool, src.read_all, before.size)
+            try:
+                data, md5 = await reading
+            except asyncio.CancelledError:
+                await asyncio.wait([reading])  # the thread still reads from the file
+                raise
+            if src.identity() != before:
+                raise SourceChangedError(f"{src.path}: file changed while it was being read")
             headers = BlobHeaders(plan.headers.content_type, md5, plan.headers.metadata, plan.headers.tier)
             result = await ctx.request(lambda: ctx.store.put_blob(plan.blob, data, headers, plan.conditions))
         finally:
@@ -116,7 +129,7 @@ class FileUploader:
 
     # --- block uploads ------------------------------------------------------------------------------------
 
-    async def _put_blocks(self, row: FileRow, path: Path, plan: _Plan) -> FileResult:
+    async def _put_blocks(self, row: FileRow, src: OpenFile, plan: _Plan) -> FileResult:
         nonce = row.nonce
         block_size = row.block_size
         size = plan.identity.size
@@ -134,7 +147,7 @@ class FileUploader:
                 # The nonce must be durable before the first block leaves, or a crash orphans the blocks.
                 self.ctx.journal.flush()
             try:
-                return await self._send_file(row, path, plan, nonce, block_size, resume)
+                return await self._send_file(row, src, plan, nonce, block_size, resume)
             except InvalidBlockListError:
                 # Staged blocks vanished before the commit (expired, discarded, service restarted):
                 # ask the service what it still has and send the rest again.
@@ -151,7 +164,7 @@ class FileUploader:
         raise AssertionError("unreachable")
 
     async def _send_file(
-        self, row: FileRow, path: Path, plan: _Plan, nonce: str, block_size: int, resume: bool
+        self, row: FileRow, src: OpenFile, plan: _Plan, nonce: str, block_size: int, resume: bool
     ) -> FileResult:
         ctx = self.ctx
         store = ctx.store
@@ -177,11 +190,9 @@ class FileUploader:
         tasks: set[asyncio.Task[int]] = set()
         last_hash: asyncio.Future[None] | None = None
         reused = 0
-        src = OpenFile(path)
+        path = src.path
         reading: asyncio.Future[bytes] | None = None
         try:
-            if src.identity() != plan.identity:
-                raise SourceChangedError(f"{path}: file changed before its upload started")
             for idx, offset, length in block_ranges(size, block_size):
                 for task in [t for t in tasks if t.done()]:
                     tasks.discard(task)
@@ -216,8 +227,6 @@ class FileUploader:
         except BaseException:
             await _cancel_all(tasks)
             raise
-        finally:
-            src.close()
 
         whole_md5 = whole.digest() if whole is not None else None
         headers = BlobHeaders(plan.headers.content_type, whole_md5, plan.headers.metadata, plan.headers.tier)
@@ -298,8 +307,6 @@ class FileUploader:
 
 
 def _guess_type(path: Path) -> str:
-    import mimetypes
-
     guessed, _ = mimetypes.guess_type(path.name, strict=False)
     return guessed or "application/octet-stream"
 

@@ -104,6 +104,11 @@ class OpenFile:
             self.fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
         except OSError as exc:
             raise SourceError(f"{path}: {_os_error_text(exc)}") from exc
+        st = os.fstat(self.fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(self.fd)
+            raise SourceError(f"{path}: not a regular file")
+        self.opened = FileIdentity.of(st)  # the file as it was when opened
 
     def identity(self) -> FileIdentity:
         return FileIdentity.of(os.fstat(self.fd))
