@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import signal
@@ -67,7 +68,7 @@ def _run_transfer(call: Callable[[Progress], Any], *, quiet: bool) -> None:
     progress = Progress()
     _sigterm_as_interrupt()
     try:
-        with LiveProgress(progress) if not quiet else _nullcontext():
+        with LiveProgress(progress) if not quiet else contextlib.nullcontext():
             report = call(progress)
     except KeyboardInterrupt:
         job = progress.job_id
@@ -75,17 +76,10 @@ def _run_transfer(call: Callable[[Progress], Any], *, quiet: bool) -> None:
         click.echo(f"blobsync: interrupted; nothing is lost: {hint} to resume", err=True)
         sys.exit(int(ExitCode.INTERRUPTED))
     click.echo(summary(report))
-    if report.files_failed and report.bytes_sent == 0 and report.files_uploaded == 0 and progress.job_id:
-        click.echo(f"  resume with: blobsync jobs resume {progress.job_id}", err=True)
+    if report.files_failed:
+        click.echo(f"blobsync: {report.files_failed} file(s) failed; run the same command again (or "
+                   f"'blobsync jobs resume {report.job_id}') to retry them", err=True)
     sys.exit(int(report.exit_code))
-
-
-class _nullcontext:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
