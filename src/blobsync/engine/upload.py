@@ -192,12 +192,20 @@ class FileUploader:
         reused = 0
         path = src.path
         reading: asyncio.Future[bytes] | None = None
+        # Reading further ahead than the requests that can be in flight only fills memory (and costs page
+        # faults): a file keeps at most concurrency + 2 blocks read and not yet sent.
+        window = asyncio.Semaphore(ctx.config.concurrency + 2)
         try:
             for idx, offset, length in block_ranges(size, block_size):
                 for task in [t for t in tasks if t.done()]:
                     tasks.discard(task)
                     task.result()  # a failed block stops the file now, not after reading the rest
-                buf = await ctx.memory.buffer(block_size)
+                await window.acquire()
+                try:
+                    buf = await ctx.memory.buffer(block_size)
+                except BaseException:
+                    window.release()
+                    raise
                 view = memoryview(buf)[:length]
                 try:
                     reading = loop.run_in_executor(ctx.io_pool, src.read_into, view, offset)
@@ -206,6 +214,7 @@ class FileUploader:
                     if reading is not None and not reading.done():
                         await asyncio.wait([reading])  # the thread still writes into buf
                     ctx.memory.release(buf)
+                    window.release()
                     raise
                 if whole is not None:
                     last_hash = loop.run_in_executor(ctx.hash_pool, whole.update, view)
@@ -215,9 +224,10 @@ class FileUploader:
                     reused += length
                     ctx.progress.bytes_done += length
                     self._release_after(buf, last_hash)
+                    window.release()
                 else:
                     tasks.add(asyncio.create_task(
-                        self._send_block(row, plan.blob, idx, bid, view, buf, md5, last_hash)))
+                        self._send_block(row, plan.blob, idx, bid, view, buf, md5, last_hash, window)))
             if tasks:
                 await _gather_or_cancel(tasks)
             if last_hash is not None:
@@ -255,12 +265,14 @@ class FileUploader:
         buf: bytearray,
         md5: bytes,
         hashing: asyncio.Future[None] | None,
+        window: asyncio.Semaphore,
     ) -> int:
         ctx = self.ctx
         try:
             await ctx.request(lambda: ctx.store.put_block(blob, bid, view, md5))
         finally:
             self._release_after(buf, hashing)
+            window.release()
         ctx.journal.block_done(row.id, idx, len(view), md5.hex())
         ctx.progress.bytes_done += len(view)
         ctx.progress.bytes_sent += len(view)
