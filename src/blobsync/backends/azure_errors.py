@@ -125,8 +125,10 @@ def error_from_response(
                     "no credentials were found: add a SAS to the URL, or set AZURE_STORAGE_CONNECTION_STRING "
                     "or AZURE_STORAGE_ACCOUNT and AZURE_STORAGE_KEY"
                 )
-            elif "Signature did not match" in detail or code == "AuthenticationFailed":
-                reason = f"authentication failed with the {credential_description}: check the key or SAS"
+            elif ("Signature did not match" in detail or code == "AuthenticationFailed"
+                  or "key" in credential_description):
+                reason = (f"authentication failed with the {credential_description}: check that it is the "
+                          f"current key or SAS of account {loc.account!r}")
             else:
                 reason = f"access denied using the {credential_description}"
         return AuthError(f"{short}: {reason}", status=status, code=code)
