@@ -46,7 +46,7 @@ def test_sizes_round_trip(
     data = random_file(tmp_path / "src" / "f.bin", size, seed=size)
     url = f"{proxy.endpoint()}/{container.name}/f.bin"
     report = _copy(tmp_path / "src" / "f.bin", url, tmp_path, block_size_mb=1, put_blob_size_mb=put_blob_mb)
-    assert (report.files_uploaded, report.files_failed) == (1, 0)
+    assert (report.files_transferred, report.files_failed) == (1, 0)
     _check_blob(container, "f.bin", data)
     blocks = -(-size // MiB)
     single = put_blob_mb is None and size <= MiB
@@ -65,7 +65,7 @@ def test_large_file_metadata_and_content_type(container: ContainerHandle, tmp_pa
     os.utime(tmp_path / "model.json", ns=(mtime_ns, mtime_ns))
     report = _copy(tmp_path / "model.json", container.url + "/", tmp_path, metadata={"team": "ml"},
                    tier="Cool")
-    assert report.files_uploaded == 1
+    assert report.files_transferred == 1
     _check_blob(container, "model.json", data)
     props = container.client.get_blob_client("model.json").get_blob_properties()
     assert props.content_settings.content_type == "application/json"
@@ -81,7 +81,7 @@ def test_tree_of_500_small_files_with_odd_names(container: ContainerHandle, tmp_
         rel = f"{names[i % len(names)]}/file {i} é.txt" if i % 7 else f"top-{i}.bin"
         expected[f"pre/{rel}"] = random_file(src / rel, (i * 37) % 5000, seed=i)
     report = _copy(src, container.url + "/pre", tmp_path, recursive=True)
-    assert (report.files_uploaded, report.files_failed) == (500, 0)
+    assert (report.files_transferred, report.files_failed) == (500, 0)
     assert container.blob_names() == sorted(expected)
     for name, data in expected.items():
         assert container.download(name) == data
@@ -101,7 +101,7 @@ def test_flipped_byte_is_rejected_by_the_service_and_resent(
     data = random_file(tmp_path / "f.bin", 4 * MiB + 3, seed=9)
     proxy.add_rule(Rule("put_block", flip_byte(), nth=2))
     report = _copy(tmp_path / "f.bin", f"{proxy.endpoint()}/{container.name}/f.bin", tmp_path, block_size_mb=1)
-    assert report.files_uploaded == 1 and report.retries == 1
+    assert report.files_transferred == 1 and report.retries == 1
     rejected = [e for e in proxy.log if e.op == "put_block" and e.status == 400]
     assert len(rejected) == 1 and rejected[0].error_code == "Md5Mismatch"
     assert proxy.stats.requests["put_block"] == 5 + 1
@@ -115,7 +115,7 @@ def test_leftover_blocks_with_other_id_length_do_not_break_the_upload(
     blob.stage_block(base64.b64encode(b"x").decode(), b"stale")  # another tool's aborted upload
     data = random_file(tmp_path / "f.bin", 3 * MiB, seed=4)
     report = _copy(tmp_path / "f.bin", container.url + "/f.bin", tmp_path, block_size_mb=1)
-    assert report.files_uploaded == 1, report.failures
+    assert report.files_transferred == 1, report.failures
     _check_blob(container, "f.bin", data)
     assert blob.get_block_list("uncommitted")[1] == []
 
@@ -133,14 +133,14 @@ def test_overwrite_modes(container: ContainerHandle, tmp_path: Path) -> None:
     assert container.download("f.bin") == old
     os.utime(tmp_path / "f.bin", None)  # now newer
     report = _copy(tmp_path / "f.bin", container.url + "/", tmp_path, overwrite=Overwrite.IF_SOURCE_NEWER)
-    assert report.files_uploaded == 1
+    assert report.files_transferred == 1
     assert container.download("f.bin") == new
 
 
 def test_overwrite_false_creates_a_new_block_blob_and_then_skips_it(container: ContainerHandle, tmp_path: Path) -> None:
     data = random_file(tmp_path / "big.bin", 3 * MiB + 1)
     report = _copy(tmp_path / "big.bin", container.url + "/", tmp_path, block_size_mb=1, overwrite=Overwrite.FALSE)
-    assert report.files_uploaded == 1, report.failures
+    assert report.files_transferred == 1, report.failures
     random_file(tmp_path / "big.bin", 3 * MiB + 1, seed=8)
     report = _copy(tmp_path / "big.bin", container.url + "/", tmp_path, block_size_mb=1, overwrite=Overwrite.FALSE)
     assert report.files_skipped == 1

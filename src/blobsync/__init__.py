@@ -2,7 +2,7 @@
 
 from blobsync._version import __version__
 from blobsync.api import clean_jobs, copy, copy_async, list_jobs, resume, resume_async, show_job
-from blobsync.config import Overwrite, TransferConfig
+from blobsync.config import CheckMd5, Overwrite, TransferConfig
 from blobsync.engine.context import Progress
 from blobsync.errors import (
     AuthError,
@@ -18,6 +18,7 @@ from blobsync.report import FileResult, FileStatus, Report
 __all__ = [
     "AuthError",
     "BlobsyncError",
+    "CheckMd5",
     "ContainerNotFoundError",
     "ExitCode",
     "FileResult",

@@ -12,6 +12,7 @@ from blobsync.backends.azure_auth import resolve_credential
 from blobsync.backends.azure_rest import AzureContainerStore
 from blobsync.config import TransferConfig
 from blobsync.engine.context import Progress
+from blobsync.engine.download_job import DownloadJob, DownloadSpec
 from blobsync.engine.job import UploadJob, UploadSpec
 from blobsync.errors import UsageError
 from blobsync.journal import FileRow, JobRow, Journal, default_journal_path
@@ -30,6 +31,19 @@ def _store(loc: BlobLocation, config: TransferConfig, env: Mapping[str, str]) ->
         connections=config.concurrency + 4,
         read_timeout=config.stall_timeout,
     )
+
+
+async def _run_download(
+    loc: BlobLocation, dest: Path, config: TransferConfig, env: Mapping[str, str],
+    progress: Progress | None, job: JobRow | None, journal: Journal, folder: bool = False,
+) -> Report:
+    store = _store(loc, config, env)
+    try:
+        runner = DownloadJob(DownloadSpec(loc, dest, config, folder), store, journal, progress=progress, job=job)
+        return await runner.run()
+    finally:
+        await store.close()
+        journal.close()
 
 
 async def _run_upload(
@@ -53,17 +67,25 @@ async def copy_async(
     env: Mapping[str, str] | None = None,
     progress: Progress | None = None,
 ) -> Report:
-    """Upload a file, or a folder with `config.recursive`, to a blob URL. Re-running resumes the same job."""
+    """Upload a local file or folder to a blob URL, or download a blob (or, with `config.recursive`, every
+    blob under a prefix) to a local path. The direction follows from which side is a URL. Re-running the same
+    copy resumes its job."""
     config = config or TransferConfig()
     env = os.environ if env is None else env
-    if is_url(os.fspath(source)):
-        raise UsageError("downloads are not supported yet: the source must be a local path")
+    src_text = os.fspath(source)
+    if is_url(src_text):
+        if is_url(dest):
+            raise UsageError("copying between two blob URLs is not supported: one side must be a local path")
+        loc = parse_location(src_text)
+        target = Path(dest).expanduser().absolute()
+        folder = dest.endswith(("/", os.sep))
+        return await _run_download(loc, target, config, env, progress, None, _journal(config, env), folder)
     if not is_url(dest):
-        raise UsageError(f"destination {dest!r} is not a blob URL (https://<account>.blob.core.windows.net/...)")
+        raise UsageError(f"destination {dest!r} is not a blob URL (https://<account>.blob.core.windows.net/...): "
+                         "one side must be a URL")
     loc = parse_location(dest)
     src = Path(source).expanduser().absolute()
-    journal = _journal(config, env)
-    return await _run_upload(src, loc, config, env, progress, None, journal)
+    return await _run_upload(src, loc, config, env, progress, None, _journal(config, env))
 
 
 def copy(
@@ -95,11 +117,13 @@ async def resume_async(
         if job.state == "done":
             raise UsageError(f"job {job.id} is already done")
         config = TransferConfig.from_journal(job.options, journal_path=journal_path, **overrides)
-        url = job.dest if not sas else f"{job.dest}?{sas.lstrip('?')}"
-        loc = parse_location(url)
+        remote = job.source if job.kind == "download" else job.dest
+        loc = parse_location(remote if not sas else f"{remote}?{sas.lstrip('?')}")
     except BaseException:
         journal.close()
         raise
+    if job.kind == "download":
+        return await _run_download(loc, Path(job.dest), config, env, progress, job, journal)
     return await _run_upload(Path(job.source), loc, config, env, progress, job, journal)
 
 

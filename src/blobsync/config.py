@@ -31,6 +31,24 @@ class Overwrite(Enum):
         raise UsageError(f"invalid --overwrite {text!r}: use true, false or ifSourceNewer")
 
 
+class CheckMd5(Enum):
+    """What a download does with the blob's stored Content-MD5 (AzCopy's --check-md5)."""
+
+    NO_CHECK = "NoCheck"
+    LOG_ONLY = "LogOnly"
+    FAIL_IF_DIFFERENT = "FailIfDifferent"
+    FAIL_IF_DIFFERENT_OR_MISSING = "FailIfDifferentOrMissing"
+
+    @classmethod
+    def parse(cls, text: str) -> CheckMd5:
+        for member in cls:
+            if member.value.lower() == text.lower():
+                return member
+        raise UsageError(
+            f"invalid --check-md5 {text!r}: use NoCheck, LogOnly, FailIfDifferent or FailIfDifferentOrMissing"
+        )
+
+
 def parse_metadata(text: str | None) -> dict[str, str]:
     """Parse AzCopy-style 'k=v;k2=v2' metadata; names must be valid C# identifiers, as Azure requires."""
     out: dict[str, str] = {}
@@ -70,6 +88,8 @@ class TransferConfig:
     memory: int = 256 * MiB
     overwrite: Overwrite = Overwrite.TRUE
     put_md5: bool = True
+    check_md5: CheckMd5 = CheckMd5.FAIL_IF_DIFFERENT
+    preserve_last_modified_time: bool = False
     content_type: str | None = None
     metadata: Mapping[str, str] = field(default_factory=dict)
     tier: str | None = None
@@ -133,6 +153,8 @@ class TransferConfig:
             "memory": self.memory,
             "overwrite": self.overwrite.value,
             "put_md5": self.put_md5,
+            "check_md5": self.check_md5.value,
+            "preserve_last_modified_time": self.preserve_last_modified_time,
             "content_type": self.content_type,
             "metadata": dict(self.metadata),
             "tier": self.tier,
@@ -144,5 +166,6 @@ class TransferConfig:
     def from_journal(cls, options: Mapping[str, object], **overrides: object) -> TransferConfig:
         known = dict(options)
         known["overwrite"] = Overwrite.parse(str(known.get("overwrite", "true")))
+        known["check_md5"] = CheckMd5.parse(str(known.get("check_md5", "FailIfDifferent")))
         known.update(overrides)
         return cls(**known)  # type: ignore[arg-type]

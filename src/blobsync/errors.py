@@ -54,7 +54,15 @@ class SourceChangedError(SourceError):
 
 
 class LocalWriteError(BlobsyncError):
-    """A local file could not be written (disk full, permission)."""
+    """A local file could not be written (permission, invalid name)."""
+
+
+class DiskFullError(LocalWriteError):
+    """The local disk is full: the partial file is kept so the download resumes once there is room."""
+
+
+class UnsafeNameError(BlobsyncError):
+    """A blob name that would escape the target folder or cannot be a local file name."""
 
 
 # --- service side -----------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from blobsync.errors import ExitCode
 
 
 class FileStatus(Enum):
-    UPLOADED = "uploaded"
+    TRANSFERRED = "transferred"
     SKIPPED = "skipped"
     FAILED = "failed"
 
@@ -33,10 +33,11 @@ class Report:
     job_id: str
     source: str
     dest: str
-    files_uploaded: int = 0
+    kind: str = "upload"  # or "download"
+    files_transferred: int = 0
     files_skipped: int = 0
     files_failed: int = 0
-    bytes_uploaded: int = 0  # size of files uploaded
+    bytes_transferred: int = 0  # size of the files transferred
     bytes_sent: int = 0  # bytes that went over the wire in this run (blocks, bodies)
     bytes_reused: int = 0  # bytes found already on the service (resume)
     retries: int = 0
@@ -46,9 +47,9 @@ class Report:
     skipped_notes: list[FileResult] = field(default_factory=list)
 
     def add(self, result: FileResult) -> None:
-        if result.status is FileStatus.UPLOADED:
-            self.files_uploaded += 1
-            self.bytes_uploaded += result.size
+        if result.status is FileStatus.TRANSFERRED:
+            self.files_transferred += 1
+            self.bytes_transferred += result.size
         elif result.status is FileStatus.SKIPPED:
             self.files_skipped += 1
             if len(self.skipped_notes) < 1000:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import re
 import time
-from collections.abc import Mapping, Sequence
-from datetime import datetime
+from collections.abc import AsyncIterator, Mapping, Sequence
+from datetime import UTC, datetime
 from email.utils import formatdate, parsedate_to_datetime
 from urllib.parse import quote, urlsplit
 from xml.etree import ElementTree
@@ -30,7 +31,7 @@ from blobsync.backends.base import (
     Conditions,
     PutResult,
 )
-from blobsync.errors import BlobNotFoundError, ContainerNotFoundError, ServiceError
+from blobsync.errors import BlobNotFoundError, ContainerNotFoundError, NetworkError, ServiceError
 from blobsync.location import BlobLocation
 
 API_VERSION = "2023-11-03"
@@ -102,6 +103,45 @@ def _parse_http_date(value: str | None) -> datetime | None:
         return parsedate_to_datetime(value)
     except (TypeError, ValueError):
         return None
+
+
+_EPOCH = datetime.fromtimestamp(0, UTC)
+
+
+def _properties(name: str, h: Mapping[str, str]) -> BlobProperties:
+    md5 = h.get("content-md5")
+    return BlobProperties(
+        name=name,
+        size=int(h.get("content-length", "0")),
+        etag=h.get("etag", ""),
+        last_modified=_parse_http_date(h.get("last-modified")) or _EPOCH,
+        content_md5=base64.b64decode(md5) if md5 else None,
+        content_type=h.get("content-type"),
+        metadata={k[len("x-ms-meta-"):]: v for k, v in h.items() if k.startswith("x-ms-meta-")},
+        blob_type=h.get("x-ms-blob-type"),
+        tier=h.get("x-ms-access-tier"),
+    )
+
+
+def _listed_properties(blob: ElementTree.Element) -> BlobProperties:
+    props = blob.find("Properties")
+
+    def get(tag: str) -> str | None:
+        return props.findtext(tag) if props is not None else None
+
+    md5 = get("Content-MD5")
+    meta = blob.find("Metadata")
+    return BlobProperties(
+        name=blob.findtext("Name") or "",
+        size=int(get("Content-Length") or "0"),
+        etag=get("Etag") or "",
+        last_modified=_parse_http_date(get("Last-Modified")) or _EPOCH,
+        content_md5=base64.b64decode(md5) if md5 else None,
+        content_type=get("Content-Type"),
+        metadata={m.tag: m.text or "" for m in meta} if meta is not None else {},
+        blob_type=get("BlobType"),
+        tier=get("AccessTier"),
+    )
 
 
 def _blob_headers(headers: BlobHeaders, prefix: str) -> dict[str, str]:
@@ -177,7 +217,9 @@ class AzureContainerStore:
         what: str,
         expect: tuple[int, ...],
         read_body: bool = True,
+        chunks: list[bytes] | None = None,
     ) -> tuple[int, Mapping[str, str], bytes]:
+        """One request. With `chunks`, a successful response body is appended there as received (no join)."""
         path = self._base_path if name is None else f"{self._base_path}/{quote(name, safe='/~')}"
         headers["x-ms-date"] = self._dates.now()
         headers["x-ms-version"] = API_VERSION
@@ -197,9 +239,14 @@ class AzureContainerStore:
             async with self._session.request(
                 method, url, headers=request.headers, data=_body(body)
             ) as resp:
-                data = await resp.read() if (read_body or resp.status not in expect) else b""
                 resp_headers = {k.lower(): v for k, v in resp.headers.items()}
                 status = resp.status
+                if chunks is not None and status in expect:
+                    async for chunk in resp.content.iter_any():
+                        chunks.append(chunk)
+                    data = b""
+                else:
+                    data = await resp.read() if (read_body or status not in expect) else b""
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise network_error(what, exc) from exc
         if status not in expect:
@@ -250,18 +297,7 @@ class AzureContainerStore:
             if exc.status == 404:
                 return None
             raise
-        md5 = h.get("content-md5")
-        return BlobProperties(
-            name=name,
-            size=int(h.get("content-length", "0")),
-            etag=h.get("etag", ""),
-            last_modified=_parse_http_date(h.get("last-modified")) or datetime.fromtimestamp(0),
-            content_md5=base64.b64decode(md5) if md5 else None,
-            content_type=h.get("content-type"),
-            metadata={k[len("x-ms-meta-"):]: v for k, v in h.items() if k.startswith("x-ms-meta-")},
-            blob_type=h.get("x-ms-blob-type"),
-            tier=h.get("x-ms-access-tier"),
-        )
+        return _properties(name, h)
 
     async def put_blob(
         self, name: str, data: Buffer, headers: BlobHeaders, conditions: Conditions = NO_CONDITIONS
@@ -304,6 +340,53 @@ class AzureContainerStore:
             "PUT", name, [("comp", "blocklist")], req, body, f"put block list of {name!r}", (201,)
         )
         return PutResult(h.get("etag", ""), None)
+
+    async def get_range(
+        self, name: str, offset: int, length: int | None, if_match: str | None = None
+    ) -> tuple[list[bytes], BlobProperties]:
+        """Read `length` bytes from `offset` (None: the whole blob) as received chunks, with the blob's
+        properties as of that read. A body shorter than promised is a retryable NetworkError."""
+        req: dict[str, str] = {}
+        if length is not None:
+            req["x-ms-range"] = f"bytes={offset}-{offset + length - 1}"
+        if if_match:
+            req["If-Match"] = if_match
+        chunks: list[bytes] = []
+        status, h, _ = await self._call("GET", name, [], req, None, f"get blob {name!r}", (200, 206),
+                                        chunks=chunks)
+        got = sum(len(c) for c in chunks)
+        want = length if length is not None else int(h.get("content-length", got))
+        if got != want:
+            raise NetworkError(f"get blob {name!r}: response cut short ({got} of {want} bytes)")
+        props = _properties(name, h)
+        if status == 206:
+            total = h.get("content-range", "").rpartition("/")[2]
+            md5 = h.get("x-ms-blob-content-md5")
+            props = dataclasses.replace(
+                props,
+                size=int(total) if total.isdigit() else props.size,
+                content_md5=base64.b64decode(md5) if md5 else None,
+            )
+        return chunks, props
+
+    async def list_blobs(self, prefix: str = "") -> AsyncIterator[BlobProperties]:
+        """Every blob under `prefix`, with properties and metadata, one page (up to 5,000) at a time."""
+        marker = ""
+        while True:
+            query = [("restype", "container"), ("comp", "list"), ("include", "metadata"),
+                     ("maxresults", "5000")]
+            if prefix:
+                query.append(("prefix", prefix))
+            if marker:
+                query.append(("marker", marker))
+            _, _, body = await self._call("GET", None, query, {}, None,
+                                          f"list blobs in {self._loc.container}", (200,))
+            root = ElementTree.fromstring(body)
+            for blob in root.iterfind("Blobs/Blob"):
+                yield _listed_properties(blob)
+            marker = root.findtext("NextMarker") or ""
+            if not marker:
+                return
 
     async def get_block_list(self, name: str, which: str = "all") -> BlockList:
         try:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import Enum
@@ -98,5 +98,11 @@ class ContainerStore(Protocol):
     ) -> PutResult: ...
 
     async def get_block_list(self, name: str, which: str = "all") -> BlockList: ...
+
+    async def get_range(
+        self, name: str, offset: int, length: int | None, if_match: str | None = None
+    ) -> tuple[list[bytes], BlobProperties]: ...
+
+    def list_blobs(self, prefix: str = "") -> AsyncIterator[BlobProperties]: ...
 
     async def close(self) -> None: ...

@@ -17,7 +17,7 @@ import click
 from blobsync import api
 from blobsync._version import __version__
 from blobsync.cli.output import LiveProgress, human_bytes, summary
-from blobsync.config import TIERS, Overwrite, TransferConfig, parse_metadata
+from blobsync.config import TIERS, CheckMd5, Overwrite, TransferConfig, parse_metadata
 from blobsync.engine.context import Progress
 from blobsync.errors import BlobsyncError, ExitCode
 from blobsync.redact import RedactingFilter, redact
@@ -96,9 +96,10 @@ def _log_option(fn: F) -> F:
 
 
 @cli.command()
-@click.argument("source", type=click.Path(path_type=Path))
+@click.argument("source")
 @click.argument("destination")
-@click.option("-r", "--recursive", is_flag=True, help="Upload a folder's contents (blob names = relative paths).")
+@click.option("-r", "--recursive", is_flag=True,
+              help="Upload a folder's contents, or download every blob under a prefix (names = relative paths).")
 @click.option("--block-size-mb", type=float, default=8, show_default=True,
               help="Block size; raised automatically so no blob needs more than 50,000 blocks.")
 @click.option("--put-blob-size-mb", type=float, default=None,
@@ -111,6 +112,12 @@ def _log_option(fn: F) -> F:
               default="true", show_default=True, help="What to do when the blob exists.")
 @click.option("--put-md5/--no-put-md5", default=True, show_default=True,
               help="Store the whole-file MD5 as the blob's Content-MD5 (every block carries its own MD5 anyway).")
+@click.option("--check-md5", type=click.Choice(["NoCheck", "LogOnly", "FailIfDifferent", "FailIfDifferentOrMissing"],
+                                              case_sensitive=False),
+              default="FailIfDifferent", show_default=True,
+              help="Downloads: compare the bytes' MD5 with the blob's Content-MD5.")
+@click.option("--preserve-last-modified-time", is_flag=True,
+              help="Downloads: set the file's mtime to the source's (stored by blobsync, else Last-Modified).")
 @click.option("--content-type", default=None, help="Content type [default: guessed from the file name].")
 @click.option("--metadata", default=None, help="Blob metadata, 'key=value;key2=value2'.")
 @click.option("--block-blob-tier", type=click.Choice(TIERS, case_sensitive=False), default=None,
@@ -125,13 +132,15 @@ def _log_option(fn: F) -> F:
 @click.option("--quiet", is_flag=True, help="No live progress line.")
 @_log_option
 @_handle_errors
-def cp(source: Path, destination: str, recursive: bool, block_size_mb: float, put_blob_size_mb: float | None,
-       concurrency: int, memory_mb: float, overwrite: str, put_md5: bool, content_type: str | None,
+def cp(source: str, destination: str, recursive: bool, block_size_mb: float, put_blob_size_mb: float | None,
+       concurrency: int, memory_mb: float, overwrite: str, put_md5: bool, check_md5: str,
+       preserve_last_modified_time: bool, content_type: str | None,
        metadata: str | None, block_blob_tier: str | None, create_container: bool, follow_symlinks: bool,
        journal_path: Path | None, max_retries: int, retry_deadline: float, quiet: bool, log_level: str) -> None:
-    """Upload SOURCE (a file, or a folder with -r) to DESTINATION, a container or blob URL.
+    """Copy SOURCE to DESTINATION; one of them is a blob URL, the other a local path.
 
-    Interrupted? Run the same command again: only the blocks that never reached Azure are sent.
+    Upload a file (or a folder with -r) to a container or blob URL, or download a blob (or everything under a
+    prefix with -r) to a local path. Interrupted? Run the same command again: only what is missing is sent.
     """
     _setup_logging(log_level)
     tier = next((t for t in TIERS if block_blob_tier and t.lower() == block_blob_tier.lower()), None)
@@ -142,6 +151,8 @@ def cp(source: Path, destination: str, recursive: bool, block_size_mb: float, pu
         concurrency=concurrency,
         overwrite=Overwrite.parse(overwrite),
         put_md5=put_md5,
+        check_md5=CheckMd5.parse(check_md5),
+        preserve_last_modified_time=preserve_last_modified_time,
         content_type=content_type,
         metadata=parse_metadata(metadata),
         tier=tier,

@@ -63,12 +63,14 @@ class LiveProgress:
 
 def summary(report: Report) -> str:
     rate = report.bytes_sent / report.duration if report.duration > 0 else 0.0
+    verb = "downloaded" if report.kind == "download" else "uploaded"
+    where = "on disk" if report.kind == "download" else "on the service"
     lines = [
-        f"Job {report.job_id}: {report.files_uploaded} uploaded, {report.files_skipped} skipped, "
+        f"Job {report.job_id}: {report.files_transferred} {verb}, {report.files_skipped} skipped, "
         f"{report.files_failed} failed",
-        f"  {human_bytes(report.bytes_uploaded)} uploaded in {report.duration:.1f}s "
-        f"({human_bytes(rate)}/s sent); {human_bytes(report.bytes_sent)} over the wire"
-        + (f", {human_bytes(report.bytes_reused)} already on the service (resumed)" if report.bytes_reused else "")
+        f"  {human_bytes(report.bytes_transferred)} {verb} in {report.duration:.1f}s "
+        f"({human_bytes(rate)}/s); {human_bytes(report.bytes_sent)} over the wire"
+        + (f", {human_bytes(report.bytes_reused)} already {where} (resumed)" if report.bytes_reused else "")
         + f"; {report.retries} retries",
     ]
     for note in report.skipped_notes[:20]:

@@ -125,7 +125,7 @@ class FileUploader:
         ctx.journal.start_file(row.id, nonce=None, block_size=None, n_blocks=None, size=before.size,
                                mtime_ns=before.mtime_ns, inode=before.inode, reset=True)
         ctx.journal.finish_file(row.id, "committed", md5_hex=md5.hex(), etag=result.etag, bytes_sent=before.size)
-        return FileResult(row.rel, plan.blob, before.size, FileStatus.UPLOADED, bytes_sent=before.size)
+        return FileResult(row.rel, plan.blob, before.size, FileStatus.TRANSFERRED, bytes_sent=before.size)
 
     # --- block uploads ------------------------------------------------------------------------------------
 
@@ -247,7 +247,7 @@ class FileUploader:
         ctx.journal.finish_file(row.id, "committed", md5_hex=whole_md5.hex() if whole_md5 else None,
                                 etag=result.etag)
         note = f"resumed: {reused} bytes were already on the service" if reused else ""
-        return FileResult(row.rel, plan.blob, size, FileStatus.UPLOADED, bytes_sent=sent, reason=note)
+        return FileResult(row.rel, plan.blob, size, FileStatus.TRANSFERRED, bytes_sent=sent, reason=note)
 
     def _release_after(self, buf: bytearray, hashing: asyncio.Future[None] | None) -> None:
         if hashing is None or hashing.done():

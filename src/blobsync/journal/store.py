@@ -235,22 +235,29 @@ class Journal:
             self.flush()
 
     def start_file(self, file_id: int, *, nonce: str | None, block_size: int | None, n_blocks: int | None,
-                   size: int, mtime_ns: int, inode: int, reset: bool) -> None:
-        """Record how a file is being sent; `reset` forgets its blocks (a new nonce: a clean restart)."""
+                   size: int, mtime_ns: int, inode: int, reset: bool, etag: str | None = None) -> None:
+        """Record how a file is being sent; `reset` forgets its blocks (a new nonce: a clean restart).
+
+        For downloads `etag` is the version of the blob being fetched: ranges are only reused for it."""
         if reset:
             self._queue("delete from blocks where file_id = ?", (file_id,))
         self._queue(
             "update files set state = 'active', nonce = ?, block_size = ?, n_blocks = ?, size = ?, "
-            "mtime_ns = ?, inode = ?, error = null, updated = ?" + (", bytes_sent = 0" if reset else "")
-            + " where id = ?",
-            (nonce, block_size, n_blocks, size, mtime_ns, inode, time.time(), file_id),
+            "mtime_ns = ?, inode = ?, error = null, etag = coalesce(?, etag), updated = ?"
+            + (", bytes_sent = 0" if reset else "") + " where id = ?",
+            (nonce, block_size, n_blocks, size, mtime_ns, inode, etag, time.time(), file_id),
         )
 
-    def block_done(self, file_id: int, idx: int, size: int, md5_hex: str) -> None:
-        """Record a block the service acknowledged (never before)."""
+    def block_done(self, file_id: int, idx: int, size: int, md5_hex: str, *, durable: bool = False) -> None:
+        """Record a block the service acknowledged, or a range written to disk (never before).
+
+        Uploads can ask the service what arrived, so their blocks are batched. A download's journal is the
+        only record of which ranges are on disk: `durable` commits at once (one small transaction per range)."""
         self._queue("insert or replace into blocks (file_id, idx, size, md5) values (?, ?, ?, ?)",
                     (file_id, idx, size, md5_hex))
         self._queue("update files set bytes_sent = bytes_sent + ? where id = ?", (size, file_id))
+        if durable:
+            self.flush()
 
     def finish_file(self, file_id: int, state: str, *, md5_hex: str | None = None, etag: str | None = None,
                     error: str | None = None, bytes_sent: int | None = None) -> None:

@@ -1,0 +1,205 @@
+"""Downloads one blob: a single GET when small, else parallel ranged GETs (If-Match) into a partial file."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+from pathlib import Path
+
+from blobsync.backends.base import BlobProperties
+from blobsync.config import CheckMd5, Overwrite
+from blobsync.engine.context import EngineContext
+from blobsync.engine.plan import block_count, block_ranges
+from blobsync.engine.upload import destination_mtime_ns
+from blobsync.errors import ConflictError, IntegrityError
+from blobsync.journal import FileRow
+from blobsync.local.target import PartFile, part_path
+from blobsync.report import FileResult, FileStatus
+
+log = logging.getLogger("blobsync")
+
+
+class FileDownloader:
+    """Downloads blobs of one job. Errors that concern only the file are raised as such; callers decide."""
+
+    def __init__(self, ctx: EngineContext) -> None:
+        self.ctx = ctx
+
+    async def download(self, row: FileRow, props: BlobProperties, target: Path) -> FileResult:
+        cfg = self.ctx.config
+        if os.path.lexists(target) and cfg.overwrite is not Overwrite.TRUE:
+            if cfg.overwrite is Overwrite.FALSE:
+                return self._skipped(row, props, "exists locally (--overwrite false)")
+            if os.stat(target).st_mtime_ns >= destination_mtime_ns(props):
+                return self._skipped(row, props, "local file is as new or newer (--overwrite ifSourceNewer)")
+        for attempt in range(2):
+            try:
+                return await self._fetch(row, props, target)
+            except ConflictError:
+                # The blob changed during the download (If-Match failed): start over with the new version.
+                if attempt == 1:
+                    raise
+                fresh = await self.ctx.request(lambda: self.ctx.store.get_properties(row.blob))
+                if fresh is None:
+                    raise
+                log.info("%s changed during the download; starting it again", row.blob)
+                props = fresh
+        raise AssertionError("unreachable")
+
+    def _skipped(self, row: FileRow, props: BlobProperties, reason: str) -> FileResult:
+        self.ctx.journal.finish_file(row.id, "skipped", error=reason)
+        return FileResult(row.rel, row.blob, props.size, FileStatus.SKIPPED, reason=reason)
+
+    async def _fetch(self, row: FileRow, props: BlobProperties, target: Path) -> FileResult:
+        ctx = self.ctx
+        cfg = ctx.config
+        loop = asyncio.get_running_loop()
+        size = props.size
+        block_size = row.block_size or cfg.block_size
+        # Ranges already on disk are reused only for the same version of the blob, in the same partial file.
+        resume = (row.etag == props.etag and row.state in ("active", "failed") and row.block_size is not None
+                  and os.path.exists(part_path(target)) and os.path.getsize(part_path(target)) == size)
+        done: set[int] = {b.idx for b in ctx.journal.blocks(row.id)} if resume else set()
+        if not resume:
+            block_size = cfg.block_size
+            ctx.journal.start_file(row.id, nonce=None, block_size=block_size,
+                                   n_blocks=block_count(size, block_size), size=size,
+                                   mtime_ns=destination_mtime_ns(props), inode=0, reset=True, etag=props.etag)
+            ctx.journal.flush()
+        part = await loop.run_in_executor(ctx.io_pool, lambda: PartFile(target, size, keep=resume))
+        want_md5 = cfg.check_md5 is not CheckMd5.NO_CHECK
+        whole = hashlib.md5() if want_md5 else None
+        try:
+            if size <= cfg.single_put_limit and not done:
+                sent = await self._single(row, props, part, whole)
+            else:
+                sent = await self._ranges(row, props, part, whole, block_size, done)
+            if whole is not None:
+                self._check_md5(row.blob, props, whole.digest())
+            mtime = destination_mtime_ns(props) if cfg.preserve_last_modified_time else None
+            await loop.run_in_executor(ctx.io_pool, part.finish, mtime)
+        except IntegrityError:
+            part.discard()  # nothing at the final path, and no corrupt partial file to resume from
+            ctx.journal.start_file(row.id, nonce=None, block_size=None, n_blocks=None, size=size,
+                                   mtime_ns=0, inode=0, reset=True)
+            raise
+        except ConflictError:
+            part.discard()
+            raise
+        finally:
+            part.close()
+        ctx.journal.finish_file(row.id, "committed", md5_hex=whole.hexdigest() if whole else None,
+                                etag=props.etag)
+        reused = size - sent
+        note = f"resumed: {reused} bytes were already on disk" if reused else ""
+        return FileResult(row.rel, row.blob, size, FileStatus.TRANSFERRED, bytes_sent=sent, reason=note)
+
+    def _check_md5(self, blob: str, props: BlobProperties, got: bytes) -> None:
+        mode = self.ctx.config.check_md5
+        stored = props.content_md5
+        if stored is None:
+            if mode is CheckMd5.FAIL_IF_DIFFERENT_OR_MISSING:
+                raise IntegrityError(f"{blob}: the blob has no Content-MD5 (--check-md5 FailIfDifferentOrMissing)")
+            if mode is CheckMd5.LOG_ONLY:
+                log.warning("%s: the blob has no Content-MD5 to check against", blob)
+            return
+        if stored != got:
+            if mode is CheckMd5.LOG_ONLY:
+                log.warning("%s: MD5 of the downloaded bytes differs from the blob's Content-MD5 "
+                            "(--check-md5 LogOnly: kept)", blob)
+                return
+            raise IntegrityError(f"{blob}: MD5 of the downloaded bytes differs from the blob's Content-MD5; "
+                                 "nothing was written at the final path")
+
+    async def _single(self, row: FileRow, props: BlobProperties, part: PartFile,
+                      whole: hashlib._Hash | None) -> int:
+        ctx = self.ctx
+        loop = asyncio.get_running_loop()
+        reserved = await ctx.memory.reserve(props.size)
+        try:
+            chunks, _ = await ctx.request(lambda: ctx.store.get_range(row.blob, 0, None, props.etag or None))
+            await loop.run_in_executor(ctx.io_pool, part.write, chunks, 0)
+            if whole is not None:
+                for chunk in chunks:
+                    whole.update(chunk)
+        finally:
+            ctx.memory.unreserve(reserved)
+        ctx.progress.bytes_done += props.size
+        ctx.progress.bytes_sent += props.size
+        return props.size
+
+    async def _ranges(self, row: FileRow, props: BlobProperties, part: PartFile, whole: hashlib._Hash | None,
+                      block_size: int, done: set[int]) -> int:
+        """Fetch the missing ranges in parallel; hash every range in order as it becomes available."""
+        ctx = self.ctx
+        loop = asyncio.get_running_loop()
+        ranges = list(block_ranges(props.size, block_size))
+        results: list[asyncio.Future[list[bytes] | None]] = [loop.create_future() for _ in ranges]
+        window = asyncio.Semaphore(ctx.config.concurrency + 2)
+        tasks: set[asyncio.Task[None]] = set()
+        sent = 0
+
+        async def fetch(idx: int, offset: int, length: int, reserved: int) -> None:
+            nonlocal sent
+            try:
+                chunks, _ = await ctx.request(lambda: ctx.store.get_range(row.blob, offset, length, props.etag))
+                await loop.run_in_executor(ctx.io_pool, part.write, chunks, offset)
+            except BaseException as exc:
+                ctx.memory.unreserve(reserved)
+                window.release()
+                if not results[idx].done():
+                    results[idx].set_exception(exc)
+                raise
+            ctx.journal.block_done(row.id, idx, length, "", durable=True)
+            ctx.progress.bytes_done += length
+            ctx.progress.bytes_sent += length
+            sent += length
+            window.release()
+            if whole is None:
+                ctx.memory.unreserve(reserved)
+                chunks = []
+            results[idx].set_result(chunks)
+
+        async def hash_in_order() -> None:
+            assert whole is not None
+            for idx, offset, length in ranges:
+                chunks = await results[idx]
+                if chunks is None:  # on disk from an earlier run
+                    await loop.run_in_executor(ctx.hash_pool, part.md5_of_range, whole, offset, length)
+                    continue
+                # Off the event loop: hashing 8 MiB takes ~10 ms, long enough to stall every other request.
+                await loop.run_in_executor(ctx.hash_pool, _update_all, whole, chunks)
+                ctx.memory.unreserve(length)
+
+        hasher = asyncio.create_task(hash_in_order()) if whole is not None else None
+        try:
+            for idx, offset, length in ranges:
+                if idx in done:
+                    results[idx].set_result(None)
+                    ctx.progress.bytes_done += length
+                    continue
+                for task in [t for t in tasks if t.done()]:
+                    tasks.discard(task)
+                    task.result()
+                await window.acquire()
+                reserved = await ctx.memory.reserve(length)
+                tasks.add(asyncio.create_task(fetch(idx, offset, length, reserved)))
+            if tasks:
+                done_tasks, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+                for task in done_tasks:
+                    task.result()
+            if hasher is not None:
+                await hasher
+        except BaseException:
+            for task in [*tasks, *([hasher] if hasher else [])]:
+                task.cancel()
+            await asyncio.gather(*tasks, *([hasher] if hasher else []), return_exceptions=True)
+            raise
+        return sent
+
+
+def _update_all(hasher: hashlib._Hash, chunks: list[bytes]) -> None:
+    for chunk in chunks:
+        hasher.update(chunk)

@@ -1,0 +1,151 @@
+"""What upload and download jobs share: the job's life in the journal, the engine context, and the file pool."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from blobsync.backends.base import ContainerStore
+from blobsync.config import TransferConfig
+from blobsync.engine.budget import MemoryBudget, RequestLimiter
+from blobsync.engine.context import EngineContext, Progress
+from blobsync.engine.retry import Retrier, RetryPolicy
+from blobsync.errors import (
+    AuthError,
+    BlobsyncError,
+    ContainerNotFoundError,
+    DiskFullError,
+    ExitCode,
+    TransientError,
+)
+from blobsync.journal import FileRow, JobRow, Journal
+from blobsync.redact import redact
+from blobsync.report import FileResult, FileStatus, Report
+
+log = logging.getLogger("blobsync")
+
+# Errors that no other file can escape either: stop the job (it stays resumable).
+FATAL = (AuthError, ContainerNotFoundError, TransientError, DiskFullError)
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    """One file to transfer: its journal row, its size, and the coroutine that transfers it."""
+
+    row: FileRow
+    size: int
+    run: Callable[[], Awaitable[FileResult]]
+
+
+class JobRunner:
+    """Runs the files of one job (new or resumed) under shared budgets, recording the job's state."""
+
+    def __init__(self, kind: str, store: ContainerStore, journal: Journal, config: TransferConfig,
+                 progress: Progress | None, job: JobRow | None) -> None:
+        self.kind = kind
+        self.store = store
+        self.journal = journal
+        self.config = config
+        self.progress = progress or Progress()
+        self.job = job
+
+    def open_job(self, source: str, dest: str) -> JobRow:
+        """Resume the unfinished job for (source, dest) if there is one, else start a new one."""
+        job = self.job or self.journal.find_unfinished_job(self.kind, source, dest)
+        if job is None:
+            job = self.journal.create_job(self.kind, source, dest, self.config.journal_options())
+        else:
+            self.journal.claim_job(job)
+        self.job = job
+        self.progress.job_id = job.id
+        return job
+
+    def retry_policy(self) -> RetryPolicy:
+        return RetryPolicy(max_attempts=self.config.max_retries + 1, deadline=self.config.retry_deadline)
+
+    def new_context(self) -> EngineContext:
+        cfg = self.config
+        return EngineContext(
+            self.store, self.journal, cfg, MemoryBudget(cfg.memory), RequestLimiter(cfg.concurrency),
+            Retrier(self.retry_policy(), on_retry=_log_retry),
+            ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2) + 2), thread_name_prefix="bs-io"),
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="bs-md5"),
+            self.progress,
+        )
+
+    async def run(self, ctx: EngineContext, report: Report, items: list[WorkItem]) -> None:
+        """Transfer every item, at most `concurrency` files at once; record the job's outcome."""
+        assert self.job is not None
+        self.progress.files_total = len(items)
+        self.progress.bytes_total = sum(item.size for item in items)
+        try:
+            await self._pool(ctx, report, items)
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            self.journal.set_job_state(self.job.id, "interrupted")
+            raise
+        except BaseException:
+            self.journal.set_job_state(self.job.id, "failed")
+            raise
+        finally:
+            report.duration = time.monotonic() - report.started
+        self.journal.set_job_state(self.job.id, "done" if report.ok else "failed")
+
+    async def _pool(self, ctx: EngineContext, report: Report, items: list[WorkItem]) -> None:
+        queue: Iterable[WorkItem] = iter(items)
+
+        async def worker() -> None:
+            for item in queue:
+                result = await self._one(item)
+                report.add(result)
+                if result.status is FileStatus.FAILED:
+                    self.progress.files_failed += 1
+                elif result.status is FileStatus.SKIPPED:
+                    self.progress.files_skipped += 1
+                else:
+                    self.progress.files_done += 1
+                    report.bytes_sent += result.bytes_sent
+                    report.bytes_reused += result.size - result.bytes_sent
+
+        tasks = [asyncio.create_task(worker()) for _ in range(max(1, min(self.config.concurrency, len(items))))]
+        try:
+            done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending)
+            for task in done:
+                task.result()
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            await asyncio.wait(tasks)
+            raise
+        finally:
+            report.retries += ctx.retrier.retries
+            self.journal.flush()
+            ctx.io_pool.shutdown(wait=True)
+            ctx.hash_pool.shutdown(wait=True)
+
+    async def _one(self, item: WorkItem) -> FileResult:
+        row = item.row
+        try:
+            return await item.run()
+        except FATAL:
+            raise
+        except BlobsyncError as exc:
+            if exc.exit_code == ExitCode.USAGE:
+                raise
+            message = redact(str(exc))
+            self.journal.finish_file(row.id, "failed", error=message)
+            log.warning("%s: %s", row.rel, message)
+            code = exc.exit_code if exc.exit_code != ExitCode.OK else ExitCode.PARTIAL
+            return FileResult(row.rel, row.blob, item.size, FileStatus.FAILED, reason=message, exit_code=code)
+
+
+def _log_retry(error: BaseException, delay: float) -> None:
+    log.info("retrying in %.1fs after: %s", delay, redact(str(error)))

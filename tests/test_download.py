@@ -1,0 +1,194 @@
+"""Downloads against Azurite, byte for byte: sizes, prefixes, resume after SIGKILL, ETag change, MD5, names."""
+
+from __future__ import annotations
+
+import hashlib
+import signal
+from pathlib import Path
+
+import pytest
+from azure.storage.blob import ContentSettings
+
+import blobsync
+from blobsync import CheckMd5, TransferConfig
+from blobsync.config import MiB
+from blobsync.local.target import PART_SUFFIX
+from conftest import ContainerHandle
+from support.cli import random_file, run, start
+from support.proxy import FaultProxy, Rule, reset_mid_response
+
+BLOCKS = 24
+SIZE = BLOCKS * MiB - 1000
+CONCURRENCY = 4
+
+
+def _put(container: ContainerHandle, name: str, data: bytes, *, md5: bytes | None = None) -> None:
+    """Upload with the plain SDK, then store a Content-MD5 (the right one unless `md5` says otherwise).
+
+    Set afterwards because the SDK sets none for block uploads, and Azurite checks one sent with the data."""
+    blob = container.client.get_blob_client(name)
+    blob.upload_blob(data, overwrite=True)
+    digest = md5 if md5 is not None else hashlib.md5(data).digest()
+    blob.set_http_headers(ContentSettings(content_type="application/octet-stream", content_md5=bytearray(digest)))
+
+
+def _get(url: str, dest: Path, tmp_path: Path, **options: object) -> blobsync.Report:
+    config = TransferConfig.from_mib(journal_path=tmp_path / "journal.db", **options)  # type: ignore[arg-type]
+    return blobsync.copy(url, str(dest), config, env={})
+
+
+@pytest.mark.parametrize(("size", "block_mb"), [(0, 1), (1, 1), (2 * MiB, 1), (MiB + 1, 1), (200 * MiB + 7, 8)])
+def test_sizes_round_trip(size: int, block_mb: int, container: ContainerHandle, tmp_path: Path,
+                          proxy: FaultProxy) -> None:
+    data = random_file(tmp_path / "src.bin", size, seed=size)
+    _put(container, "dir/f.bin", data)
+    report = _get(f"{proxy.endpoint()}/{container.name}/dir/f.bin", tmp_path / "out.bin", tmp_path,
+                  block_size_mb=block_mb, put_blob_size_mb=0)
+    assert (report.files_transferred, report.files_failed) == (1, 0), report.failures
+    assert (tmp_path / "out.bin").read_bytes() == data
+    assert not list(tmp_path.glob(f"*{PART_SUFFIX}"))
+    ranged = [e for e in proxy.log if e.op == "get_blob"]
+    assert len(ranged) == max(1, -(-size // (block_mb * MiB))) or size == 0
+    assert all(e.headers.get("if-match") for e in ranged)  # every read pinned to one version
+
+
+def test_prefix_into_folder_and_single_blob_naming(container: ContainerHandle, tmp_path: Path) -> None:
+    files = {"run7/a.pt": b"a" * 10, "run7/sub dir/naïve.txt": b"b" * 20, "run8/c.pt": b"c"}
+    for name, data in files.items():
+        _put(container, name, data)
+    report = _get(f"{container.url}/run7", tmp_path / "dl", tmp_path, recursive=True)
+    assert report.files_transferred == 2
+    assert (tmp_path / "dl" / "a.pt").read_bytes() == files["run7/a.pt"]
+    assert (tmp_path / "dl" / "sub dir" / "naïve.txt").read_bytes() == files["run7/sub dir/naïve.txt"]
+    assert not (tmp_path / "dl" / "c.pt").exists()
+    (tmp_path / "one").mkdir()
+    _get(f"{container.url}/run8/c.pt", tmp_path / "one", tmp_path)  # existing folder: keeps the name
+    _get(f"{container.url}/run8/c.pt", tmp_path / "named.pt", tmp_path)  # a file name
+    assert (tmp_path / "one" / "c.pt").read_bytes() == b"c" and (tmp_path / "named.pt").read_bytes() == b"c"
+
+
+def _args(url: str, dest: Path, journal: Path, *extra: str) -> list[str]:
+    return ["cp", url, str(dest), "--journal", str(journal), "--block-size-mb", "1", "--put-blob-size-mb", "0",
+            "--concurrency", str(CONCURRENCY), "--quiet", *extra]
+
+
+def _kill_when_held(args: list[str], proxy: FaultProxy) -> None:
+    proc = start(args)
+    try:
+        proxy.wait_for_held(1, timeout=60)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=30)
+    proxy.clear_rules()
+    proxy.release_holds()
+    proxy.wait_idle()
+
+
+@pytest.mark.parametrize("acked", [0, 7, BLOCKS - 3])
+def test_sigkill_then_resume_fetches_only_the_remainder(
+    acked: int, container: ContainerHandle, proxy: FaultProxy, tmp_path: Path
+) -> None:
+    data = random_file(tmp_path / "src.bin", SIZE, seed=acked)
+    _put(container, "model.bin", data)
+    dest = tmp_path / "out" / "model.bin"
+    args = _args(f"{proxy.endpoint()}/{container.name}/model.bin", dest, tmp_path / "j.db")
+    proxy.hold_after("get_blob", acked)
+    _kill_when_held(args, proxy)
+    assert not dest.exists()  # never a partial file at the final name
+    got = sum(e.response_bytes for e in proxy.log if e.op == "get_blob" and e.status == 206)
+    proxy.reset_stats()
+    second = run(args)
+    assert second.returncode == 0, second.stderr
+    fetched = proxy.stats.bytes_out["get_blob"]
+    # Ranges received but not yet written and journaled when the process died are fetched again.
+    assert SIZE - got <= fetched <= SIZE - got + CONCURRENCY * MiB
+    assert dest.read_bytes() == data
+    assert not list(dest.parent.glob(f"*{PART_SUFFIX}"))
+
+
+def test_blob_changed_between_kill_and_resume_restarts(
+    container: ContainerHandle, proxy: FaultProxy, tmp_path: Path
+) -> None:
+    _put(container, "model.bin", random_file(tmp_path / "src.bin", SIZE, seed=1))
+    dest = tmp_path / "model.bin"
+    args = _args(f"{proxy.endpoint()}/{container.name}/model.bin", dest, tmp_path / "j.db")
+    proxy.hold_after("get_blob", 9)
+    _kill_when_held(args, proxy)
+    new = random_file(tmp_path / "src.bin", SIZE, seed=2)
+    _put(container, "model.bin", new)  # same size, new ETag
+    proxy.reset_stats()
+    second = run(args)
+    assert second.returncode == 0, second.stderr
+    assert proxy.stats.bytes_out["get_blob"] == SIZE  # nothing of the old version was kept
+    assert dest.read_bytes() == new
+
+
+def test_wrong_stored_md5_fails_or_logs(container: ContainerHandle, tmp_path: Path) -> None:
+    data = random_file(tmp_path / "src.bin", 3 * MiB, seed=5)
+    _put(container, "bad.bin", data, md5=hashlib.md5(b"something else").digest())
+    url = f"{container.url}/bad.bin"
+    failed = run(["cp", url, str(tmp_path / "bad.bin"), "--journal", str(tmp_path / "j.db"), "--block-size-mb", "1"])
+    assert failed.returncode == 4, failed.stderr
+    assert "differs from the blob's Content-MD5" in failed.stdout
+    assert not (tmp_path / "bad.bin").exists() and not list(tmp_path.glob(f"*{PART_SUFFIX}"))
+    logged = run(["cp", url, str(tmp_path / "bad.bin"), "--journal", str(tmp_path / "j2.db"),
+                  "--check-md5", "LogOnly"])
+    assert logged.returncode == 0, logged.stderr
+    assert "LogOnly" in logged.stderr and (tmp_path / "bad.bin").read_bytes() == data
+
+
+def test_missing_md5_fails_only_when_asked(container: ContainerHandle, tmp_path: Path) -> None:
+    container.client.get_blob_client("nomd5.bin").stage_block("YQ==", b"abc")
+    container.client.get_blob_client("nomd5.bin").commit_block_list(["YQ=="])
+    report = _get(f"{container.url}/nomd5.bin", tmp_path / "a.bin", tmp_path)
+    assert report.files_transferred == 1
+    report = _get(f"{container.url}/nomd5.bin", tmp_path / "b.bin", tmp_path,
+                  check_md5=CheckMd5.FAIL_IF_DIFFERENT_OR_MISSING)
+    assert report.files_failed == 1 and "no Content-MD5" in report.failures[0].reason
+    assert not (tmp_path / "b.bin").exists()
+
+
+def test_response_cut_mid_body_is_fetched_again(container: ContainerHandle, proxy: FaultProxy, tmp_path: Path) -> None:
+    data = random_file(tmp_path / "src.bin", 4 * MiB + 3, seed=7)
+    _put(container, "f.bin", data)
+    proxy.add_rule(Rule("get_blob", reset_mid_response(0.5), nth=2))
+    report = _get(f"{proxy.endpoint()}/{container.name}/f.bin", tmp_path / "out.bin", tmp_path,
+                  block_size_mb=1, put_blob_size_mb=0)
+    assert report.files_transferred == 1 and report.retries == 1
+    assert proxy.stats.requests["get_blob"] == 5 + 1
+    assert (tmp_path / "out.bin").read_bytes() == data
+
+
+def test_malicious_names_are_refused_and_the_rest_continue(container: ContainerHandle, tmp_path: Path) -> None:
+    for name in ("/abs.txt", "dir\\..\\..\\escape.txt", "C:/drive.txt", "fine/ok.txt"):
+        container.client.upload_blob(name, b"x")
+    names = {b.name for b in container.client.list_blobs()}
+    done = run(["cp", "-r", container.url, str(tmp_path / "dl"), "--journal", str(tmp_path / "j.db")])
+    assert done.returncode == 1
+    assert (tmp_path / "dl" / "fine" / "ok.txt").read_bytes() == b"x"
+    for name in names - {"fine/ok.txt"}:
+        assert f"FAILED {name}" in done.stdout
+    assert done.stdout.count("FAILED") == len(names) - 1
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file() and p.suffix == ".txt") == ["ok.txt"]
+
+
+def test_blob_not_found_and_no_blob_name(container: ContainerHandle, tmp_path: Path) -> None:
+    done = run(["cp", f"{container.url}/nope.bin", str(tmp_path / "x"), "--journal", str(tmp_path / "j.db")])
+    assert done.returncode == 1 and "blob 'nope.bin' not found" in done.stderr and "Traceback" not in done.stderr
+    done = run(["cp", container.url, str(tmp_path / "x"), "--journal", str(tmp_path / "j.db")])
+    assert done.returncode == 2 and "names no blob" in done.stderr
+
+
+def test_overwrite_false_and_preserved_mtime(container: ContainerHandle, tmp_path: Path) -> None:
+    random_file(tmp_path / "src.bin", 100, seed=1)
+    import os
+
+    os.utime(tmp_path / "src.bin", ns=(1_600_000_000_500_000_000, 1_600_000_000_500_000_000))
+    up = run(["cp", str(tmp_path / "src.bin"), f"{container.url}/", "--journal", str(tmp_path / "j.db")])
+    assert up.returncode == 0, up.stderr
+    report = _get(f"{container.url}/src.bin", tmp_path / "copy.bin", tmp_path, preserve_last_modified_time=True)
+    assert report.files_transferred == 1
+    assert (tmp_path / "copy.bin").stat().st_mtime_ns == 1_600_000_000_500_000_000
+    (tmp_path / "copy.bin").write_bytes(b"local")
+    report = _get(f"{container.url}/src.bin", tmp_path / "copy.bin", tmp_path, overwrite=blobsync.Overwrite.FALSE)
+    assert report.files_skipped == 1 and (tmp_path / "copy.bin").read_bytes() == b"local"
