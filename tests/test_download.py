@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import signal
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -192,3 +194,51 @@ def test_overwrite_false_and_preserved_mtime(container: ContainerHandle, tmp_pat
     (tmp_path / "copy.bin").write_bytes(b"local")
     report = _get(f"{container.url}/src.bin", tmp_path / "copy.bin", tmp_path, overwrite=blobsync.Overwrite.FALSE)
     assert report.files_skipped == 1 and (tmp_path / "copy.bin").read_bytes() == b"local"
+
+
+def test_target_that_cannot_be_written_is_reported(container: ContainerHandle, tmp_path: Path) -> None:
+    _put(container, "f.bin", b"data")
+    (tmp_path / "a-file").write_bytes(b"")
+    done = run(["cp", f"{container.url}/f.bin", str(tmp_path / "a-file" / "sub" / "f.bin"),
+                "--journal", str(tmp_path / "j.db")])
+    assert done.returncode == 1, done.stderr
+    assert "FAILED f.bin" in done.stdout and "Not a directory" in done.stdout
+    assert "Traceback" not in done.stderr
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 6 MiB tmpfs, so that 'disk full' is real. Needs root (CI and this project's machines run as root)."""
+    mount = tmp_path / "small-disk"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mount)], capture_output=True,
+                          check=False)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_disk_full_keeps_the_partial_file_and_resumes(
+    container: ContainerHandle, proxy: FaultProxy, small_disk: Path, tmp_path: Path
+) -> None:
+    data = random_file(tmp_path / "src.bin", 4 * MiB, seed=11)
+    _put(container, "big.bin", data)
+    filler = small_disk / "filler"
+    filler.write_bytes(b"\0" * (3 * MiB))
+    args = _args(f"{proxy.endpoint()}/{container.name}/big.bin", small_disk / "big.bin", tmp_path / "j.db")
+    full = run(args)
+    assert full.returncode == 1, (full.stdout, full.stderr)
+    line = full.stderr.strip().splitlines()[-1]
+    assert "disk full" in line and "run the same command again" in line and "Traceback" not in full.stderr
+    assert not (small_disk / "big.bin").exists()
+    assert (small_disk / f"big.bin{PART_SUFFIX}").exists()  # kept for the resume
+    first = proxy.stats.bytes_out["get_blob"]
+    filler.unlink()
+    proxy.reset_stats()
+    resumed = run(args)
+    assert resumed.returncode == 0, resumed.stderr
+    assert (small_disk / "big.bin").read_bytes() == data
+    assert proxy.stats.bytes_out["get_blob"] < 4 * MiB or first == 0

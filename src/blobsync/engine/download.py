@@ -146,11 +146,11 @@ class FileDownloader:
             try:
                 chunks, _ = await ctx.request(lambda: ctx.store.get_range(row.blob, offset, length, props.etag))
                 await loop.run_in_executor(ctx.io_pool, part.write, chunks, offset)
-            except BaseException as exc:
+            except BaseException:
                 ctx.memory.unreserve(reserved)
                 window.release()
-                if not results[idx].done():
-                    results[idx].set_exception(exc)
+                # The failure itself surfaces through this task; the in-order hasher just stops.
+                results[idx].cancel()
                 raise
             ctx.journal.block_done(row.id, idx, length, "", durable=True)
             ctx.progress.bytes_done += length
