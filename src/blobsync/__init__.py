@@ -1,7 +1,17 @@
 """blobsync: fast, resumable, verified transfers between local disks and Azure Blob Storage."""
 
 from blobsync._version import __version__
-from blobsync.api import clean_jobs, copy, copy_async, list_jobs, resume, resume_async, show_job
+from blobsync.api import (
+    clean_jobs,
+    copy,
+    copy_async,
+    list_jobs,
+    resume,
+    resume_async,
+    show_job,
+    sync,
+    sync_async,
+)
 from blobsync.config import CheckMd5, Overwrite, TransferConfig
 from blobsync.engine.context import Progress
 from blobsync.errors import (
@@ -16,13 +26,17 @@ from blobsync.errors import (
 from blobsync.report import FileResult, FileStatus, Report
 
 __all__ = [
+    "Action",
     "AuthError",
     "BlobsyncError",
     "CheckMd5",
+    "CompareMode",
     "ContainerNotFoundError",
+    "DeleteMode",
     "ExitCode",
     "FileResult",
     "FileStatus",
+    "Filters",
     "IntegrityError",
     "Overwrite",
     "Progress",
@@ -38,4 +52,6 @@ __all__ = [
     "resume",
     "resume_async",
     "show_job",
+    "sync",
+    "sync_async",
 ]

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from blobsync.backends.azure_auth import resolve_credential
 from blobsync.backends.azure_rest import AzureContainerStore
@@ -18,6 +19,9 @@ from blobsync.errors import UsageError
 from blobsync.journal import FileRow, JobRow, Journal, default_journal_path
 from blobsync.location import BlobLocation, is_url, parse_location
 from blobsync.report import Report
+from blobsync.sync.compare import CompareMode
+from blobsync.sync.filters import Filters
+from blobsync.sync.job import Action, DeleteMode, SyncJob, SyncSpec
 
 
 def _journal(config: TransferConfig, env: Mapping[str, str]) -> Journal:
@@ -98,6 +102,50 @@ def copy(
 ) -> Report:
     """Blocking form of `copy_async`."""
     return asyncio.run(copy_async(source, dest, config, env=env, progress=progress))
+
+
+async def sync_async(
+    source: str | os.PathLike[str],
+    dest: str | os.PathLike[str],
+    config: TransferConfig | None = None,
+    *,
+    filters: Filters | None = None,
+    compare: CompareMode = CompareMode.SIZE_AND_MTIME,
+    delete: DeleteMode = DeleteMode.FALSE,
+    max_delete: str | None = None,
+    dry_run: bool = False,
+    env: Mapping[str, str] | None = None,
+    progress: Progress | None = None,
+    on_action: Callable[[Action], None] | None = None,
+    confirm: Callable[[int], bool] | None = None,
+) -> Report:
+    """Make `dest` match `source`: a local folder and a container URL (optionally with a prefix), either way.
+
+    Transfers what is new, differs in size, or is newer (or differs in MD5, or always: `compare`); with `delete`,
+    removes destination files the source lacks, only after a complete enumeration and error-free transfers."""
+    config = replace(config or TransferConfig(), recursive=True)
+    env = os.environ if env is None else env
+    src_text, dst_text = os.fspath(source), os.fspath(dest)
+    if is_url(src_text) == is_url(dst_text):
+        raise UsageError("sync needs one local folder and one container URL")
+    upload = is_url(dst_text)
+    loc = parse_location(dst_text if upload else src_text)
+    local = Path(src_text if upload else dst_text).expanduser().absolute()
+    spec = SyncSpec(local, loc, upload, config, filters or Filters(), compare, delete, max_delete, dry_run)
+    journal = _journal(config, env)
+    store = _store(loc, config, env)
+    try:
+        job = SyncJob(spec, store, journal, progress=progress, on_action=on_action, confirm=confirm)
+        return await job.run()
+    finally:
+        await store.close()
+        journal.close()
+
+
+def sync(source: str | os.PathLike[str], dest: str | os.PathLike[str], config: TransferConfig | None = None,
+         **kwargs: Any) -> Report:
+    """Blocking form of `sync_async`."""
+    return asyncio.run(sync_async(source, dest, config, **kwargs))
 
 
 async def resume_async(

@@ -37,6 +37,9 @@ class Report:
     files_transferred: int = 0
     files_skipped: int = 0
     files_failed: int = 0
+    files_deleted: int = 0
+    files_in_sync: int = 0  # sync: source files the destination already had
+    deletes_refused: str = ""  # why a sync deleted nothing although it had candidates
     bytes_transferred: int = 0  # size of the files transferred
     bytes_sent: int = 0  # bytes that went over the wire in this run (blocks, bodies)
     bytes_reused: int = 0  # bytes found already on the service (resume)

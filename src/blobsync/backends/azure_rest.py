@@ -286,6 +286,17 @@ class AzureContainerStore:
             return False
         return True
 
+    async def delete_blob(self, name: str, if_match: str | None = None) -> bool:
+        """Delete a blob (and its snapshots); False when it was already gone."""
+        req = {"x-ms-delete-snapshots": "include"}
+        if if_match:
+            req["If-Match"] = if_match
+        try:
+            await self._call("DELETE", name, [], req, None, f"delete blob {name!r}", (202,))
+        except BlobNotFoundError:
+            return False
+        return True
+
     async def get_properties(self, name: str) -> BlobProperties | None:
         try:
             _, h, _ = await self._call("HEAD", name, [], {}, None, f"get properties of {name!r}", (200,),

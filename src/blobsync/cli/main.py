@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import logging
 import signal
 import sys
@@ -16,11 +17,15 @@ import click
 
 from blobsync import api
 from blobsync._version import __version__
-from blobsync.cli.output import LiveProgress, human_bytes, summary
+from blobsync.cli.output import LiveProgress, human_bytes, summary, summary_record
 from blobsync.config import TIERS, CheckMd5, Overwrite, TransferConfig, parse_metadata
 from blobsync.engine.context import Progress
-from blobsync.errors import BlobsyncError, ExitCode
+from blobsync.errors import BlobsyncError, ExitCode, UsageError
 from blobsync.redact import RedactingFilter, redact
+from blobsync.report import Report
+from blobsync.sync.compare import CompareMode
+from blobsync.sync.filters import Filters
+from blobsync.sync.job import Action, DeleteMode, parse_max_delete
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -64,7 +69,8 @@ def _sigterm_as_interrupt() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-def _run_transfer(call: Callable[[Progress], Any], *, quiet: bool) -> None:
+def _run_transfer(call: Callable[[Progress], Any], *, quiet: bool, as_json: bool = False,
+                  dry_run: bool = False) -> None:
     progress = Progress()
     _sigterm_as_interrupt()
     try:
@@ -75,7 +81,10 @@ def _run_transfer(call: Callable[[Progress], Any], *, quiet: bool) -> None:
         hint = f"run the same command again, or 'blobsync jobs resume {job}'" if job else "run it again"
         click.echo(f"blobsync: interrupted; nothing is lost: {hint} to resume", err=True)
         sys.exit(int(ExitCode.INTERRUPTED))
-    click.echo(summary(report))
+    if as_json:
+        click.echo(json.dumps(summary_record(report, dry_run=dry_run)))
+    else:
+        click.echo(summary(report, dry_run=dry_run))
     if report.files_failed:
         click.echo(f"blobsync: {report.files_failed} file(s) failed; run the same command again (or "
                    f"'blobsync jobs resume {report.job_id}') to retry them", err=True)
@@ -95,56 +104,51 @@ def _log_option(fn: F) -> F:
     )(fn)
 
 
-@cli.command()
-@click.argument("source")
-@click.argument("destination")
-@click.option("-r", "--recursive", is_flag=True,
-              help="Upload a folder's contents, or download every blob under a prefix (names = relative paths).")
-@click.option("--block-size-mb", type=float, default=8, show_default=True,
-              help="Block size; raised automatically so no blob needs more than 50,000 blocks.")
-@click.option("--put-blob-size-mb", type=float, default=None,
-              help="Files up to this size go up in one request [default: the block size].")
-@click.option("--concurrency", type=int, default=16, show_default=True,
-              help="Requests in flight, shared by all files.")
-@click.option("--memory-mb", type=float, default=256, show_default=True,
-              help="Bytes in flight (read buffers), shared by all files.")
-@click.option("--overwrite", type=click.Choice(["true", "false", "ifSourceNewer"], case_sensitive=False),
-              default="true", show_default=True, help="What to do when the blob exists.")
-@click.option("--put-md5/--no-put-md5", default=True, show_default=True,
-              help="Store the whole-file MD5 as the blob's Content-MD5 (every block carries its own MD5 anyway).")
-@click.option("--check-md5", type=click.Choice(["NoCheck", "LogOnly", "FailIfDifferent", "FailIfDifferentOrMissing"],
-                                              case_sensitive=False),
-              default="FailIfDifferent", show_default=True,
-              help="Downloads: compare the bytes' MD5 with the blob's Content-MD5.")
-@click.option("--preserve-last-modified-time", is_flag=True,
-              help="Downloads: set the file's mtime to the source's (stored by blobsync, else Last-Modified).")
-@click.option("--content-type", default=None, help="Content type [default: guessed from the file name].")
-@click.option("--metadata", default=None, help="Blob metadata, 'key=value;key2=value2'.")
-@click.option("--block-blob-tier", type=click.Choice(TIERS, case_sensitive=False), default=None,
-              help="Access tier for uploaded blobs.")
-@click.option("--create-container", is_flag=True, help="Create the container if it does not exist.")
-@click.option("--follow-symlinks", is_flag=True, help="Follow symbolic links (default: skip them with a note).")
-@click.option("--journal", "journal_path", type=click.Path(path_type=Path), default=None,
-              help="Journal database [default: $XDG_STATE_HOME/blobsync/journal.db].")
-@click.option("--max-retries", type=int, default=8, show_default=True, help="Retries per request.")
-@click.option("--retry-deadline", type=float, default=900, show_default=True,
-              help="Seconds after which a request stops retrying.")
-@click.option("--quiet", is_flag=True, help="No live progress line.")
-@_log_option
-@_handle_errors
-def cp(source: str, destination: str, recursive: bool, block_size_mb: float, put_blob_size_mb: float | None,
-       concurrency: int, memory_mb: float, overwrite: str, put_md5: bool, check_md5: str,
-       preserve_last_modified_time: bool, content_type: str | None,
-       metadata: str | None, block_blob_tier: str | None, create_container: bool, follow_symlinks: bool,
-       journal_path: Path | None, max_retries: int, retry_deadline: float, quiet: bool, log_level: str) -> None:
-    """Copy SOURCE to DESTINATION; one of them is a blob URL, the other a local path.
+def _transfer_options(fn: F) -> F:
+    """Options shared by cp and sync; they arrive as keyword arguments and become a TransferConfig."""
+    options = [
+        click.option("--block-size-mb", type=float, default=8, show_default=True,
+                     help="Block (upload) or range (download) size; raised so no blob needs over 50,000 blocks."),
+        click.option("--put-blob-size-mb", type=float, default=None,
+                     help="Files up to this size go in one request [default: the block size]."),
+        click.option("--concurrency", type=int, default=16, show_default=True,
+                     help="Requests in flight, shared by all files."),
+        click.option("--memory-mb", type=float, default=256, show_default=True,
+                     help="Bytes in flight (buffers), shared by all files."),
+        click.option("--put-md5/--no-put-md5", default=True, show_default=True,
+                     help="Uploads: store the whole-file MD5 as the blob's Content-MD5 (blocks carry their own)."),
+        click.option("--check-md5",
+                     type=click.Choice(["NoCheck", "LogOnly", "FailIfDifferent", "FailIfDifferentOrMissing"],
+                                       case_sensitive=False),
+                     default="FailIfDifferent", show_default=True,
+                     help="Downloads: compare the bytes' MD5 with the blob's Content-MD5."),
+        click.option("--content-type", default=None, help="Content type [default: guessed from the file name]."),
+        click.option("--metadata", default=None, help="Blob metadata, 'key=value;key2=value2'."),
+        click.option("--block-blob-tier", type=click.Choice(TIERS, case_sensitive=False), default=None,
+                     help="Access tier for uploaded blobs."),
+        click.option("--create-container", is_flag=True, help="Create the container if it does not exist."),
+        click.option("--follow-symlinks", is_flag=True,
+                     help="Follow symbolic links (default: skip them with a note)."),
+        click.option("--journal", "journal_path", type=click.Path(path_type=Path), default=None,
+                     help="Journal database [default: $XDG_STATE_HOME/blobsync/journal.db]."),
+        click.option("--max-retries", type=int, default=8, show_default=True, help="Retries per request."),
+        click.option("--retry-deadline", type=float, default=900, show_default=True,
+                     help="Seconds after which a request stops retrying."),
+        click.option("--quiet", is_flag=True, help="No live progress line."),
+        _log_option,
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
 
-    Upload a file (or a folder with -r) to a container or blob URL, or download a blob (or everything under a
-    prefix with -r) to a local path. Interrupted? Run the same command again: only what is missing is sent.
-    """
-    _setup_logging(log_level)
+
+def _config(*, recursive: bool, overwrite: str = "true", preserve_last_modified_time: bool = False,
+            block_size_mb: float, put_blob_size_mb: float | None, memory_mb: float, concurrency: int,
+            put_md5: bool, check_md5: str, content_type: str | None, metadata: str | None,
+            block_blob_tier: str | None, create_container: bool, follow_symlinks: bool, journal_path: Path | None,
+            max_retries: int, retry_deadline: float) -> TransferConfig:
     tier = next((t for t in TIERS if block_blob_tier and t.lower() == block_blob_tier.lower()), None)
-    config = TransferConfig.from_mib(
+    return TransferConfig.from_mib(
         block_size_mb=block_size_mb,
         put_blob_size_mb=put_blob_size_mb,
         memory_mb=memory_mb,
@@ -163,7 +167,96 @@ def cp(source: str, destination: str, recursive: bool, block_size_mb: float, put
         max_retries=max_retries,
         retry_deadline=retry_deadline,
     )
+
+
+@cli.command()
+@click.argument("source")
+@click.argument("destination")
+@click.option("-r", "--recursive", is_flag=True,
+              help="Upload a folder's contents, or download every blob under a prefix (names = relative paths).")
+@click.option("--overwrite", type=click.Choice(["true", "false", "ifSourceNewer"], case_sensitive=False),
+              default="true", show_default=True, help="What to do when the destination exists.")
+@click.option("--preserve-last-modified-time", is_flag=True,
+              help="Downloads: set the file's mtime to the source's (stored by blobsync, else Last-Modified).")
+@_transfer_options
+@_handle_errors
+def cp(source: str, destination: str, quiet: bool, log_level: str, **options: Any) -> None:
+    """Copy SOURCE to DESTINATION; one of them is a blob URL, the other a local path.
+
+    Upload a file (or a folder with -r) to a container or blob URL, or download a blob (or everything under a
+    prefix with -r) to a local path. Interrupted? Run the same command again: only what is missing is sent.
+    """
+    _setup_logging(log_level)
+    config = _config(**options)
     _run_transfer(lambda progress: api.copy(source, destination, config, progress=progress), quiet=quiet)
+
+
+@cli.command()
+@click.argument("source")
+@click.argument("destination")
+@click.option("--include-pattern", default=None, help="Only file names matching these globs, 'a*.pt;*.h5'.")
+@click.option("--exclude-pattern", default=None, help="Skip file names matching these globs (wins over includes).")
+@click.option("--include-path", default=None, help="Only these relative paths or folders, 'a/b;c'.")
+@click.option("--exclude-path", default=None, help="Skip these relative paths or folders.")
+@click.option("--include-regex", default=None, help="Only relative paths matching these regexes ('x;y').")
+@click.option("--exclude-regex", default=None, help="Skip relative paths matching these regexes.")
+@click.option("--include-after", default=None, help="Only files modified at or after this ISO 8601 time.")
+@click.option("--include-before", default=None, help="Only files modified before this ISO 8601 time.")
+@click.option("--compare-hash", type=click.Choice(["none", "md5"], case_sensitive=False), default="none",
+              show_default=True, help="md5: compare content hashes (local hashes are cached in the journal).")
+@click.option("--size-only", is_flag=True, help="Compare sizes only.")
+@click.option("--mirror-mode", is_flag=True, help="Transfer every file, whatever the destination has.")
+@click.option("--delete-destination", type=click.Choice(["true", "false", "prompt"], case_sensitive=False),
+              default="false", show_default=True,
+              help="Delete destination files the source no longer has (never ones the filters exclude).")
+@click.option("--max-delete", default=None, help="Delete nothing if more than N (or N%) would be deleted.")
+@click.option("--dry-run", is_flag=True, help="Print what would be done, and why; change nothing.")
+@click.option("--output-type", type=click.Choice(["text", "json"], case_sensitive=False), default="text",
+              show_default=True, help="json: one JSON object per line (actions and the summary).")
+@_transfer_options
+@_handle_errors
+def sync(source: str, destination: str, include_pattern: str | None, exclude_pattern: str | None,
+         include_path: str | None, exclude_path: str | None, include_regex: str | None, exclude_regex: str | None,
+         include_after: str | None, include_before: str | None, compare_hash: str, size_only: bool,
+         mirror_mode: bool, delete_destination: str, max_delete: str | None, dry_run: bool, output_type: str,
+         quiet: bool, log_level: str, **options: Any) -> None:
+    """Make DESTINATION match SOURCE: a local folder and a container URL (with an optional prefix), either way.
+
+    Files that are new, differ in size, or are newer at the source are transferred; with --delete-destination,
+    files only the destination has are deleted once everything else succeeded. Run it again: nothing moves.
+    """
+    _setup_logging(log_level)
+    if sum((compare_hash.lower() == "md5", size_only, mirror_mode)) > 1:
+        raise UsageError("choose one of --compare-hash md5, --size-only and --mirror-mode")
+    filters = Filters.parse(
+        include_pattern=include_pattern, exclude_pattern=exclude_pattern, include_path=include_path,
+        exclude_path=exclude_path, include_regex=include_regex, exclude_regex=exclude_regex,
+        include_after=include_after, include_before=include_before,
+    )
+    compare = (CompareMode.MD5 if compare_hash.lower() == "md5" else CompareMode.SIZE_ONLY if size_only
+               else CompareMode.MIRROR if mirror_mode else CompareMode.SIZE_AND_MTIME)
+    delete = DeleteMode.parse(delete_destination)
+    parse_max_delete(max_delete)  # a bad value is a usage error before any work
+    config = _config(recursive=True, **options)
+    as_json = output_type.lower() == "json"
+
+    def on_action(action: Action) -> None:
+        if as_json:
+            click.echo(json.dumps({"type": "action", "action": action.kind, "path": action.path,
+                                   "reason": action.reason, "size": action.size, "dry_run": dry_run}))
+        elif dry_run:
+            click.echo(f"{action.kind:<8} {action.path}  ({action.reason})")
+
+    def confirm(count: int) -> bool:
+        return click.confirm(f"delete {count} file(s) at the destination that the source no longer has?",
+                             default=False, err=True)
+
+    def call(progress: Progress) -> Report:
+        return api.sync(source, destination, config, filters=filters, compare=compare, delete=delete,
+                        max_delete=max_delete, dry_run=dry_run, progress=progress, on_action=on_action,
+                        confirm=confirm)
+
+    _run_transfer(call, quiet=quiet or as_json or dry_run, as_json=as_json, dry_run=dry_run)
 
 
 @cli.group()

@@ -61,9 +61,31 @@ class LiveProgress:
             self.stream.flush()
 
 
-def summary(report: Report) -> str:
+def summary_record(report: Report, *, dry_run: bool = False) -> dict[str, object]:
+    """The summary as one JSON-ready object."""
+    return {
+        "type": "summary", "job": report.job_id, "dry_run": dry_run, "direction": report.kind,
+        "source": report.source, "destination": report.dest,
+        "files_transferred": report.files_transferred, "files_skipped": report.files_skipped,
+        "files_failed": report.files_failed, "files_deleted": report.files_deleted,
+        "files_in_sync": report.files_in_sync,
+        "bytes_transferred": report.bytes_transferred, "bytes_sent": report.bytes_sent,
+        "bytes_reused": report.bytes_reused, "retries": report.retries, "duration": round(report.duration, 3),
+        "deletes_refused": report.deletes_refused or None,
+        "failures": [{"path": f.rel, "reason": f.reason} for f in report.failures],
+        "exit_code": int(report.exit_code),
+    }
+
+
+def summary(report: Report, *, dry_run: bool = False) -> str:
     rate = report.bytes_sent / report.duration if report.duration > 0 else 0.0
+    if dry_run:
+        verb = "to download" if report.kind == "download" else "to upload"
+        return (f"Dry run: {report.files_transferred} {verb}, {report.files_failed} with problems; "
+                f"{human_bytes(report.bytes_transferred)}; nothing was changed")
     verb = "downloaded" if report.kind == "download" else "uploaded"
+    if report.job_id == "-" and not report.failures:
+        return f"Nothing to do: {report.files_in_sync} file(s) already in sync"
     where = "on disk" if report.kind == "download" else "on the service"
     lines = [
         f"Job {report.job_id}: {report.files_transferred} {verb}, {report.files_skipped} skipped, "
@@ -73,6 +95,12 @@ def summary(report: Report) -> str:
         + (f", {human_bytes(report.bytes_reused)} already {where} (resumed)" if report.bytes_reused else "")
         + f"; {report.retries} retries",
     ]
+    if report.files_in_sync:
+        lines.append(f"  {report.files_in_sync} file(s) already in sync")
+    if report.files_deleted:
+        lines.append(f"  {report.files_deleted} deleted at the destination")
+    if report.deletes_refused:
+        lines.append(f"  {report.deletes_refused}")
     for note in report.skipped_notes[:20]:
         if note.reason and note.reason != "already uploaded by this job":
             lines.append(f"  skipped {note.rel}: {note.reason}")

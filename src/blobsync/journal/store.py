@@ -113,6 +113,9 @@ class Journal:
                 pk="id",
             )
             db.table("files").create_index(["job_id", "rel"], unique=True)
+        if "hashes" not in db.table_names():
+            # Local MD5s for sync --compare-hash: valid while (size, mtime_ns, inode) are unchanged.
+            db.execute("create table hashes (path text primary key, size int, mtime_ns int, inode int, md5 blob)")
         if "blocks" not in db.table_names():
             db.table("blocks").create({"file_id": int, "idx": int, "size": int, "md5": str},
                                 pk=("file_id", "idx"))
@@ -226,6 +229,17 @@ class Journal:
     def blocks(self, file_id: int) -> list[BlockRow]:
         return [BlockRow(r["idx"], r["size"], r["md5"])
                 for r in self.db.table("blocks").rows_where("file_id = ?", [file_id], order_by="idx")]
+
+    # --- hash cache -----------------------------------------------------------------------------------------
+
+    def cached_md5(self, path: str, size: int, mtime_ns: int, inode: int) -> bytes | None:
+        row = self.db.execute("select size, mtime_ns, inode, md5 from hashes where path = ?", [path]).fetchone()
+        if row is None or tuple(row[:3]) != (size, mtime_ns, inode):
+            return None
+        return bytes(row[3])
+
+    def cache_md5(self, path: str, size: int, mtime_ns: int, inode: int, md5: bytes) -> None:
+        self._queue("insert or replace into hashes values (?, ?, ?, ?, ?)", (path, size, mtime_ns, inode, md5))
 
     # --- batched writes -----------------------------------------------------------------------------------
 

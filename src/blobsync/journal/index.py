@@ -1,0 +1,129 @@
+"""The sync index: both sides of a sync in a scratch SQLite file, joined on disk so memory stays flat."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import tempfile
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+_BATCH = 5000
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One file or blob as seen during enumeration, by its path relative to the sync root."""
+
+    rel: str
+    size: int
+    mtime_ns: int
+    exact_mtime: bool = True  # False when the time is a blob's Last-Modified (whole seconds, upload time)
+    md5: bytes | None = None
+    etag: str | None = None
+    name: str | None = None  # the blob name, for remote entries
+    inode: int = 0
+
+
+def _row(e: Entry) -> tuple[object, ...]:
+    return (e.rel, e.size, e.mtime_ns, int(e.exact_mtime), e.md5, e.etag, e.name, e.inode)
+
+
+def _entry(row: tuple[object, ...], offset: int = 0) -> Entry | None:
+    if row[offset] is None:
+        return None
+    rel, size, mtime, exact, md5, etag, name, inode = row[offset:offset + 8]
+    return Entry(str(rel), int(size), int(mtime), bool(exact), md5 if isinstance(md5, bytes) else None,  # type: ignore[call-overload]
+                 etag if isinstance(etag, str) else None, name if isinstance(name, str) else None,
+                 int(inode))  # type: ignore[call-overload]
+
+
+class SyncIndex:
+    """Source and destination entries of one sync run, in a temporary database deleted on close."""
+
+    def __init__(self, folder: Path | None = None) -> None:
+        if folder is not None:
+            folder.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix="blobsync-index-", suffix=".db", dir=folder)
+        os.close(fd)
+        self.path = Path(name)
+        self.db = sqlite3.connect(name, isolation_level=None)
+        self.db.execute("PRAGMA journal_mode=OFF")
+        self.db.execute("PRAGMA synchronous=OFF")
+        self.db.execute("PRAGMA cache_size=-16000")  # 16 MiB page cache: bounded whatever the tree size
+        for side in ("src", "dst"):
+            self.db.execute(
+                f"create table {side} (rel text primary key, size int, mtime_ns int, exact int, md5 blob, "
+                "etag text, name text, inode int) without rowid"
+            )
+        self.db.execute("create table todo (rel text primary key, reason text) without rowid")
+
+    def add(self, side: str, entries: Iterable[Entry]) -> int:
+        """Insert entries of one side ('src' or 'dst') in batches; returns how many."""
+        assert side in ("src", "dst")
+        count = 0
+        batch: list[tuple[object, ...]] = []
+        for entry in entries:
+            batch.append(_row(entry))
+            if len(batch) >= _BATCH:
+                count += self._insert(side, batch)
+                batch = []
+        return count + self._insert(side, batch)
+
+    def _insert(self, side: str, rows: list[tuple[object, ...]]) -> int:
+        if rows:
+            self.db.execute("begin")
+            self.db.executemany(f"insert or replace into {side} values (?, ?, ?, ?, ?, ?, ?, ?)", rows)
+            self.db.execute("commit")
+        return len(rows)
+
+    def pairs(self) -> Iterator[tuple[Entry, Entry | None]]:
+        """Every source entry with the destination entry of the same path, if any, in path order."""
+        cur = self.db.execute("select s.*, d.* from src s left join dst d on d.rel = s.rel order by s.rel")
+        for row in cur:
+            src = _entry(row)
+            assert src is not None
+            yield src, _entry(row, 8)
+
+    def orphans(self) -> Iterator[Entry]:
+        """Destination entries with no source entry: the candidates for deletion, in path order."""
+        cur = self.db.execute("select d.* from dst d where not exists (select 1 from src s where s.rel = d.rel) "
+                              "order by d.rel")
+        for row in cur:
+            entry = _entry(row)
+            assert entry is not None
+            yield entry
+
+    def mark(self, decisions: Iterable[tuple[str, str]]) -> int:
+        """Remember (rel, reason) of each source entry to transfer."""
+        count = 0
+        batch: list[tuple[str, str]] = []
+        for item in decisions:
+            batch.append(item)
+            if len(batch) >= _BATCH:
+                count += self._insert_todo(batch)
+                batch = []
+        return count + self._insert_todo(batch)
+
+    def _insert_todo(self, rows: list[tuple[str, str]]) -> int:
+        if rows:
+            self.db.execute("begin")
+            self.db.executemany("insert or replace into todo values (?, ?)", rows)
+            self.db.execute("commit")
+        return len(rows)
+
+    def todo(self) -> Iterator[tuple[Entry, str]]:
+        """The marked source entries with their reasons, in path order."""
+        for row in self.db.execute("select s.*, t.reason from todo t join src s on s.rel = t.rel order by s.rel"):
+            entry = _entry(row)
+            assert entry is not None
+            yield entry, str(row[8])
+
+    def count(self, side: str) -> int:
+        assert side in ("src", "dst", "todo")
+        return int(self.db.execute(f"select count(*) from {side}").fetchone()[0])
+
+    def close(self) -> None:
+        self.db.close()
+        self.path.unlink(missing_ok=True)

@@ -1,0 +1,1 @@
+"""Sync: enumerate both sides, filter, compare, and decide what to transfer or delete."""

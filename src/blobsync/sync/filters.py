@@ -1,0 +1,123 @@
+"""AzCopy-style filters: name globs, relative-path prefixes, regexes and time windows; excludes win."""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from blobsync.errors import UsageError
+
+
+def _split(text: str | None) -> tuple[str, ...]:
+    return tuple(p.strip() for p in (text or "").split(";") if p.strip())
+
+
+def _glob(pattern: str, flag: str) -> re.Pattern[str]:
+    if "/" in pattern:
+        raise UsageError(f"invalid {flag} {pattern!r}: patterns match file names, which have no '/' "
+                         f"(use --{'include' if 'include' in flag else 'exclude'}-path or -regex for paths)")
+    return re.compile(fnmatch.translate(pattern), re.S)
+
+
+def _regex(pattern: str, flag: str) -> re.Pattern[str]:
+    try:
+        return re.compile(pattern)
+    except re.error as exc:
+        raise UsageError(f"invalid {flag} {pattern!r}: {exc}") from exc
+
+
+def _prefix(path: str, flag: str) -> str:
+    path = path.replace("\\", "/").strip("/")
+    if not path or any(part in ("", ".", "..") for part in path.split("/")):
+        raise UsageError(f"invalid {flag} {path!r}: a path relative to the source, without '.' or '..' segments")
+    return path
+
+
+def parse_time(text: str, flag: str) -> float:
+    """An ISO 8601 date or date-time (UTC unless it says otherwise) as a POSIX timestamp."""
+    try:
+        when = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise UsageError(f"invalid {flag} {text!r}: use ISO 8601, e.g. 2026-11-30 or 2026-11-30T12:00:00Z") from exc
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return when.timestamp()
+
+
+def _under(rel: str, prefix: str) -> bool:
+    return rel == prefix or rel.startswith(prefix + "/")
+
+
+@dataclass(frozen=True)
+class Filters:
+    """Which relative paths take part in a transfer. Build with `Filters.parse(...)` (validates everything)."""
+
+    include_patterns: tuple[re.Pattern[str], ...] = ()
+    exclude_patterns: tuple[re.Pattern[str], ...] = ()
+    include_paths: tuple[str, ...] = ()
+    exclude_paths: tuple[str, ...] = ()
+    include_regexes: tuple[re.Pattern[str], ...] = ()
+    exclude_regexes: tuple[re.Pattern[str], ...] = ()
+    include_after: float | None = None
+    include_before: float | None = None
+    text: dict[str, str] = field(default_factory=dict, compare=False)  # the options as given, for the journal
+
+    @classmethod
+    def parse(
+        cls,
+        *,
+        include_pattern: str | None = None,
+        exclude_pattern: str | None = None,
+        include_path: str | None = None,
+        exclude_path: str | None = None,
+        include_regex: str | None = None,
+        exclude_regex: str | None = None,
+        include_after: str | None = None,
+        include_before: str | None = None,
+    ) -> Filters:
+        given = {k: v for k, v in locals().items() if k != "cls" and v}
+        after = parse_time(include_after, "--include-after") if include_after else None
+        before = parse_time(include_before, "--include-before") if include_before else None
+        if after is not None and before is not None and after >= before:
+            raise UsageError("--include-after must be earlier than --include-before")
+        return cls(
+            tuple(_glob(p, "--include-pattern") for p in _split(include_pattern)),
+            tuple(_glob(p, "--exclude-pattern") for p in _split(exclude_pattern)),
+            tuple(_prefix(p, "--include-path") for p in _split(include_path)),
+            tuple(_prefix(p, "--exclude-path") for p in _split(exclude_path)),
+            tuple(_regex(p, "--include-regex") for p in _split(include_regex)),
+            tuple(_regex(p, "--exclude-regex") for p in _split(exclude_regex)),
+            after,
+            before,
+            given,
+        )
+
+    @property
+    def active(self) -> bool:
+        return bool(self.include_patterns or self.exclude_patterns or self.include_paths or self.exclude_paths
+                    or self.include_regexes or self.exclude_regexes or self.include_after is not None
+                    or self.include_before is not None)
+
+    def matches(self, rel: str, mtime: float | None = None) -> bool:
+        """True when `rel` (a '/'-separated relative path) takes part; excludes win over includes."""
+        name = rel.rsplit("/", 1)[-1]
+        if any(p.match(name) for p in self.exclude_patterns):
+            return False
+        if any(_under(rel, p) for p in self.exclude_paths):
+            return False
+        if any(r.search(rel) for r in self.exclude_regexes):
+            return False
+        if self.include_patterns and not any(p.match(name) for p in self.include_patterns):
+            return False
+        if self.include_paths and not any(_under(rel, p) for p in self.include_paths):
+            return False
+        if self.include_regexes and not any(r.search(rel) for r in self.include_regexes):
+            return False
+        if mtime is not None:
+            if self.include_after is not None and mtime < self.include_after:
+                return False
+            if self.include_before is not None and mtime >= self.include_before:
+                return False
+        return True

@@ -1,0 +1,352 @@
+"""A sync run: enumerate both sides into the index, decide, transfer through the engine, then delete safely."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from enum import Enum
+from pathlib import Path
+
+from blobsync.backends.base import BlobProperties, ContainerStore
+from blobsync.config import TransferConfig
+from blobsync.engine.context import EngineContext, Progress
+from blobsync.engine.download import FileDownloader
+from blobsync.engine.retry import Retrier
+from blobsync.engine.runner import JobRunner, WorkItem
+from blobsync.engine.upload import MTIME_KEY, FileUploader, format_mtime, parse_mtime
+from blobsync.errors import ExitCode, UnsafeNameError, UsageError
+from blobsync.journal import Journal
+from blobsync.journal.index import Entry, SyncIndex
+from blobsync.local.files import SkippedEntry, SourceFile, walk
+from blobsync.local.target import safe_join
+from blobsync.location import BlobLocation
+from blobsync.report import FileResult, FileStatus, Report
+from blobsync.sync.compare import CompareMode, decide
+from blobsync.sync.filters import Filters
+
+log = logging.getLogger("blobsync")
+
+
+class DeleteMode(Enum):
+    FALSE = "false"
+    TRUE = "true"
+    PROMPT = "prompt"
+
+    @classmethod
+    def parse(cls, text: str) -> DeleteMode:
+        for member in cls:
+            if member.value == text.lower():
+                return member
+        raise UsageError(f"invalid --delete-destination {text!r}: use true, false or prompt")
+
+
+def parse_max_delete(text: str | None) -> tuple[int | None, float | None]:
+    """'--max-delete 100' or '--max-delete 5%' as (count, percent)."""
+    if not text:
+        return None, None
+    try:
+        if text.endswith("%"):
+            pct = float(text[:-1])
+            if not 0 <= pct <= 100:
+                raise ValueError
+            return None, pct
+        count = int(text)
+        if count < 0:
+            raise ValueError
+        return count, None
+    except ValueError as exc:
+        raise UsageError(f"invalid --max-delete {text!r}: a count (e.g. 100) or a percentage (e.g. 5%)") from exc
+
+
+@dataclass(frozen=True)
+class Action:
+    """One thing a sync does (or, in a dry run, would do), with its reason."""
+
+    kind: str  # upload | download | delete
+    path: str  # relative path
+    reason: str
+    size: int = 0
+
+
+@dataclass(frozen=True)
+class SyncSpec:
+    local: Path
+    remote: BlobLocation
+    upload: bool  # True: local -> remote
+    config: TransferConfig
+    filters: Filters = field(default_factory=Filters)
+    compare: CompareMode = CompareMode.SIZE_AND_MTIME
+    delete: DeleteMode = DeleteMode.FALSE
+    max_delete: str | None = None
+    dry_run: bool = False
+
+
+def _remote_entry(prefix: str, props: BlobProperties) -> Entry:
+    stored = props.metadata.get(MTIME_KEY)
+    mtime = parse_mtime(stored) if stored else None
+    exact = mtime is not None
+    if mtime is None:
+        mtime = int(props.last_modified.timestamp()) * 1_000_000_000
+    return Entry(props.name[len(prefix):], props.size, mtime, exact, props.content_md5, props.etag, props.name)
+
+
+def _as_properties(entry: Entry) -> BlobProperties:
+    """Enough of a blob's properties for the downloader, rebuilt from the listing entry."""
+    metadata = {MTIME_KEY: format_mtime(entry.mtime_ns)} if entry.exact_mtime else {}
+    return BlobProperties(entry.name or entry.rel, entry.size, entry.etag or "",
+                          datetime.fromtimestamp(entry.mtime_ns / 1e9, UTC), entry.md5, None, metadata)
+
+
+class SyncJob:
+    """One sync run. `on_action` sees every decision (dry runs print them); `confirm` answers --delete prompt."""
+
+    def __init__(self, spec: SyncSpec, store: ContainerStore, journal: Journal, *,
+                 progress: Progress | None = None,
+                 on_action: Callable[[Action], None] | None = None,
+                 confirm: Callable[[int], bool] | None = None) -> None:
+        self.spec = spec
+        self.store = store
+        self.journal = journal
+        kind = "sync-up" if spec.upload else "sync-down"
+        config = spec.config if spec.upload else replace(spec.config, preserve_last_modified_time=True)
+        self.config = config
+        self.runner = JobRunner(kind, store, journal, config, progress, None)
+        self.on_action = on_action or (lambda action: None)
+        self.confirm = confirm
+        self.complete = True  # both sides enumerated without error
+        self.problems: list[FileResult] = []
+
+    @property
+    def _prefix(self) -> str:
+        path = self.spec.remote.path
+        return path if not path or path.endswith("/") else path + "/"
+
+    # --- enumeration ----------------------------------------------------------------------------------
+
+    def _local_entries(self) -> Iterator[Entry]:
+        spec = self.spec
+        if not spec.local.exists():
+            if spec.upload:
+                raise UsageError(f"source folder {str(spec.local)!r} does not exist")
+            return
+        if not spec.local.is_dir():
+            raise UsageError(f"{str(spec.local)!r} is not a folder: sync works on folders (use cp for one file)")
+        for item in walk(spec.local, follow_symlinks=self.config.follow_symlinks):
+            if isinstance(item, SkippedEntry):
+                symlink = item.reason.startswith("symbolic link")
+                if not spec.filters.matches(item.rel):
+                    continue
+                if not symlink:
+                    self.complete = False  # an unreadable folder: its files may exist; never delete for them
+                self.problems.append(FileResult(item.rel, "", 0, FileStatus.SKIPPED if symlink else FileStatus.FAILED,
+                                                reason=item.reason,
+                                                exit_code=ExitCode.OK if symlink else ExitCode.PARTIAL))
+                continue
+            f: SourceFile = item
+            if spec.filters.matches(f.rel, f.identity.mtime_ns / 1e9):
+                yield Entry(f.rel, f.identity.size, f.identity.mtime_ns, True, inode=f.identity.inode)
+
+    async def _remote_entries(self) -> list[Entry]:
+        prefix = self._prefix
+        filters = self.spec.filters
+
+        async def listing() -> list[Entry]:
+            out = []
+            async for props in self.store.list_blobs(prefix):
+                if props.name.endswith("/"):
+                    continue  # folder markers of hierarchical tools
+                entry = _remote_entry(prefix, props)
+                if filters.matches(entry.rel, entry.mtime_ns / 1e9):
+                    out.append(entry)
+            return out
+
+        # One page at a time would be lighter; a failed listing must stop the sync anyway (no deletes).
+        return await Retrier(self.runner.retry_policy()).call(listing)
+
+    # --- the run --------------------------------------------------------------------------------------------
+
+    async def run(self) -> Report:
+        index = SyncIndex(self.journal.path.parent)
+        try:
+            return await self._run(index)
+        finally:
+            index.close()
+
+    async def _run(self, index: SyncIndex) -> Report:
+        spec = self.spec
+        local_side, remote_side = ("src", "dst") if spec.upload else ("dst", "src")
+        if spec.upload and self.config.create_container and not spec.dry_run:
+            await Retrier(self.runner.retry_policy()).call(self.store.create_container)
+        index.add(local_side, self._local_entries())
+        index.add(remote_side, await self._remote_entries())
+        source = str(spec.local) if spec.upload else spec.remote.display
+        dest = spec.remote.display if spec.upload else str(spec.local)
+        report = Report("-", source, dest, kind="upload" if spec.upload else "download")
+        for problem in self.problems:
+            report.add(problem)
+
+        ctx = self.runner.new_context()
+        try:
+            todo = index.mark(await self._decisions(index, ctx))
+        except BaseException:
+            ctx.io_pool.shutdown(wait=False)
+            ctx.hash_pool.shutdown(wait=False)
+            raise
+        report.files_in_sync = index.count("src") - todo
+        orphans = spec.delete is not DeleteMode.FALSE and next(index.orphans(), None) is not None
+        if not spec.dry_run and (todo or orphans):
+            # A job (and its journal rows) only when there is something to do: a no-op sync writes nothing.
+            report.job_id = self.runner.open_job(source, dest).id
+        elif not spec.dry_run:
+            ctx.io_pool.shutdown(wait=False)
+            ctx.hash_pool.shutdown(wait=False)
+            return report
+        verb = "upload" if spec.upload else "download"
+        if spec.dry_run:
+            report.job_id = "dry-run"
+            for entry, reason in index.todo():
+                self.on_action(Action(verb, entry.rel, reason, entry.size))
+                report.add(FileResult(entry.rel, entry.name or entry.rel, entry.size, FileStatus.TRANSFERRED,
+                                      reason=f"would {verb}: {reason}"))
+            await self._deletes(index, report, ctx, dry_run=True)
+            ctx.io_pool.shutdown(wait=False)
+            ctx.hash_pool.shutdown(wait=False)
+            return report
+
+        items = list(self._work(index, ctx, report))
+        await self.runner.run(ctx, report, items)
+        await self._deletes(index, report, None, dry_run=False)
+        return report
+
+    async def _decisions(self, index: SyncIndex, ctx: EngineContext) -> list[tuple[str, str]]:
+        mode = self.spec.compare
+        out: list[tuple[str, str]] = []
+        for src, dst in index.pairs():
+            src_md5 = None
+            if mode is CompareMode.MD5 and dst is not None and src.size == dst.size:
+                if self.spec.upload:
+                    src_md5 = await self._local_md5(src, ctx)
+                else:  # the local file is the destination: its MD5 stands in for the missing stored one
+                    dst = replace(dst, md5=await self._local_md5(dst, ctx))
+                    src_md5 = src.md5
+            decision = decide(src, dst, mode, src_md5)
+            if decision.transfer:
+                out.append((src.rel, decision.reason))
+        return out
+
+    async def _local_md5(self, entry: Entry, ctx: EngineContext) -> bytes | None:
+        path = self.spec.local / entry.rel
+        cached = self.journal.cached_md5(str(path), entry.size, entry.mtime_ns, entry.inode)
+        if cached is not None:
+            return cached
+        loop = asyncio.get_running_loop()
+        try:
+            digest = await loop.run_in_executor(ctx.io_pool, _md5_file, path)
+        except OSError as exc:
+            log.warning("%s: cannot hash: %s", entry.rel, exc.strerror or exc)
+            return None
+        self.journal.cache_md5(str(path), entry.size, entry.mtime_ns, entry.inode, digest)
+        return digest
+
+    def _work(self, index: SyncIndex, ctx: EngineContext, report: Report) -> Iterator[WorkItem]:
+        spec = self.spec
+        assert self.runner.job is not None
+        todo = list(index.todo())
+        prefix = self._prefix
+        rows = self.journal.add_files(
+            self.runner.job.id,
+            ((e.rel, prefix + e.rel if spec.upload else e.name or e.rel, e.size, e.mtime_ns, e.inode) for e, _ in todo),
+        )
+        if spec.upload:
+            uploader = FileUploader(ctx)
+            for entry, reason in todo:
+                self.on_action(Action("upload", entry.rel, reason, entry.size))
+                yield WorkItem(rows[entry.rel], entry.size,
+                               functools.partial(uploader.upload, rows[entry.rel], spec.local / entry.rel))
+            return
+        downloader = FileDownloader(ctx)
+        for entry, reason in todo:
+            row = rows[entry.rel]
+            try:
+                target = safe_join(spec.local, entry.rel)
+            except UnsafeNameError as exc:
+                self.journal.finish_file(row.id, "failed", error=str(exc))
+                report.add(FileResult(entry.rel, entry.name or entry.rel, entry.size, FileStatus.FAILED,
+                                      reason=str(exc), exit_code=ExitCode.PARTIAL))
+                continue
+            self.on_action(Action("download", entry.rel, reason, entry.size))
+            yield WorkItem(row, entry.size, functools.partial(downloader.download, row, _as_properties(entry), target))
+
+    # --- deletes ------------------------------------------------------------------------------------------
+
+    async def _deletes(self, index: SyncIndex, report: Report, ctx: EngineContext | None, *, dry_run: bool) -> None:
+        spec = self.spec
+        if spec.delete is DeleteMode.FALSE:
+            return
+        candidates = list(index.orphans())  # only paths the filters admitted were indexed
+        if not candidates:
+            return
+        refuse = None
+        if not self.complete:
+            refuse = "the source could not be enumerated completely (see the failures above)"
+        elif report.files_failed:
+            refuse = "some transfers failed"
+        elif index.count("src") == 0:
+            refuse = "the source is empty; refusing to delete everything at the destination"
+        else:
+            count, pct = parse_max_delete(spec.max_delete)
+            total = index.count("dst")
+            if count is not None and len(candidates) > count:
+                refuse = f"{len(candidates)} deletions exceed --max-delete {count}"
+            elif pct is not None and len(candidates) > total * pct / 100:
+                refuse = f"{len(candidates)} of {total} would be deleted, over --max-delete {spec.max_delete}"
+        if refuse:
+            report.deletes_refused = f"deleted nothing: {refuse} ({len(candidates)} candidates)"
+            log.warning("%s", report.deletes_refused)
+            return
+        if dry_run:
+            for entry in candidates:
+                self.on_action(Action("delete", entry.rel, "not in source", entry.size))
+            return
+        if spec.delete is DeleteMode.PROMPT and (self.confirm is None or not self.confirm(len(candidates))):
+            report.deletes_refused = f"deleted nothing: not confirmed ({len(candidates)} candidates)"
+            return
+        await self._delete_all(candidates, report)
+
+    async def _delete_all(self, candidates: list[Entry], report: Report) -> None:
+        spec = self.spec
+        assert self.runner.job is not None
+        rows = self.journal.add_files(self.runner.job.id, (
+            (f"delete:{e.rel}", e.name or e.rel, e.size, e.mtime_ns, e.inode) for e in candidates))
+        retrier = Retrier(self.runner.retry_policy())
+        limit = asyncio.Semaphore(self.config.concurrency)
+
+        async def delete(entry: Entry) -> None:
+            async with limit:
+                self.on_action(Action("delete", entry.rel, "not in source", entry.size))
+                if spec.upload:
+                    name = entry.name or self._prefix + entry.rel
+                    await retrier.call(lambda: self.store.delete_blob(name, entry.etag))
+                else:
+                    safe_join(spec.local, entry.rel).unlink(missing_ok=True)
+                self.journal.finish_file(rows[f"delete:{entry.rel}"].id, "deleted")
+                report.files_deleted += 1
+
+        await asyncio.gather(*(delete(e) for e in candidates))
+        self.journal.flush()
+
+
+def _md5_file(path: Path) -> bytes:
+    digest = hashlib.md5()
+    with open(path, "rb", buffering=0) as f:
+        while chunk := f.read(8 * 1024 * 1024):
+            digest.update(chunk)
+    return digest.digest()
+
+
+__all__ = ["Action", "CompareMode", "DeleteMode", "SyncJob", "SyncSpec", "parse_max_delete"]
