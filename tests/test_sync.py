@@ -1,0 +1,189 @@
+"""Sync against Azurite, counting requests through the proxy: filters, no-op re-syncs, deletes, both directions."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from conftest import ContainerHandle
+from support.cli import random_file, run
+from support.proxy import FaultProxy, Rule, respond
+
+INCLUDE = "*.pt;*.h5;*.joblib"
+EXCLUDE = "temp_*"
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    files = {
+        "model.pt": 3000, "weights.h5": 10, "clf.joblib": 7, "temp_model.pt": 5, "notes.txt": 4,
+        "sub/deep.pt": 2000, "sub/temp_x.h5": 1, "sub/readme.md": 3, "sub dir/naïve.pt": 9,
+    }
+    return {rel: random_file(root / rel, size, seed=i) for i, (rel, size) in enumerate(files.items())}
+
+
+def _sync(src: str, dest: str, tmp_path: Path, *extra: str) -> tuple[int, str, str]:
+    done = run(["sync", src, dest, "--journal", str(tmp_path / "j.db"), "--quiet", *extra])
+    assert "Traceback" not in done.stderr
+    return done.returncode, done.stdout, done.stderr
+
+
+def _filtered(*extra: str) -> list[str]:
+    return ["--include-pattern", INCLUDE, "--exclude-pattern", EXCLUDE, *extra]
+
+
+def test_filtered_sync_then_noop_then_one_change(container: ContainerHandle, proxy: FaultProxy,
+                                                  tmp_path: Path) -> None:
+    src = tmp_path / "models"
+    data = _tree(src)
+    url = f"{proxy.endpoint()}/{container.name}/run7"
+    code, out, err = _sync(str(src), url, tmp_path, *_filtered())
+    assert code == 0, err
+    expected = {"model.pt", "weights.h5", "clf.joblib", "sub/deep.pt", "sub dir/naïve.pt"}
+    assert container.blob_names() == sorted(f"run7/{rel}" for rel in expected)
+    for rel in expected:
+        assert container.download(f"run7/{rel}") == data[rel]
+
+    proxy.reset_stats()
+    code, out, _ = _sync(str(src), url, tmp_path, *_filtered())
+    assert code == 0 and "Nothing to do: 5 file(s) already in sync" in out
+    writes = {op: n for op, n in proxy.stats.requests.items() if op != "list_blobs"}
+    assert writes == {}, writes  # no PUT, no per-blob HEAD: one listing only
+
+    (src / "sub" / "deep.pt").write_bytes(b"new content")
+    proxy.reset_stats()
+    code, out, _ = _sync(str(src), url, tmp_path, *_filtered())
+    assert code == 0
+    assert [e.blob for e in proxy.log if e.op in ("put_blob", "put_block")] == ["run7/sub/deep.pt"]
+    assert container.download("run7/sub/deep.pt") == b"new content"
+
+
+def test_same_size_same_mtime_change_needs_compare_hash(container: ContainerHandle, proxy: FaultProxy,
+                                                         tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    random_file(src / "a.bin", 5000, seed=1)
+    url = f"{proxy.endpoint()}/{container.name}"
+    assert _sync(str(src), url, tmp_path)[0] == 0
+    before = os.stat(src / "a.bin")
+    changed = random_file(src / "a.bin", 5000, seed=2)
+    os.utime(src / "a.bin", ns=(before.st_atime_ns, before.st_mtime_ns))
+    proxy.reset_stats()
+    assert "Nothing to do" in _sync(str(src), url, tmp_path)[1]  # size+mtime cannot see it
+    code, _, _ = _sync(str(src), url, tmp_path, "--compare-hash", "md5")
+    assert code == 0 and proxy.stats.requests["put_blob"] == 1
+    assert container.download("a.bin") == changed
+    proxy.reset_stats()
+    assert "Nothing to do" in _sync(str(src), url, tmp_path, "--compare-hash", "md5")[1]
+    assert proxy.stats.requests["put_blob"] == 0
+
+
+def test_delete_destination_spares_filtered_out_blobs(container: ContainerHandle, tmp_path: Path) -> None:
+    src = tmp_path / "models"
+    _tree(src)
+    url = f"{container.url}/run7"
+    assert _sync(str(src), url, tmp_path, *_filtered())[0] == 0
+    container.client.upload_blob("run7/temp_other.pt", b"excluded by pattern")
+    container.client.upload_blob("run7/report.txt", b"not included")
+    (src / "model.pt").unlink()
+    code, out, err = _sync(str(src), url, tmp_path, *_filtered("--delete-destination", "true"))
+    assert code == 0, err
+    assert "1 deleted" in out
+    names = container.blob_names()
+    assert "run7/model.pt" not in names
+    assert {"run7/temp_other.pt", "run7/report.txt", "run7/weights.h5"} <= set(names)
+
+
+def test_failed_listing_deletes_nothing(container: ContainerHandle, proxy: FaultProxy, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    random_file(src / "keep.bin", 10)
+    container.client.upload_blob("orphan.bin", b"x")
+    proxy.add_rule(Rule("list_blobs", respond(500, "InternalError")))
+    code, _, err = _sync(str(src), f"{proxy.endpoint()}/{container.name}", tmp_path, "--delete-destination", "true",
+                         "--max-retries", "1")
+    assert code == 1 and "list blobs" in err
+    assert container.blob_names() == ["orphan.bin"]
+
+
+def test_empty_source_and_max_delete_refuse(container: ContainerHandle, tmp_path: Path) -> None:
+    for i in range(3):
+        container.client.upload_blob(f"f{i}.bin", b"x")
+    (tmp_path / "empty").mkdir()
+    code, out, _ = _sync(str(tmp_path / "empty"), container.url, tmp_path, "--delete-destination", "true")
+    assert code == 0 and "the source is empty" in out
+    random_file(tmp_path / "one" / "f0.bin", 1)
+    code, out, _ = _sync(str(tmp_path / "one"), container.url, tmp_path, "--delete-destination", "true",
+                         "--max-delete", "1")
+    assert "2 deletions exceed --max-delete 1" in out
+    assert len(container.blob_names()) == 3
+    code, out, _ = _sync(str(tmp_path / "one"), container.url, tmp_path, "--delete-destination", "true",
+                         "--max-delete", "70%")
+    assert code == 0 and container.blob_names() == ["f0.bin"]
+
+
+def test_failed_upload_deletes_nothing(container: ContainerHandle, proxy: FaultProxy, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    random_file(src / "new.bin", 10)
+    container.client.upload_blob("orphan.bin", b"x")
+    proxy.add_rule(Rule("put_blob", respond(400, "InvalidHeaderValue")))
+    code, out, _ = _sync(str(src), f"{proxy.endpoint()}/{container.name}", tmp_path, "--delete-destination", "true")
+    assert code == 1 and "some transfers failed" in out
+    assert container.blob_names() == ["orphan.bin"]
+
+
+def test_dry_run_changes_nothing_and_json_lines_parse(container: ContainerHandle, proxy: FaultProxy,
+                                                       tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    random_file(src / "a.pt", 10)
+    container.client.upload_blob("gone.pt", b"x")
+    url = f"{proxy.endpoint()}/{container.name}"
+    code, out, _ = _sync(str(src), url, tmp_path, "--delete-destination", "true", "--dry-run")
+    assert code == 0
+    assert "upload   a.pt  (new)" in out and "delete   gone.pt  (not in source)" in out
+    code, out, _ = _sync(str(src), url, tmp_path, "--delete-destination", "true", "--dry-run", "--output-type",
+                         "json")
+    records = [json.loads(line) for line in out.splitlines()]
+    assert {(r.get("action"), r.get("path")) for r in records if r["type"] == "action"} == {
+        ("upload", "a.pt"), ("delete", "gone.pt")}
+    assert records[-1]["type"] == "summary" and records[-1]["dry_run"] is True
+    assert container.blob_names() == ["gone.pt"]
+    assert all(e.op == "list_blobs" for e in proxy.log)
+
+
+def test_blob_to_local_with_filters_and_noop(container: ContainerHandle, proxy: FaultProxy, tmp_path: Path) -> None:
+    data = _tree(tmp_path / "up")
+    assert _sync(str(tmp_path / "up"), container.url, tmp_path)[0] == 0
+    url = f"{proxy.endpoint()}/{container.name}"
+    dest = tmp_path / "down"
+    code, _, err = _sync(url, str(dest), tmp_path, *_filtered())
+    assert code == 0, err
+    got = {str(p.relative_to(dest)): p.read_bytes() for p in dest.rglob("*") if p.is_file()}
+    assert got == {rel: data[rel] for rel in ("model.pt", "weights.h5", "clf.joblib", "sub/deep.pt",
+                                               "sub dir/naïve.pt")}
+    proxy.reset_stats()
+    code, out, _ = _sync(url, str(dest), tmp_path, *_filtered())
+    assert code == 0 and "Nothing to do" in out and proxy.stats.requests["get_blob"] == 0
+
+
+@pytest.mark.parametrize(("flags", "fragment"), [
+    (["--include-regex", "("], "invalid --include-regex"),
+    (["--include-pattern", "a/b*"], "patterns match file names"),
+    (["--include-after", "yesterday"], "invalid --include-after"),
+    (["--exclude-path", "../x"], "invalid --exclude-path"),
+    (["--delete-destination", "true", "--max-delete", "lots"], "invalid --max-delete"),
+    (["--size-only", "--mirror-mode"], "choose one of"),
+])
+def test_invalid_options_are_usage_errors(flags: list[str], fragment: str, tmp_path: Path) -> None:
+    (tmp_path / "src").mkdir()
+    code, _, err = _sync(str(tmp_path / "src"), "http://127.0.0.1:1/devstoreaccount1/cont", tmp_path, *flags)
+    assert code == 2 and fragment in err
+
+
+def test_symlinks_are_skipped_with_a_note(container: ContainerHandle, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    random_file(src / "real.bin", 10)
+    (src / "link.bin").symlink_to(src / "real.bin")
+    code, out, _ = _sync(str(src), container.url, tmp_path)
+    assert code == 0 and "skipped link.bin: symbolic link skipped" in out
+    assert container.blob_names() == ["real.bin"]
