@@ -151,22 +151,27 @@ class SyncJob:
             if spec.filters.matches(f.rel, f.identity.mtime_ns / 1e9):
                 yield Entry(f.rel, f.identity.size, f.identity.mtime_ns, True, inode=f.identity.inode)
 
-    async def _remote_entries(self) -> list[Entry]:
+    async def _index_remote(self, index: SyncIndex, side: str) -> None:
+        """List the remote side into the index page by page (memory stays flat however many blobs)."""
         prefix = self._prefix
         filters = self.spec.filters
 
-        async def listing() -> list[Entry]:
-            out = []
+        async def listing() -> None:
+            batch: list[Entry] = []
             async for props in self.store.list_blobs(prefix):
                 if props.name.endswith("/"):
                     continue  # folder markers of hierarchical tools
                 entry = _remote_entry(prefix, props)
                 if filters.matches(entry.rel, entry.mtime_ns / 1e9):
-                    out.append(entry)
-            return out
+                    batch.append(entry)
+                if len(batch) >= 5000:
+                    index.add(side, batch)
+                    batch = []
+            index.add(side, batch)
 
-        # One page at a time would be lighter; a failed listing must stop the sync anyway (no deletes).
-        return await Retrier(self.runner.retry_policy()).call(listing)
+        # A failed page restarts the listing (rows are replaced, so that is idempotent); a listing that keeps
+        # failing stops the sync, and with it any delete.
+        await Retrier(self.runner.retry_policy()).call(listing)
 
     # --- the run --------------------------------------------------------------------------------------------
 
@@ -183,7 +188,7 @@ class SyncJob:
         if spec.upload and self.config.create_container and not spec.dry_run:
             await Retrier(self.runner.retry_policy()).call(self.store.create_container)
         index.add(local_side, self._local_entries())
-        index.add(remote_side, await self._remote_entries())
+        await self._index_remote(index, remote_side)
         source = str(spec.local) if spec.upload else spec.remote.display
         dest = spec.remote.display if spec.upload else str(spec.local)
         report = Report("-", source, dest, kind="upload" if spec.upload else "download")
@@ -192,7 +197,7 @@ class SyncJob:
 
         ctx = self.runner.new_context()
         try:
-            todo = index.mark(await self._decisions(index, ctx))
+            todo = await self._decisions(index, ctx)
         except BaseException:
             ctx.io_pool.shutdown(wait=False)
             ctx.hash_pool.shutdown(wait=False)
@@ -223,9 +228,11 @@ class SyncJob:
         await self._deletes(index, report, None, dry_run=False)
         return report
 
-    async def _decisions(self, index: SyncIndex, ctx: EngineContext) -> list[tuple[str, str]]:
+    async def _decisions(self, index: SyncIndex, ctx: EngineContext) -> int:
+        """Compare every source entry with its destination; mark the ones to transfer. Returns how many."""
         mode = self.spec.compare
-        out: list[tuple[str, str]] = []
+        marked = 0
+        batch: list[tuple[str, str]] = []
         for src, dst in index.pairs():
             src_md5 = None
             if mode is CompareMode.MD5 and dst is not None and src.size == dst.size:
@@ -236,8 +243,11 @@ class SyncJob:
                     src_md5 = src.md5
             decision = decide(src, dst, mode, src_md5)
             if decision.transfer:
-                out.append((src.rel, decision.reason))
-        return out
+                batch.append((src.rel, decision.reason))
+                if len(batch) >= 5000:
+                    marked += index.mark(batch)
+                    batch = []
+        return marked + index.mark(batch)
 
     async def _local_md5(self, entry: Entry, ctx: EngineContext) -> bytes | None:
         path = self.spec.local / entry.rel
