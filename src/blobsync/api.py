@@ -164,6 +164,9 @@ async def resume_async(
         job = journal.get_job(job_id)
         if job.state == "done":
             raise UsageError(f"job {job.id} is already done")
+        if job.kind.startswith("sync"):
+            # A sync re-compares both sides on every run; its partial files resume through the same journal.
+            raise UsageError(f"job {job.id} is a sync: run the same 'blobsync sync' command again to resume it")
         config = TransferConfig.from_journal(job.options, journal_path=journal_path, **overrides)
         remote = job.source if job.kind == "download" else job.dest
         loc = parse_location(remote if not sas else f"{remote}?{sas.lstrip('?')}")
