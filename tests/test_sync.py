@@ -187,3 +187,30 @@ def test_symlinks_are_skipped_with_a_note(container: ContainerHandle, tmp_path: 
     code, out, _ = _sync(str(src), container.url, tmp_path)
     assert code == 0 and "skipped link.bin: symbolic link skipped" in out
     assert container.blob_names() == ["real.bin"]
+
+
+def test_killed_sync_resumes_at_block_level(container: ContainerHandle, proxy: FaultProxy, tmp_path: Path) -> None:
+    import signal
+
+    from support.cli import start
+
+    src = tmp_path / "models"
+    big = random_file(src / "big.pt", 16 * 1024 * 1024 - 5, seed=3)
+    small = random_file(src / "small.pt", 100, seed=4)
+    args = ["sync", str(src), f"{proxy.endpoint()}/{container.name}", "--journal", str(tmp_path / "j.db"),
+            "--block-size-mb", "1", "--concurrency", "4", "--quiet"]
+    proxy.hold_after("put_block", 6)
+    proc = start(args)
+    proxy.wait_for_held(1, timeout=60)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=30)
+    proxy.clear_rules()
+    proxy.release_holds()
+    proxy.wait_idle()
+    acked = sum(e.request_bytes for e in proxy.log if e.op == "put_block" and e.status == 201)
+    assert acked == 6 * 1024 * 1024
+    proxy.reset_stats()
+    done = run(args)
+    assert done.returncode == 0, done.stderr
+    assert proxy.stats.bytes_in["put_block"] == len(big) - acked
+    assert container.download("big.pt") == big and container.download("small.pt") == small
