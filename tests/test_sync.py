@@ -214,3 +214,53 @@ def test_killed_sync_resumes_at_block_level(container: ContainerHandle, proxy: F
     assert done.returncode == 0, done.stderr
     assert proxy.stats.bytes_in["put_block"] == len(big) - acked
     assert container.download("big.pt") == big and container.download("small.pt") == small
+
+
+def test_invalid_blob_names_are_reported_and_the_rest_continue(container: ContainerHandle, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    good = random_file(src / "ok.bin", 10)
+    random_file(src / "trailing.", 10)
+    random_file(src / "ctl\x01name", 10)
+    code, out, _ = _sync(str(src), container.url, tmp_path)
+    assert code == 1
+    assert "FAILED trailing.:" in out and "ending in '.'" in out and "control characters" in out
+    assert container.blob_names() == ["ok.bin"] and container.download("ok.bin") == good
+
+
+def test_unlistable_source_folder_stops_deletes(container: ContainerHandle, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    # Root reads every folder, so the unreadable folder is injected where the walk reports it.
+    import blobsync
+    import blobsync.syncing.job as sync_job
+    from blobsync.local.files import SkippedEntry
+
+    src = tmp_path / "src"
+    random_file(src / "keep.bin", 10)
+    container.client.upload_blob("orphan.bin", b"x")
+    real_walk = sync_job.walk
+
+    def walk_with_a_locked_folder(root: Path, **kwargs: bool):  # type: ignore[no-untyped-def]
+        yield SkippedEntry(root / "locked", "locked", "cannot list folder: Permission denied")
+        yield from real_walk(root, **kwargs)
+
+    monkeypatch.setattr(sync_job, "walk", walk_with_a_locked_folder)
+    config = blobsync.TransferConfig(journal_path=tmp_path / "j.db")
+    report = blobsync.sync(src, container.url, config, delete=blobsync.DeleteMode.TRUE, env={})
+    assert "could not be enumerated completely" in report.deletes_refused
+    assert report.files_failed == 1 and report.failures[0].rel == "locked"
+    assert container.blob_names() == ["keep.bin", "orphan.bin"]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root lists every folder whatever its mode")
+def test_unreadable_source_folder_stops_deletes(container: ContainerHandle, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    random_file(src / "keep.bin", 10)
+    random_file(src / "locked" / "x.bin", 10)
+    (src / "locked").chmod(0)
+    container.client.upload_blob("orphan.bin", b"x")
+    try:
+        code, out, _ = _sync(str(src), container.url, tmp_path, "--delete-destination", "true")
+    finally:
+        (src / "locked").chmod(0o755)
+    assert code == 1 and "could not be enumerated completely" in out
+    assert "orphan.bin" in container.blob_names()

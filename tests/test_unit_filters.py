@@ -7,7 +7,7 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from blobsync.sync.filters import Filters
+from blobsync.syncing.filters import Filters
 
 SEGMENT = st.text(alphabet="ab.", min_size=1, max_size=4).filter(lambda s: s not in (".", ".."))
 PATHS = st.lists(SEGMENT, min_size=1, max_size=3).map("/".join)

@@ -24,6 +24,9 @@ from blobsync.errors import (
     UsageError,
 )
 from blobsync.report import FileResult, FileStatus, Report
+from blobsync.syncing.compare import CompareMode
+from blobsync.syncing.filters import Filters
+from blobsync.syncing.job import Action, DeleteMode
 
 __all__ = [
     "Action",

@@ -19,9 +19,9 @@ from blobsync.errors import UsageError
 from blobsync.journal import FileRow, JobRow, Journal, default_journal_path
 from blobsync.location import BlobLocation, is_url, parse_location
 from blobsync.report import Report
-from blobsync.sync.compare import CompareMode
-from blobsync.sync.filters import Filters
-from blobsync.sync.job import Action, DeleteMode, SyncJob, SyncSpec
+from blobsync.syncing.compare import CompareMode
+from blobsync.syncing.filters import Filters
+from blobsync.syncing.job import Action, DeleteMode, SyncJob, SyncSpec
 
 
 def _journal(config: TransferConfig, env: Mapping[str, str]) -> Journal:

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
-from blobsync.errors import UsageError
+from blobsync.errors import UnsafeNameError, UsageError
 
 _CONTAINER_RE = re.compile(r"^(?:\$root|\$web|\$logs|[a-z0-9](?:[a-z0-9]|-(?=[a-z0-9])){2,62})$")
 _ACCOUNT_RE = re.compile(r"^[a-z0-9]{3,24}$|^devstoreaccount1$")
@@ -125,3 +125,15 @@ def parse_location(url: str) -> BlobLocation:
         # A query without a signature is not a SAS (e.g. a copied '?restype=container').
         raise UsageError(f"URL {shown!r} has a query string that is not a SAS token (no 'sig=')")
     return BlobLocation(scheme, netloc, account, container, path, path_style, sas)
+
+
+def check_blob_name(name: str) -> None:
+    """Refuse names Azure rejects or silently changes, with the reason (raises UnsafeNameError)."""
+    if not name or len(name) > 1024:
+        raise UnsafeNameError(f"{name[:80]!r}...: a blob name has 1 to 1,024 characters")
+    if name.count("/") >= 254:
+        raise UnsafeNameError(f"{name[:80]!r}: a blob name has at most 254 path segments")
+    if name.endswith((".", "/")):
+        raise UnsafeNameError(f"{name!r}: blob names ending in '.' or '/' are changed or refused by Azure")
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
+        raise UnsafeNameError(f"{name!r}: control characters are not valid in blob names")

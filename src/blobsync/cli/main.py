@@ -23,9 +23,9 @@ from blobsync.engine.context import Progress
 from blobsync.errors import BlobsyncError, ExitCode, UsageError
 from blobsync.redact import RedactingFilter, redact
 from blobsync.report import Report
-from blobsync.sync.compare import CompareMode
-from blobsync.sync.filters import Filters
-from blobsync.sync.job import Action, DeleteMode, parse_max_delete
+from blobsync.syncing.compare import CompareMode
+from blobsync.syncing.filters import Filters
+from blobsync.syncing.job import Action, DeleteMode, parse_max_delete
 
 F = TypeVar("F", bound=Callable[..., Any])
 

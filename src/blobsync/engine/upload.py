@@ -24,6 +24,7 @@ from blobsync.engine.plan import (
 from blobsync.errors import IntegrityError, InvalidBlockListError, ServiceError, SourceChangedError
 from blobsync.journal import FileRow
 from blobsync.local.files import FileIdentity, OpenFile
+from blobsync.location import check_blob_name
 from blobsync.report import FileResult, FileStatus
 
 MTIME_KEY = "mtime"  # same key and RFC 3339 format as rclone, so either tool reads the other's mtime
@@ -66,6 +67,7 @@ class FileUploader:
         self.ctx = ctx
 
     async def upload(self, row: FileRow, path: Path) -> FileResult:
+        check_blob_name(row.blob)
         src = OpenFile(path)
         try:
             return await self._upload(row, src)

@@ -26,8 +26,8 @@ from blobsync.local.files import SkippedEntry, SourceFile, walk
 from blobsync.local.target import safe_join
 from blobsync.location import BlobLocation
 from blobsync.report import FileResult, FileStatus, Report
-from blobsync.sync.compare import CompareMode, decide
-from blobsync.sync.filters import Filters
+from blobsync.syncing.compare import CompareMode, decide
+from blobsync.syncing.filters import Filters
 
 log = logging.getLogger("blobsync")
 
