@@ -136,7 +136,8 @@ class FileDownloader:
         ctx = self.ctx
         loop = asyncio.get_running_loop()
         ranges = list(block_ranges(props.size, block_size))
-        results: list[asyncio.Future[list[bytes] | None]] = [loop.create_future() for _ in ranges]
+        # Each range's data waits here until hashed in order, then is dropped: popping the future releases it.
+        results: dict[int, asyncio.Future[list[bytes] | None]] = {idx: loop.create_future() for idx, _, _ in ranges}
         window = asyncio.Semaphore(ctx.config.concurrency + 2)
         tasks: set[asyncio.Task[None]] = set()
         sent = 0
@@ -150,7 +151,8 @@ class FileDownloader:
                 ctx.memory.unreserve(reserved)
                 window.release()
                 # The failure itself surfaces through this task; the in-order hasher just stops.
-                results[idx].cancel()
+                if idx in results:
+                    results[idx].cancel()
                 raise
             ctx.journal.block_done(row.id, idx, length, "", durable=True)
             ctx.progress.bytes_done += length
@@ -165,12 +167,15 @@ class FileDownloader:
         async def hash_in_order() -> None:
             assert whole is not None
             for idx, offset, length in ranges:
-                chunks = await results[idx]
+                future = results[idx]
+                chunks = await future
+                del results[idx], future  # nothing else holds the data once it is hashed
                 if chunks is None:  # on disk from an earlier run
                     await loop.run_in_executor(ctx.hash_pool, part.md5_of_range, whole, offset, length)
                     continue
                 # Off the event loop: hashing 8 MiB takes ~10 ms, long enough to stall every other request.
                 await loop.run_in_executor(ctx.hash_pool, _update_all, whole, chunks)
+                del chunks
                 ctx.memory.unreserve(length)
 
         hasher = asyncio.create_task(hash_in_order()) if whole is not None else None
