@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_upload import AZURITE_BIN, DEV_KEY, Azurite, run_measured, wait_for_quiet
+from bench_upload import AZURITE_BIN, Azurite, run_measured, wait_for_quiet
 
 BLOBSYNC = Path(__file__).resolve().parents[1] / ".venv" / "bin" / "blobsync"
 
@@ -30,15 +30,14 @@ def make_tree(root: Path, files: int) -> None:
 
 def rclone_config(path: Path, endpoint: str) -> None:
     # Debian's rclone 1.60 reaches Azurite only with use_emulator AND the endpoint (either alone fails).
-    path.write_text(f"[az]\ntype = azureblob\nuse_emulator = true\nendpoint = {endpoint}\n"
-                    f"account = devstoreaccount1\nkey = {DEV_KEY}\n")
+    path.write_text(f"[az]\ntype = azureblob\nuse_emulator = true\nendpoint = {endpoint}\n")
 
 
 def commands(tool: str, tree: Path, az: Azurite, tmp: Path) -> list[str]:
     if tool == "blobsync":
-        return [str(BLOBSYNC), "sync", str(tree), f"{az.blob_endpoint}/bs", "--quiet", "--create-container",
+        return [str(BLOBSYNC), "sync", str(tree), f"{az.blob_endpoint}/blobsync-dst", "--quiet", "--create-container",
                 "--journal", str(tmp / "j.db")]
-    return ["rclone", "--config", str(tmp / "rclone.conf"), "sync", str(tree), "az:rc", "--transfers", "16",
+    return [shutil.which("rclone") or "rclone", "--config", str(tmp / "rclone.conf"), "sync", str(tree), "az:rclone-dst", "--transfers", "16",
             "--checkers", "16", "--retries", "1", "--low-level-retries", "1"]
 
 
@@ -60,7 +59,9 @@ def main() -> int:
         try:
             rclone_config(tmp / "rclone.conf", az.blob_endpoint)
             env = {**os.environ, "AZURE_STORAGE_CONNECTION_STRING": az.connection_string}
-            subprocess.run(["rclone", "--config", str(tmp / "rclone.conf"), "mkdir", "az:rc"], check=True, env=env)
+            rclone = shutil.which("rclone") or "rclone"
+            subprocess.run([rclone, "--config", str(tmp / "rclone.conf"), "mkdir", "az:rclone-dst"], check=True,
+                           env=env)
             for tool in results:  # seed: each tool writes its own destination once
                 seeded = run_measured(commands(tool, tree, az, tmp), env, tmp, tmp / f"seed-{tool}.log", 900)
                 if seeded.returncode != 0:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import calendar
 import hashlib
 import mimetypes
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 
 from blobsync.backends.base import BlobHeaders, BlobProperties, BlockList, BlockState, Conditions
@@ -36,14 +36,18 @@ def format_mtime(mtime_ns: int) -> str:
 
 
 def parse_mtime(text: str) -> int | None:
-    """Nanoseconds since the epoch from an RFC 3339 time (as written by blobsync or rclone)."""
+    """Nanoseconds since the epoch from an RFC 3339 UTC time (as written by blobsync or rclone)."""
+    # Parsed by hand: a sync compares one per blob, and strptime costs ~20 µs each.
+    head, _, frac = text.rstrip("Z").partition(".")
+    if len(head) != 19 or head[4] != "-" or head[7] != "-" or head[10] != "T" or head[13] != ":" \
+            or head[16] != ":" or (not frac.isdigit() and frac):
+        return None
     try:
-        head, _, frac = text.rstrip("Z").partition(".")
-        seconds = int(datetime.strptime(head, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC).timestamp())
-        nanos = int((frac + "000000000")[:9]) if frac else 0
-        return seconds * 1_000_000_000 + nanos
+        seconds = calendar.timegm((int(head[0:4]), int(head[5:7]), int(head[8:10]), int(head[11:13]),
+                                   int(head[14:16]), int(head[17:19]), 0, 0, 0))
     except ValueError:
         return None
+    return seconds * 1_000_000_000 + (int((frac + "000000000")[:9]) if frac else 0)
 
 
 def destination_mtime_ns(props: BlobProperties) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import functools
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -94,7 +95,7 @@ class Filters:
             given,
         )
 
-    @property
+    @functools.cached_property
     def active(self) -> bool:
         return bool(self.include_patterns or self.exclude_patterns or self.include_paths or self.exclude_paths
                     or self.include_regexes or self.exclude_regexes or self.include_after is not None
@@ -102,6 +103,8 @@ class Filters:
 
     def matches(self, rel: str, mtime: float | None = None) -> bool:
         """True when `rel` (a '/'-separated relative path) takes part; excludes win over includes."""
+        if not self.active:
+            return True
         name = rel.rsplit("/", 1)[-1]
         if any(p.match(name) for p in self.exclude_patterns):
             return False

@@ -6,6 +6,7 @@ import asyncio
 import functools
 import hashlib
 import logging
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -151,6 +152,40 @@ class SyncJob:
             if spec.filters.matches(f.rel, f.identity.mtime_ns / 1e9):
                 yield Entry(f.rel, f.identity.size, f.identity.mtime_ns, True, inode=f.identity.inode)
 
+    async def _index_local(self, index: SyncIndex, side: str) -> None:
+        """Walk the local tree in a worker thread; insert its batches here, on the loop's thread."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[list[Entry] | None] = asyncio.Queue()
+        stop = threading.Event()
+        slots = threading.Semaphore(4)  # batches in hand at once: memory stays bounded on huge trees
+
+        def produce() -> None:
+            try:
+                batch: list[Entry] = []
+                for entry in self._local_entries():
+                    batch.append(entry)
+                    if len(batch) >= 5000:
+                        slots.acquire()
+                        if stop.is_set():
+                            return
+                        loop.call_soon_threadsafe(queue.put_nowait, batch)
+                        batch = []
+                loop.call_soon_threadsafe(queue.put_nowait, batch)
+            finally:
+                loop.call_soon_threadsafe(queue.put_nowait, None)
+
+        walking = loop.run_in_executor(None, produce)
+        try:
+            while (batch := await queue.get()) is not None:
+                index.add(side, batch)
+                slots.release()
+        finally:
+            stop.set()
+            for _ in range(4):
+                slots.release()
+            await asyncio.wait([walking])
+        walking.result()  # the walk's own errors (a missing source folder) surface here
+
     async def _index_remote(self, index: SyncIndex, side: str) -> None:
         """List the remote side into the index page by page (memory stays flat however many blobs)."""
         prefix = self._prefix
@@ -187,8 +222,14 @@ class SyncJob:
         local_side, remote_side = ("src", "dst") if spec.upload else ("dst", "src")
         if spec.upload and self.config.create_container and not spec.dry_run:
             await Retrier(self.runner.retry_policy()).call(self.store.create_container)
-        index.add(local_side, self._local_entries())
-        await self._index_remote(index, remote_side)
+        # The local walk runs in a thread while the listing waits on the service: neither waits for the other.
+        local = asyncio.create_task(self._index_local(index, local_side))
+        try:
+            await self._index_remote(index, remote_side)
+        finally:
+            if not local.done():
+                await asyncio.wait([local])
+        local.result()
         source = str(spec.local) if spec.upload else spec.remote.display
         dest = spec.remote.display if spec.upload else str(spec.local)
         report = Report("-", source, dest, kind="upload" if spec.upload else "download")
