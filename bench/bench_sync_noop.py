@@ -37,7 +37,8 @@ def commands(tool: str, tree: Path, az: Azurite, tmp: Path) -> list[str]:
     if tool == "blobsync":
         return [str(BLOBSYNC), "sync", str(tree), f"{az.blob_endpoint}/blobsync-dst", "--quiet", "--create-container",
                 "--journal", str(tmp / "j.db")]
-    return [shutil.which("rclone") or "rclone", "--config", str(tmp / "rclone.conf"), "sync", str(tree), "az:rclone-dst", "--transfers", "16",
+    rclone = shutil.which("rclone") or "rclone"
+    return [rclone, "--config", str(tmp / "rclone.conf"), "sync", str(tree), "az:rclone-dst", "--transfers", "16",
             "--checkers", "16", "--retries", "1", "--low-level-retries", "1"]
 
 
