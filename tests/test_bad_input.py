@@ -16,7 +16,7 @@ from azure.storage.blob import ContainerSasPermissions, generate_container_sas
 from blobsync.config import MiB
 from conftest import ContainerHandle
 from support.azurite import Azurite
-from support.cli import random_file, run, start
+from support.cli import kill_when_held, random_file, run, start
 from support.proxy import FaultProxy
 
 
@@ -231,14 +231,8 @@ def test_resumed_job_takes_its_sas_from_the_new_run(
     url = f"{proxy.endpoint()}/{container.name}/f.bin"
     journal = str(tmp_path / "j.db")
     proxy.hold_after("put_block", 2)
-    proc = start(["cp", str(tmp_path / "f.bin"), f"{url}?{sas}", "--journal", journal, "--block-size-mb", "1",
-                  "--quiet"])
-    proxy.wait_for_held(1, timeout=60)
-    proc.send_signal(signal.SIGKILL)
-    proc.communicate(timeout=30)
-    proxy.clear_rules()
-    proxy.release_holds()
-    proxy.wait_idle()
+    kill_when_held(["cp", str(tmp_path / "f.bin"), f"{url}?{sas}", "--journal", journal, "--block-size-mb", "1",
+                    "--quiet"], proxy)
     job_id = run(["jobs", "list", "--journal", journal]).stdout.split()[0]
     # Without credentials the emulator account falls back to its well-known key; a foreign account would
     # need --sas. Here the SAS is passed explicitly and must be the one used.

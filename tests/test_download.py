@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +15,7 @@ from blobsync import CheckMd5, TransferConfig
 from blobsync.config import MiB
 from blobsync.local.target import PART_SUFFIX
 from conftest import ContainerHandle
-from support.cli import random_file, run, start
+from support.cli import kill_when_held, random_file, run
 from support.proxy import FaultProxy, Rule, reset_mid_response
 
 BLOCKS = 24
@@ -74,18 +73,6 @@ def _args(url: str, dest: Path, journal: Path, *extra: str) -> list[str]:
             "--concurrency", str(CONCURRENCY), "--quiet", *extra]
 
 
-def _kill_when_held(args: list[str], proxy: FaultProxy) -> None:
-    proc = start(args)
-    try:
-        proxy.wait_for_held(1, timeout=60)
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.communicate(timeout=30)
-    proxy.clear_rules()
-    proxy.release_holds()
-    proxy.wait_idle()
-
-
 @pytest.mark.parametrize("acked", [0, 7, BLOCKS - 3])
 def test_sigkill_then_resume_fetches_only_the_remainder(
     acked: int, container: ContainerHandle, proxy: FaultProxy, tmp_path: Path
@@ -95,7 +82,7 @@ def test_sigkill_then_resume_fetches_only_the_remainder(
     dest = tmp_path / "out" / "model.bin"
     args = _args(f"{proxy.endpoint()}/{container.name}/model.bin", dest, tmp_path / "j.db")
     proxy.hold_after("get_blob", acked)
-    _kill_when_held(args, proxy)
+    kill_when_held(args, proxy)
     assert not dest.exists()  # never a partial file at the final name
     got = sum(e.response_bytes for e in proxy.log if e.op == "get_blob" and e.status == 206)
     proxy.reset_stats()
@@ -115,7 +102,7 @@ def test_blob_changed_between_kill_and_resume_restarts(
     dest = tmp_path / "model.bin"
     args = _args(f"{proxy.endpoint()}/{container.name}/model.bin", dest, tmp_path / "j.db")
     proxy.hold_after("get_blob", 9)
-    _kill_when_held(args, proxy)
+    kill_when_held(args, proxy)
     new = random_file(tmp_path / "src.bin", SIZE, seed=2)
     _put(container, "model.bin", new)  # same size, new ETag
     proxy.reset_stats()

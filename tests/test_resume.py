@@ -10,7 +10,7 @@ import pytest
 
 from blobsync.config import MiB
 from conftest import ContainerHandle
-from support.cli import random_file, run, start
+from support.cli import kill_when_held, random_file, run, start
 from support.proxy import FaultProxy
 
 BLOCKS = 24
@@ -21,19 +21,6 @@ CONCURRENCY = 4
 def _args(src: Path, url: str, journal: Path) -> list[str]:
     return ["cp", str(src), url, "--journal", str(journal), "--block-size-mb", "1",
             "--concurrency", str(CONCURRENCY), "--quiet"]
-
-
-def _kill_when_held(args: list[str], proxy: FaultProxy) -> None:
-    proc = start(args)
-    try:
-        proxy.wait_for_held(1, timeout=60)
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.communicate(timeout=30)
-    assert proc.returncode == -signal.SIGKILL
-    proxy.clear_rules()
-    proxy.release_holds()  # the client is gone: held requests are dropped, never forwarded
-    proxy.wait_idle()  # ...and nothing of the killed run is still being counted
 
 
 @pytest.mark.parametrize(
@@ -52,7 +39,7 @@ def test_sigkill_then_resume_sends_only_the_remainder(
     data = random_file(tmp_path / "model.bin", SIZE, seed=count)
     args = _args(tmp_path / "model.bin", f"{proxy.endpoint()}/{container.name}/model.bin", tmp_path / "j.db")
     proxy.hold_after(hold_op, count)
-    _kill_when_held(args, proxy)
+    kill_when_held(args, proxy)
     assert proxy.stats.ok("put_block") == acked_blocks
     # Blocks are staged concurrently, so which ones arrived is read from the proxy, not assumed.
     acked_bytes = sum(e.request_bytes for e in proxy.log if e.op == "put_block" and e.status == 201)
@@ -76,7 +63,7 @@ def test_source_changed_between_kill_and_resume_restarts_cleanly(
     random_file(src, SIZE, seed=1)
     args = _args(src, f"{proxy.endpoint()}/{container.name}/model.bin", tmp_path / "j.db")
     proxy.hold_after("put_block", 10)
-    _kill_when_held(args, proxy)
+    kill_when_held(args, proxy)
     new = random_file(src, SIZE, seed=2)  # same size, new content, new mtime
     proxy.reset_stats()
     second = run(args)
@@ -91,7 +78,7 @@ def test_blocks_discarded_by_another_commit_are_sent_again(
     data = random_file(tmp_path / "model.bin", SIZE, seed=3)
     args = _args(tmp_path / "model.bin", f"{proxy.endpoint()}/{container.name}/model.bin", tmp_path / "j.db")
     proxy.hold_after("put_block", 12)
-    _kill_when_held(args, proxy)
+    kill_when_held(args, proxy)
     # Someone else commits the blob: the service discards every uncommitted block, ours included.
     container.client.get_blob_client("model.bin").commit_block_list([])
     proxy.reset_stats()

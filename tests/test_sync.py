@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ContainerHandle
-from support.cli import random_file, run
+from support.cli import kill_when_held, random_file, run
 from support.proxy import FaultProxy, Rule, respond
 
 INCLUDE = "*.pt;*.h5;*.joblib"
@@ -190,23 +190,13 @@ def test_symlinks_are_skipped_with_a_note(container: ContainerHandle, tmp_path: 
 
 
 def test_killed_sync_resumes_at_block_level(container: ContainerHandle, proxy: FaultProxy, tmp_path: Path) -> None:
-    import signal
-
-    from support.cli import start
-
     src = tmp_path / "models"
     big = random_file(src / "big.pt", 16 * 1024 * 1024 - 5, seed=3)
     small = random_file(src / "small.pt", 100, seed=4)
     args = ["sync", str(src), f"{proxy.endpoint()}/{container.name}", "--journal", str(tmp_path / "j.db"),
             "--block-size-mb", "1", "--concurrency", "4", "--quiet"]
     proxy.hold_after("put_block", 6)
-    proc = start(args)
-    proxy.wait_for_held(1, timeout=60)
-    proc.send_signal(signal.SIGKILL)
-    proc.communicate(timeout=30)
-    proxy.clear_rules()
-    proxy.release_holds()
-    proxy.wait_idle()
+    kill_when_held(args, proxy)
     acked = sum(e.request_bytes for e in proxy.log if e.op == "put_block" and e.status == 201)
     assert acked == 6 * 1024 * 1024
     proxy.reset_stats()

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from types import MappingProxyType
+from typing import Self
 
 from blobsync.errors import UsageError
 
@@ -18,20 +20,29 @@ TIERS = ("Hot", "Cool", "Cold", "Archive")
 _RESERVED_METADATA = ("mtime",)
 
 
-class Overwrite(Enum):
+class FlagEnum(Enum):
+    """An enum whose values are a flag's accepted words, matched case-insensitively."""
+
+    @classmethod
+    def flag(cls) -> str:
+        return "--" + re.sub(r"(?<!^)(?=[A-Z])", "-", cls.__name__).lower()
+
+    @classmethod
+    def parse(cls, text: str) -> Self:
+        for member in cls:
+            if str(member.value).lower() == text.lower():
+                return member
+        words = ", ".join(str(m.value) for m in cls)
+        raise UsageError(f"invalid {cls.flag()} {text!r}: use one of {words}")
+
+
+class Overwrite(FlagEnum):
     TRUE = "true"
     FALSE = "false"
     IF_SOURCE_NEWER = "ifSourceNewer"
 
-    @classmethod
-    def parse(cls, text: str) -> Overwrite:
-        for member in cls:
-            if member.value.lower() == text.lower():
-                return member
-        raise UsageError(f"invalid --overwrite {text!r}: use true, false or ifSourceNewer")
 
-
-class CheckMd5(Enum):
+class CheckMd5(FlagEnum):
     """What a download does with the blob's stored Content-MD5 (AzCopy's --check-md5)."""
 
     NO_CHECK = "NoCheck"
@@ -40,13 +51,8 @@ class CheckMd5(Enum):
     FAIL_IF_DIFFERENT_OR_MISSING = "FailIfDifferentOrMissing"
 
     @classmethod
-    def parse(cls, text: str) -> CheckMd5:
-        for member in cls:
-            if member.value.lower() == text.lower():
-                return member
-        raise UsageError(
-            f"invalid --check-md5 {text!r}: use NoCheck, LogOnly, FailIfDifferent or FailIfDifferentOrMissing"
-        )
+    def flag(cls) -> str:
+        return "--check-md5"
 
 
 def parse_metadata(text: str | None) -> dict[str, str]:

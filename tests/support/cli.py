@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+from support.proxy import FaultProxy
 
 
 def blobsync_cmd(*args: str) -> list[str]:
@@ -46,3 +49,20 @@ def random_file(path: Path, size: int, seed: int = 0) -> bytes:
     data = b"".join(chunks)
     path.write_bytes(data)
     return data
+
+
+def kill_when_held(args: Sequence[str], proxy: FaultProxy) -> None:
+    """Start blobsync, SIGKILL it once the proxy holds one of its requests, and settle the proxy.
+
+    Afterwards nothing of the killed run is in flight or still being counted (wait_idle), so the test can
+    reset the proxy's stats and measure a second run alone."""
+    proc = start(args)
+    try:
+        proxy.wait_for_held(1, timeout=60)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    proxy.clear_rules()
+    proxy.release_holds()  # the client is gone: held requests are dropped, never forwarded
+    proxy.wait_idle()

@@ -10,11 +10,10 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from enum import Enum
 from pathlib import Path
 
 from blobsync.backends.base import BlobProperties, ContainerStore
-from blobsync.config import TransferConfig
+from blobsync.config import FlagEnum, TransferConfig
 from blobsync.engine.context import EngineContext, Progress
 from blobsync.engine.download import FileDownloader
 from blobsync.engine.retry import Retrier
@@ -33,17 +32,14 @@ from blobsync.syncing.filters import Filters
 log = logging.getLogger("blobsync")
 
 
-class DeleteMode(Enum):
+class DeleteMode(FlagEnum):
     FALSE = "false"
     TRUE = "true"
     PROMPT = "prompt"
 
     @classmethod
-    def parse(cls, text: str) -> DeleteMode:
-        for member in cls:
-            if member.value == text.lower():
-                return member
-        raise UsageError(f"invalid --delete-destination {text!r}: use true, false or prompt")
+    def flag(cls) -> str:
+        return "--delete-destination"
 
 
 def parse_max_delete(text: str | None) -> tuple[int | None, float | None]:
