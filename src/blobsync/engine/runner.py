@@ -124,6 +124,9 @@ class JobRunner:
             for task in tasks:
                 task.cancel()
             await asyncio.wait(tasks)
+            for task in tasks:
+                if not task.cancelled():
+                    task.exception()  # retrieved: the first failure is the one raised
             raise
         finally:
             report.retries += ctx.retrier.retries

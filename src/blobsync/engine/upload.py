@@ -204,8 +204,9 @@ class FileUploader:
         try:
             for idx, offset, length in block_ranges(size, block_size):
                 for task in [t for t in tasks if t.done()]:
+                    if task.exception() is not None:
+                        task.result()  # a failed block stops the file now, not after reading the rest
                     tasks.discard(task)
-                    task.result()  # a failed block stops the file now, not after reading the rest
                 await window.acquire()
                 try:
                     buf = await ctx.memory.buffer(block_size)
@@ -336,13 +337,17 @@ async def _gather_or_cancel(tasks: set[asyncio.Task[int]]) -> None:
         done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
         for task in done:
             if task.exception() is not None:
-                await _cancel_all(pending)
+                await _cancel_all(tasks)
                 task.result()
 
 
 async def _cancel_all(tasks: set[asyncio.Task[int]]) -> None:
+    """Cancel what still runs and collect every outcome, so no failure is left 'never retrieved'."""
     live = [t for t in tasks if not t.done()]
     for task in live:
         task.cancel()
     if live:
         await asyncio.wait(live)
+    for task in tasks:
+        if not task.cancelled():
+            task.exception()  # marks it retrieved; the first failure is raised by the caller

@@ -1,0 +1,102 @@
+"""The fault matrix: throttling, server errors, resets, stalls and auth failures through the proxy.
+
+Every case ends with an independent byte-for-byte check, or with a clear error and a resumable journal."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from blobsync.config import MiB
+from conftest import ContainerHandle
+from support.cli import random_file, run
+from support.proxy import FaultProxy, Rule, reset_after, reset_before, respond, stall
+
+SIZE = 12 * MiB + 11  # 13 blocks of 1 MiB
+
+
+def _cp(src: Path, url: str, tmp_path: Path, *extra: str) -> tuple[int, str, str]:
+    done = run(["cp", str(src), url, "--journal", str(tmp_path / "j.db"), "--block-size-mb", "1",
+                "--concurrency", "4", "--quiet", *extra])
+    assert "Traceback" not in done.stderr
+    return done.returncode, done.stdout, done.stderr
+
+
+@pytest.mark.parametrize(
+    ("rule", "faults"),
+    [
+        (Rule("put_block", respond(503, "ServerBusy", retry_after=1), probability=0.2, seed=7), None),
+        (Rule("put_block", respond(429, "TooManyRequests"), nth=range(1, 6)), 5),  # a burst
+        (Rule("put_block_list", respond(500, "OperationTimedOut"), nth=1), 1),
+        (Rule("put_block", respond(502, "BadGateway"), nth={3, 8}), 2),
+        (Rule("put_block", reset_before(), nth={2, 9}), 2),  # connection reset mid-request
+        (Rule("put_block", reset_after(), nth=4), 1),  # applied by the service, the answer lost
+        (Rule("get_block_list", respond(503, "ServerBusy"), nth=1), 1),  # during verification
+    ],
+    ids=["503-retry-after", "429-burst", "500-operation-timed-out", "502", "reset-mid-request",
+         "reset-after-apply", "503-on-verify"],
+)
+def test_transient_faults_are_retried_to_a_verified_blob(
+    rule: Rule, faults: int | None, container: ContainerHandle, proxy: FaultProxy, tmp_path: Path
+) -> None:
+    data = random_file(tmp_path / "f.bin", SIZE, seed=1)
+    proxy.add_rule(rule)
+    code, out, err = _cp(tmp_path / "f.bin", f"{proxy.endpoint()}/{container.name}/f.bin", tmp_path)
+    assert code == 0, (out, err)
+    injected = sum(proxy.stats.faults.values())
+    assert injected >= 1 and (faults is None or injected == faults)
+    if "reset" not in getattr(rule.action, "name", ""):
+        assert f"; {injected} retries" in out
+    # A reset on a reused keep-alive connection may be retried once inside aiohttp itself, before our policy
+    # sees it, so for resets only the outcome is asserted.
+    assert container.download("f.bin") == data
+
+
+def test_stalled_request_is_aborted_and_retried(container: ContainerHandle, proxy: FaultProxy,
+                                                tmp_path: Path) -> None:
+    data = random_file(tmp_path / "f.bin", SIZE, seed=2)
+    proxy.add_rule(Rule("put_block", stall(), nth=3))  # never answers unless released
+    code, out, err = _cp(tmp_path / "f.bin", f"{proxy.endpoint()}/{container.name}/f.bin", tmp_path,
+                         "--stall-timeout", "1")
+    assert code == 0, (out, err)
+    assert "; 1 retries" in out
+    assert container.download("f.bin") == data
+    proxy.release_holds()
+
+
+def test_retries_give_up_with_a_clear_error_and_stay_resumable(
+    container: ContainerHandle, proxy: FaultProxy, tmp_path: Path
+) -> None:
+    data = random_file(tmp_path / "f.bin", SIZE, seed=3)
+    url = f"{proxy.endpoint()}/{container.name}/f.bin"
+    proxy.add_rule(Rule("put_block", respond(503, "ServerBusy"), nth=range(6, 10**6)))
+    code, _, err = _cp(tmp_path / "f.bin", url, tmp_path, "--max-retries", "2")
+    assert code == 1 and "HTTP 503 ServerBusy" in err and "Traceback" not in err
+    # What the service holds, asked of the service: a request it applied may never have reached the client.
+    acked = sum(b.size for b in container.client.get_blob_client("f.bin").get_block_list("uncommitted")[1])
+    proxy.clear_rules()
+    proxy.reset_stats()
+    code, _, err = _cp(tmp_path / "f.bin", url, tmp_path)
+    assert code == 0, err
+    assert proxy.stats.bytes_in["put_block"] == SIZE - acked
+    assert container.download("f.bin") == data
+
+
+def test_permanent_403_midway_stops_with_the_auth_error_and_resumes_once_fixed(
+    container: ContainerHandle, proxy: FaultProxy, tmp_path: Path
+) -> None:
+    data = random_file(tmp_path / "f.bin", SIZE, seed=4)
+    url = f"{proxy.endpoint()}/{container.name}/f.bin"
+    proxy.add_rule(Rule("put_block", respond(403, "AuthorizationPermissionMismatch"), nth=range(5, 10**6)))
+    code, _, err = _cp(tmp_path / "f.bin", url, tmp_path)
+    assert code == 3 and "403 AuthorizationPermissionMismatch" in err
+    assert sum(proxy.stats.faults.values()) <= 4  # stopped at once: 403 is never retried
+    # What the service holds, asked of the service: a request it applied may never have reached the client.
+    acked = sum(b.size for b in container.client.get_blob_client("f.bin").get_block_list("uncommitted")[1])
+    proxy.clear_rules()
+    proxy.reset_stats()
+    code, _, err = _cp(tmp_path / "f.bin", url, tmp_path)
+    assert code == 0, err
+    assert proxy.stats.bytes_in["put_block"] == SIZE - acked
+    assert container.download("f.bin") == data
