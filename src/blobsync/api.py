@@ -12,6 +12,7 @@ from typing import Any
 from blobsync.backends.azure_auth import resolve_credential
 from blobsync.backends.azure_rest import AzureContainerStore
 from blobsync.config import TransferConfig
+from blobsync.engine.bandwidth import TokenBucket, mbps_to_bytes
 from blobsync.engine.context import Progress
 from blobsync.engine.download_job import DownloadJob, DownloadSpec
 from blobsync.engine.job import UploadJob, UploadSpec
@@ -29,11 +30,13 @@ def _journal(config: TransferConfig, env: Mapping[str, str]) -> Journal:
 
 
 def _store(loc: BlobLocation, config: TransferConfig, env: Mapping[str, str]) -> AzureContainerStore:
+    bucket = TokenBucket(mbps_to_bytes(config.cap_mbps)) if config.cap_mbps else None
     return AzureContainerStore(
         loc,
         resolve_credential(loc, env),
         connections=config.concurrency + 4,
         read_timeout=config.stall_timeout,
+        throttle=bucket.take if bucket else None,
     )
 
 

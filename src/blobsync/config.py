@@ -106,6 +106,7 @@ class TransferConfig:
     max_retries: int = 8
     retry_deadline: float = 900.0
     stall_timeout: float = 120.0
+    cap_mbps: float | None = None  # megabits per second for the whole job, as AzCopy's --cap-mbps
 
     def __post_init__(self) -> None:
         if not (1 <= self.block_size <= MAX_BLOCK_SIZE):
@@ -123,6 +124,8 @@ class TransferConfig:
             )
         if self.tier is not None and self.tier not in TIERS:
             raise UsageError(f"invalid --block-blob-tier {self.tier!r}: use one of {', '.join(TIERS)}")
+        if self.cap_mbps is not None and self.cap_mbps <= 0:
+            raise UsageError("--cap-mbps must be positive")
         if self.max_retries < 0 or self.retry_deadline <= 0 or self.stall_timeout <= 0:
             raise UsageError("retry limits and timeouts must be positive")
         object.__setattr__(self, "metadata", MappingProxyType(dict(self.metadata)))
@@ -166,6 +169,7 @@ class TransferConfig:
             "tier": self.tier,
             "recursive": self.recursive,
             "follow_symlinks": self.follow_symlinks,
+            "cap_mbps": self.cap_mbps,
         }
 
     @classmethod

@@ -6,7 +6,7 @@ import base64
 import dataclasses
 import re
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from email.utils import formatdate, parsedate_to_datetime
 from urllib.parse import quote, urlsplit
@@ -40,6 +40,7 @@ _META_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 _CHUNK = 256 * 1024
+Throttle = Callable[[int], Awaitable[None]]  # takes bandwidth tokens for n bytes (the --cap-mbps bucket)
 
 
 class _BufferPayload(aiohttp.payload.Payload):
@@ -52,10 +53,11 @@ class _BufferPayload(aiohttp.payload.Payload):
 
     _autoclose = True
 
-    def __init__(self, value: Buffer) -> None:
+    def __init__(self, value: Buffer, throttle: Throttle | None = None) -> None:
         super().__init__(value, content_type=None)
         self._view = memoryview(value).cast("B")
         self._size = self._view.nbytes
+        self._throttle = throttle
 
     def decode(self, encoding: str = "utf-8", errors: str = "strict") -> str:
         return bytes(self._view).decode(encoding, errors)
@@ -68,13 +70,16 @@ class _BufferPayload(aiohttp.payload.Payload):
     ) -> None:
         view = self._view if content_length is None else self._view[:content_length]
         for start in range(0, view.nbytes, _CHUNK):
-            await writer.write(view[start:start + _CHUNK])
+            piece = view[start:start + _CHUNK]
+            if self._throttle is not None:
+                await self._throttle(piece.nbytes)
+            await writer.write(piece)
 
 
-def _body(data: Buffer | None) -> Buffer | aiohttp.payload.Payload | None:
-    if data is None or len(data) <= _CHUNK:
+def _body(data: Buffer | None, throttle: Throttle | None) -> Buffer | aiohttp.payload.Payload | None:
+    if data is None or (len(data) <= _CHUNK and throttle is None):
         return data
-    return _BufferPayload(data)
+    return _BufferPayload(data, throttle)
 
 
 class _DateCache:
@@ -192,8 +197,10 @@ class AzureContainerStore:
         connect_timeout: float = 30.0,
         read_timeout: float = 120.0,
         session: aiohttp.ClientSession | None = None,
+        throttle: Throttle | None = None,
     ) -> None:
         self._loc = loc
+        self._throttle = throttle
         self._cred = credential
         self._base = loc.container_url
         self._base_path = urlsplit(self._base).path
@@ -251,13 +258,15 @@ class AzureContainerStore:
         url = URL(f"{self._loc.scheme}://{self._loc.netloc}{path}{'?' + qs if qs else ''}", encoded=True)
         try:
             async with self._session.request(
-                method, url, headers=request.headers, data=_body(body)
+                method, url, headers=request.headers, data=_body(body, self._throttle)
             ) as resp:
                 resp_headers = {k.lower(): v for k, v in resp.headers.items()}
                 status = resp.status
                 if chunks is not None and status in expect:
                     async for chunk in resp.content.iter_any():
                         chunks.append(chunk)
+                        if self._throttle is not None:
+                            await self._throttle(len(chunk))  # reading slower makes TCP slow the sender
                     data = b""
                 else:
                     data = await resp.read() if (read_body or status not in expect) else b""

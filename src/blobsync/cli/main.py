@@ -134,6 +134,8 @@ def _transfer_options(fn: F) -> F:
         click.option("--max-retries", type=int, default=8, show_default=True, help="Retries per request."),
         click.option("--retry-deadline", type=float, default=900, show_default=True,
                      help="Seconds after which a request stops retrying."),
+        click.option("--cap-mbps", type=float, default=None,
+                     help="Cap the job's bandwidth, in megabits per second (all connections, both directions)."),
         click.option("--stall-timeout", type=float, default=120, show_default=True,
                      help="Seconds without response progress before a request is aborted and retried."),
         click.option("--quiet", is_flag=True, help="No live progress line."),
@@ -148,7 +150,8 @@ def _config(*, recursive: bool, overwrite: str = "true", preserve_last_modified_
             block_size_mb: float, put_blob_size_mb: float | None, memory_mb: float, concurrency: int,
             put_md5: bool, check_md5: str, content_type: str | None, metadata: str | None,
             block_blob_tier: str | None, create_container: bool, follow_symlinks: bool, journal_path: Path | None,
-            max_retries: int, retry_deadline: float, stall_timeout: float) -> TransferConfig:
+            max_retries: int, retry_deadline: float, stall_timeout: float,
+            cap_mbps: float | None) -> TransferConfig:
     tier = next((t for t in TIERS if block_blob_tier and t.lower() == block_blob_tier.lower()), None)
     return TransferConfig.from_mib(
         block_size_mb=block_size_mb,
@@ -169,6 +172,7 @@ def _config(*, recursive: bool, overwrite: str = "true", preserve_last_modified_
         max_retries=max_retries,
         retry_deadline=retry_deadline,
         stall_timeout=stall_timeout,
+        cap_mbps=cap_mbps,
     )
 
 
