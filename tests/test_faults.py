@@ -91,7 +91,8 @@ def test_permanent_403_midway_stops_with_the_auth_error_and_resumes_once_fixed(
     proxy.add_rule(Rule("put_block", respond(403, "AuthorizationPermissionMismatch"), nth=range(5, 10**6)))
     code, _, err = _cp(tmp_path / "f.bin", url, tmp_path)
     assert code == 3 and "403 AuthorizationPermissionMismatch" in err
-    assert sum(proxy.stats.faults.values()) <= 4  # stopped at once: 403 is never retried
+    refused = [e.query.get("blockid") for e in proxy.log if e.status == 403]
+    assert refused and len(refused) == len(set(refused))  # 403 is never retried: no block was refused twice
     # What the service holds, asked of the service: a request it applied may never have reached the client.
     acked = sum(b.size for b in container.client.get_blob_client("f.bin").get_block_list("uncommitted")[1])
     proxy.clear_rules()
@@ -99,4 +100,17 @@ def test_permanent_403_midway_stops_with_the_auth_error_and_resumes_once_fixed(
     code, _, err = _cp(tmp_path / "f.bin", url, tmp_path)
     assert code == 0, err
     assert proxy.stats.bytes_in["put_block"] == SIZE - acked
+    assert container.download("f.bin") == data
+
+
+def test_throttling_lowers_concurrency_and_is_reported(container: ContainerHandle, proxy: FaultProxy,
+                                                       tmp_path: Path) -> None:
+    data = random_file(tmp_path / "f.bin", SIZE, seed=5)
+    proxy.add_rule(Rule("put_block", respond(503, "ServerBusy", retry_after=0.2), probability=0.5, seed=3))
+    code, out, err = _cp(tmp_path / "f.bin", f"{proxy.endpoint()}/{container.name}/f.bin", tmp_path,
+                         "--concurrency", "8")
+    assert code == 0, (out, err)
+    lowest = int(out.split("concurrency went down to ")[1].split()[0])
+    assert lowest <= 4
+    assert f"throttled {sum(proxy.stats.faults.values())} time(s)" in out
     assert container.download("f.bin") == data

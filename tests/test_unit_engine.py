@@ -170,3 +170,26 @@ def test_memory_budget_bounds_and_reuses_buffers() -> None:
         assert len(huge) == 1000
 
     asyncio.run(scenario())
+
+
+def test_request_limiter_backs_off_and_recovers() -> None:
+    from blobsync.engine.budget import RequestLimiter
+
+    now = [0.0]
+    limiter = RequestLimiter(16, clock=lambda: now[0])
+    limiter.on_throttled()
+    assert limiter.limit == 8
+    limiter.on_throttled()  # the same burst: not cut again within a second
+    assert limiter.limit == 8
+    now[0] = 1.5
+    limiter.on_throttled()
+    assert (limiter.limit, limiter.lowest, limiter.throttled) == (4, 4, 3)
+
+    async def succeed(times: int) -> None:
+        for _ in range(times):
+            await limiter.on_success()
+
+    asyncio.run(succeed(4))  # a limit's worth of successes: one more slot
+    assert limiter.limit == 5
+    asyncio.run(succeed(1000))
+    assert limiter.limit == 16  # never above the configured maximum

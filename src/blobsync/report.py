@@ -44,6 +44,8 @@ class Report:
     bytes_sent: int = 0  # bytes that went over the wire in this run (blocks, bodies)
     bytes_reused: int = 0  # bytes found already on the service (resume)
     retries: int = 0
+    throttled: int = 0  # throttling answers (429, 503, 500 OperationTimedOut)
+    lowest_concurrency: int | None = None  # how far adaptive concurrency went down, if it did
     started: float = field(default_factory=time.monotonic)
     duration: float = 0.0
     failures: list[FileResult] = field(default_factory=list)

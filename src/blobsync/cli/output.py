@@ -29,7 +29,8 @@ def progress_line(p: Progress) -> str:
     done = p.files_done + p.files_skipped + p.files_failed
     return (f"{pct:5.1f}%  {human_bytes(p.bytes_done)} / {human_bytes(p.bytes_total)}  "
             f"{human_bytes(rate)}/s  files {done}/{p.files_total}"
-            f"{f', {p.files_failed} failed' if p.files_failed else ''}{eta}")
+            f"{f', {p.files_failed} failed' if p.files_failed else ''}{eta}"
+            f"{f'  (throttled {p.throttled}x, {p.concurrency} in flight max)' if p.throttled else ''}")
 
 
 class LiveProgress:
@@ -70,7 +71,8 @@ def summary_record(report: Report, *, dry_run: bool = False) -> dict[str, object
         "files_failed": report.files_failed, "files_deleted": report.files_deleted,
         "files_in_sync": report.files_in_sync,
         "bytes_transferred": report.bytes_transferred, "bytes_sent": report.bytes_sent,
-        "bytes_reused": report.bytes_reused, "retries": report.retries, "duration": round(report.duration, 3),
+        "bytes_reused": report.bytes_reused, "retries": report.retries, "throttled": report.throttled,
+        "lowest_concurrency": report.lowest_concurrency, "duration": round(report.duration, 3),
         "deletes_refused": report.deletes_refused or None,
         "failures": [{"path": f.rel, "reason": f.reason} for f in report.failures],
         "exit_code": int(report.exit_code),
@@ -95,6 +97,9 @@ def summary(report: Report, *, dry_run: bool = False) -> str:
         + (f", {human_bytes(report.bytes_reused)} already {where} (resumed)" if report.bytes_reused else "")
         + f"; {report.retries} retries",
     ]
+    if report.throttled:
+        lines.append(f"  the service throttled {report.throttled} time(s); concurrency went down to "
+                     f"{report.lowest_concurrency or 'the same level'} and back up as it recovered")
     if report.files_in_sync:
         lines.append(f"  {report.files_in_sync} file(s) already in sync")
     if report.files_deleted:

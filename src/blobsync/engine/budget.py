@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -102,12 +103,22 @@ class MemoryBudget:
 
 
 class RequestLimiter:
-    """Requests in flight across every file of a job; the limit can be changed while running (AIMD later)."""
+    """Requests in flight across every file of a job, adapting to throttling (AIMD).
 
-    def __init__(self, limit: int) -> None:
+    While the service throttles, the limit halves (at most once a second, so one burst of 503s counts once);
+    after a limit's worth of successes in a row it grows by one, never above the configured maximum.
+    """
+
+    def __init__(self, limit: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.maximum = limit
         self._limit = limit
         self._active = 0
         self._cond = asyncio.Condition()
+        self._clock = clock
+        self._last_cut = -1e9
+        self._streak = 0
+        self.throttled = 0  # throttling answers seen
+        self.lowest = limit  # the lowest limit reached
 
     @property
     def limit(self) -> int:
@@ -117,10 +128,24 @@ class RequestLimiter:
     def active(self) -> int:
         return self._active
 
-    async def set_limit(self, limit: int) -> None:
-        async with self._cond:
-            self._limit = max(1, limit)
-            self._cond.notify_all()
+    def on_throttled(self) -> None:
+        self.throttled += 1
+        self._streak = 0
+        now = self._clock()
+        if now - self._last_cut >= 1.0:
+            self._last_cut = now
+            self._limit = max(1, self._limit // 2)  # fewer slots: no waiter becomes eligible, no notify
+            self.lowest = min(self.lowest, self._limit)
+
+    async def on_success(self) -> None:
+        if self._limit >= self.maximum:
+            return
+        self._streak += 1
+        if self._streak >= self._limit:
+            self._streak = 0
+            async with self._cond:
+                self._limit += 1
+                self._cond.notify()
 
     @asynccontextmanager
     async def slot(self) -> AsyncIterator[None]:

@@ -12,6 +12,7 @@ from blobsync.backends.base import ContainerStore
 from blobsync.config import TransferConfig
 from blobsync.engine.budget import MemoryBudget, RequestLimiter
 from blobsync.engine.retry import Retrier
+from blobsync.errors import ThrottledError
 from blobsync.journal import Journal
 
 T = TypeVar("T")
@@ -29,6 +30,8 @@ class Progress:
     bytes_total: int = 0
     bytes_done: int = 0  # bytes of file content acknowledged by the service (or found there on resume)
     bytes_sent: int = 0  # bytes that went over the wire in this run
+    concurrency: int = 0  # the adaptive request limit now
+    throttled: int = 0  # throttling answers so far
     started: float = field(default_factory=time.monotonic)
 
 
@@ -49,6 +52,15 @@ class EngineContext:
 
         async def limited() -> T:
             async with self.limiter.slot():
-                return await attempt()
+                try:
+                    result = await attempt()
+                except ThrottledError:
+                    self.limiter.on_throttled()
+                    self.progress.throttled = self.limiter.throttled
+                    self.progress.concurrency = self.limiter.limit
+                    raise
+            await self.limiter.on_success()
+            self.progress.concurrency = self.limiter.limit
+            return result
 
         return await self.retrier.call(limited)

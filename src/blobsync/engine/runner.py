@@ -130,6 +130,9 @@ class JobRunner:
             raise
         finally:
             report.retries += ctx.retrier.retries
+            report.throttled += ctx.limiter.throttled
+            if ctx.limiter.lowest < ctx.limiter.maximum:
+                report.lowest_concurrency = ctx.limiter.lowest
             self.journal.flush()
             ctx.io_pool.shutdown(wait=True)
             ctx.hash_pool.shutdown(wait=True)
