@@ -157,10 +157,10 @@ class Journal:
     def create_job(self, kind: str, source: str, dest: str, options: Mapping[str, Any]) -> JobRow:
         now = time.time()
         job_id = uuid.uuid4().hex[:12]
-        if True:  # sqlite-utils commits the insert itself
-            self.db.table("jobs").insert({"id": job_id, "kind": kind, "source": source, "dest": dest,
-                                    "options": json.dumps(dict(options), sort_keys=True), "state": "running",
-                                    "created": now, "updated": now, "pid": os.getpid()})
+        # sqlite-utils commits this insert itself (the connection is in autocommit mode otherwise).
+        self.db.table("jobs").insert({"id": job_id, "kind": kind, "source": source, "dest": dest,
+                                      "options": json.dumps(dict(options), sort_keys=True), "state": "running",
+                                      "created": now, "updated": now, "pid": os.getpid()})
         return self.get_job(job_id)
 
     def claim_job(self, job: JobRow) -> None:
