@@ -23,6 +23,19 @@ def _cp(src: Path, url: str, tmp_path: Path, *extra: str) -> tuple[int, str, str
     return done.returncode, done.stdout, done.stderr
 
 
+def _resume_sends_only_what_is_missing(container: ContainerHandle, proxy: FaultProxy, tmp_path: Path, url: str,
+                                       data: bytes) -> None:
+    """Run again without faults: only the blocks the service lacks travel, and the blob ends verified."""
+    # What the service holds, asked of the service: a request it applied may never have reached the client.
+    acked = sum(b.size for b in container.client.get_blob_client("f.bin").get_block_list("uncommitted")[1])
+    proxy.clear_rules()
+    proxy.reset_stats()
+    code, _, err = _cp(tmp_path / "f.bin", url, tmp_path)
+    assert code == 0, err
+    assert proxy.stats.bytes_in["put_block"] == SIZE - acked
+    assert container.download("f.bin") == data
+
+
 @pytest.mark.parametrize(
     ("rule", "faults"),
     [
@@ -73,14 +86,7 @@ def test_retries_give_up_with_a_clear_error_and_stay_resumable(
     proxy.add_rule(Rule("put_block", respond(503, "ServerBusy"), nth=range(6, 10**6)))
     code, _, err = _cp(tmp_path / "f.bin", url, tmp_path, "--max-retries", "2")
     assert code == 1 and "HTTP 503 ServerBusy" in err and "Traceback" not in err
-    # What the service holds, asked of the service: a request it applied may never have reached the client.
-    acked = sum(b.size for b in container.client.get_blob_client("f.bin").get_block_list("uncommitted")[1])
-    proxy.clear_rules()
-    proxy.reset_stats()
-    code, _, err = _cp(tmp_path / "f.bin", url, tmp_path)
-    assert code == 0, err
-    assert proxy.stats.bytes_in["put_block"] == SIZE - acked
-    assert container.download("f.bin") == data
+    _resume_sends_only_what_is_missing(container, proxy, tmp_path, url, data)
 
 
 def test_permanent_403_midway_stops_with_the_auth_error_and_resumes_once_fixed(
@@ -93,14 +99,7 @@ def test_permanent_403_midway_stops_with_the_auth_error_and_resumes_once_fixed(
     assert code == 3 and "403 AuthorizationPermissionMismatch" in err
     refused = [e.query.get("blockid") for e in proxy.log if e.status == 403]
     assert refused and len(refused) == len(set(refused))  # 403 is never retried: no block was refused twice
-    # What the service holds, asked of the service: a request it applied may never have reached the client.
-    acked = sum(b.size for b in container.client.get_blob_client("f.bin").get_block_list("uncommitted")[1])
-    proxy.clear_rules()
-    proxy.reset_stats()
-    code, _, err = _cp(tmp_path / "f.bin", url, tmp_path)
-    assert code == 0, err
-    assert proxy.stats.bytes_in["put_block"] == SIZE - acked
-    assert container.download("f.bin") == data
+    _resume_sends_only_what_is_missing(container, proxy, tmp_path, url, data)
 
 
 def test_throttling_lowers_concurrency_and_is_reported(container: ContainerHandle, proxy: FaultProxy,
