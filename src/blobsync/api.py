@@ -1,28 +1,59 @@
-"""The public library: copy() and resume() (with async twins), and job listing; the CLI only calls these."""
+"""The public library: copy, sync, resume, list and remove (blocking; async twins in blobsync.aio), and jobs."""
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from blobsync.backends.azure_auth import resolve_credential
 from blobsync.backends.azure_rest import AzureContainerStore
+from blobsync.backends.base import BlobProperties
 from blobsync.config import TransferConfig
 from blobsync.engine.bandwidth import TokenBucket, mbps_to_bytes
 from blobsync.engine.context import Progress
 from blobsync.engine.download_job import DownloadJob, DownloadSpec
 from blobsync.engine.job import UploadJob, UploadSpec
-from blobsync.errors import UsageError
+from blobsync.engine.retry import Retrier, RetryPolicy
+from blobsync.errors import TransferFailedError, UsageError
+from blobsync.events import Subscriber
 from blobsync.journal import FileRow, JobRow, Journal, default_journal_path
 from blobsync.location import BlobLocation, is_url, parse_location
 from blobsync.report import Report
 from blobsync.syncing.compare import CompareMode
 from blobsync.syncing.filters import Filters
 from blobsync.syncing.job import Action, DeleteMode, SyncJob, SyncSpec
+from blobsync.syncing.remove import RemoveJob, RemoveSpec, blobs_at
+
+T = TypeVar("T")
+
+
+def _blocking(coro: Coroutine[Any, Any, T]) -> T:
+    """Run `coro` to completion from synchronous code, even where an event loop already runs in this thread
+    (a notebook, an async training framework): then it runs on a loop of its own in a helper thread."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="blobsync") as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+def _progress(progress: Progress | None, subscribers: Sequence[Subscriber]) -> Progress:
+    progress = progress or Progress()
+    if subscribers:
+        progress.subscribers = (*progress.subscribers, *subscribers)
+    return progress
+
+
+def _finish(report: Report, raise_on_error: bool) -> Report:
+    if raise_on_error and report.failures:
+        raise TransferFailedError(report)
+    return report
 
 
 def _journal(config: TransferConfig, env: Mapping[str, str]) -> Journal:
@@ -73,11 +104,22 @@ async def copy_async(
     *,
     env: Mapping[str, str] | None = None,
     progress: Progress | None = None,
+    subscribers: Sequence[Subscriber] = (),
+    raise_on_error: bool = False,
 ) -> Report:
     """Upload a local file or folder to a blob URL, or download a blob (or, with `config.recursive`, every
     blob under a prefix) to a local path. The direction follows from which side is a URL. Re-running the same
-    copy resumes its job."""
-    config = config or TransferConfig()
+    copy resumes its job.
+
+    Files that fail are listed in the returned Report (`report.failures`); with `raise_on_error=True` they
+    raise TransferFailedError instead. Errors that stop the whole job (credentials, a missing container, bad
+    arguments) always raise. Cancelling the task leaves the job resumable."""
+    report = await _copy(source, dest, config or TransferConfig(), env, _progress(progress, subscribers))
+    return _finish(report, raise_on_error)
+
+
+async def _copy(source: str | os.PathLike[str], dest: str, config: TransferConfig, env: Mapping[str, str] | None,
+                progress: Progress) -> Report:
     env = os.environ if env is None else env
     src_text = os.fspath(source)
     if is_url(src_text):
@@ -95,16 +137,9 @@ async def copy_async(
     return await _run_upload(src, loc, config, env, progress, None, _journal(config, env))
 
 
-def copy(
-    source: str | os.PathLike[str],
-    dest: str,
-    config: TransferConfig | None = None,
-    *,
-    env: Mapping[str, str] | None = None,
-    progress: Progress | None = None,
-) -> Report:
-    """Blocking form of `copy_async`."""
-    return asyncio.run(copy_async(source, dest, config, env=env, progress=progress))
+def copy(source: str | os.PathLike[str], dest: str, config: TransferConfig | None = None, **kwargs: Any) -> Report:
+    """Blocking form of `blobsync.aio.copy` (same arguments)."""
+    return _blocking(copy_async(source, dest, config, **kwargs))
 
 
 async def sync_async(
@@ -121,11 +156,14 @@ async def sync_async(
     progress: Progress | None = None,
     on_action: Callable[[Action], None] | None = None,
     confirm: Callable[[int], bool] | None = None,
+    subscribers: Sequence[Subscriber] = (),
+    raise_on_error: bool = False,
 ) -> Report:
     """Make `dest` match `source`: a local folder and a container URL (optionally with a prefix), either way.
 
     Transfers what is new, differs in size, or is newer (or differs in MD5, or always: `compare`); with `delete`,
-    removes destination files the source lacks, only after a complete enumeration and error-free transfers."""
+    removes destination files the source lacks, only after a complete enumeration and error-free transfers.
+    `on_action` sees each decision (transfer or delete, with its reason); `confirm(n)` answers DeleteMode.PROMPT."""
     config = replace(config or TransferConfig(), recursive=True)
     env = os.environ if env is None else env
     src_text, dst_text = os.fspath(source), os.fspath(dest)
@@ -138,17 +176,19 @@ async def sync_async(
     journal = _journal(config, env)
     store = _store(loc, config, env)
     try:
-        job = SyncJob(spec, store, journal, progress=progress, on_action=on_action, confirm=confirm)
-        return await job.run()
+        job = SyncJob(spec, store, journal, progress=_progress(progress, subscribers), on_action=on_action,
+                      confirm=confirm)
+        report = await job.run()
     finally:
         await store.close()
         journal.close()
+    return _finish(report, raise_on_error)
 
 
 def sync(source: str | os.PathLike[str], dest: str | os.PathLike[str], config: TransferConfig | None = None,
          **kwargs: Any) -> Report:
-    """Blocking form of `sync_async`."""
-    return asyncio.run(sync_async(source, dest, config, **kwargs))
+    """Blocking form of `blobsync.aio.sync` (same arguments)."""
+    return _blocking(sync_async(source, dest, config, **kwargs))
 
 
 async def resume_async(
@@ -158,10 +198,14 @@ async def resume_async(
     journal_path: Path | None = None,
     env: Mapping[str, str] | None = None,
     progress: Progress | None = None,
+    subscribers: Sequence[Subscriber] = (),
+    raise_on_error: bool = False,
     **overrides: object,
 ) -> Report:
-    """Resume a journaled job. Credentials come from `sas` or the environment, never from the journal."""
+    """Resume a journaled copy job by id. Credentials come from `sas` or the environment, never from the
+    journal; `overrides` replace stored options (e.g. concurrency=4)."""
     env = os.environ if env is None else env
+    progress = _progress(progress, subscribers)
     journal = Journal(journal_path or default_journal_path(env))
     try:
         job = journal.get_job(job_id)
@@ -177,13 +221,15 @@ async def resume_async(
         journal.close()
         raise
     if job.kind == "download":
-        return await _run_download(loc, Path(job.dest), config, env, progress, job, journal)
-    return await _run_upload(Path(job.source), loc, config, env, progress, job, journal)
+        report = await _run_download(loc, Path(job.dest), config, env, progress, job, journal)
+    else:
+        report = await _run_upload(Path(job.source), loc, config, env, progress, job, journal)
+    return _finish(report, raise_on_error)
 
 
-def resume(job_id: str, **kwargs: object) -> Report:
-    """Blocking form of `resume_async`."""
-    return asyncio.run(resume_async(job_id, **kwargs))  # type: ignore[arg-type]
+def resume(job_id: str, **kwargs: Any) -> Report:
+    """Blocking form of `blobsync.aio.resume` (same arguments)."""
+    return _blocking(resume_async(job_id, **kwargs))
 
 
 @dataclass(frozen=True)
@@ -225,3 +271,61 @@ def clean_jobs(
         return journal.delete_jobs(seconds, include_unfinished)
     finally:
         journal.close()
+
+
+async def list_blobs_async(
+    url: str, *, env: Mapping[str, str] | None = None, max_retries: int = 8,
+) -> AsyncIterator[BlobProperties]:
+    """Every blob the URL names: the blob itself, or all blobs under the container or folder, page by page
+    (memory stays flat on huge containers). Each item has name, size, tier, Content-MD5, last modified."""
+    env = os.environ if env is None else env
+    loc = parse_location(url)
+    store = AzureContainerStore(loc, resolve_credential(loc, env))
+    retrier = Retrier(RetryPolicy(max_attempts=max_retries + 1))
+    try:
+        async for _, props in blobs_at(store, loc.path, retrier):
+            yield props
+    finally:
+        await store.close()
+
+
+def list_blobs(url: str, **kwargs: Any) -> list[BlobProperties]:
+    """Blocking form of `blobsync.aio.list_blobs`, as a list."""
+
+    async def collect() -> list[BlobProperties]:
+        return [props async for props in list_blobs_async(url, **kwargs)]
+
+    return _blocking(collect())
+
+
+async def remove_async(
+    url: str,
+    config: TransferConfig | None = None,
+    *,
+    recursive: bool = False,
+    filters: Filters | None = None,
+    dry_run: bool = False,
+    env: Mapping[str, str] | None = None,
+    progress: Progress | None = None,
+    subscribers: Sequence[Subscriber] = (),
+    on_action: Callable[[Action], None] | None = None,
+    raise_on_error: bool = False,
+) -> Report:
+    """Delete the blob the URL names or, with `recursive`, every blob under it that `filters` admit
+    (snapshots go with their blob). `dry_run` lists what would go and deletes nothing."""
+    config = config or TransferConfig()
+    env = os.environ if env is None else env
+    loc = parse_location(url)
+    spec = RemoveSpec(loc, recursive, filters or Filters(), dry_run, config.concurrency,
+                      RetryPolicy(max_attempts=config.max_retries + 1, deadline=config.retry_deadline))
+    store = _store(loc, config, env)
+    try:
+        report = await RemoveJob(spec, store, progress=_progress(progress, subscribers), on_action=on_action).run()
+    finally:
+        await store.close()
+    return _finish(report, raise_on_error)
+
+
+def remove(url: str, config: TransferConfig | None = None, **kwargs: Any) -> Report:
+    """Blocking form of `blobsync.aio.remove` (same arguments)."""
+    return _blocking(remove_async(url, config, **kwargs))

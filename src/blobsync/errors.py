@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 from enum import IntEnum
+from typing import TYPE_CHECKING
+
+from blobsync.redact import redact
+
+if TYPE_CHECKING:
+    from blobsync.report import Report
 
 
 class ExitCode(IntEnum):
@@ -22,9 +28,11 @@ class BlobsyncError(Exception):
     exit_code: ExitCode = ExitCode.PARTIAL
 
     def __init__(self, message: str, *, hint: str | None = None) -> None:
+        # Redacted at birth, so no str(), repr() or traceback of a blobsync error can carry a secret.
+        message = redact(message)
         super().__init__(message)
         self.message = message
-        self.hint = hint
+        self.hint = redact(hint) if hint else hint
 
     def __str__(self) -> str:
         return f"{self.message} ({self.hint})" if self.hint else self.message
@@ -34,6 +42,18 @@ class UsageError(BlobsyncError):
     """Bad flags, URL or arguments: nothing was transferred."""
 
     exit_code = ExitCode.USAGE
+
+
+class TransferFailedError(BlobsyncError):
+    """Raised by the library with `raise_on_error=True` when files failed; `.report` holds the details."""
+
+    def __init__(self, report: Report) -> None:
+        first = report.failures[0] if report.failures else None
+        detail = f": {first.rel}: {first.reason}" if first else ""
+        more = f" (and {report.files_failed - 1} more)" if report.files_failed > 1 else ""
+        super().__init__(f"{report.files_failed} file(s) failed{detail}{more}")
+        self.report = report
+        self.exit_code = report.exit_code
 
 
 class Interrupted(BlobsyncError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -13,6 +14,7 @@ class FileStatus(Enum):
     TRANSFERRED = "transferred"
     SKIPPED = "skipped"
     FAILED = "failed"
+    DELETED = "deleted"  # sync: removed at the destination because the source no longer has it
 
 
 @dataclass(frozen=True)
@@ -50,9 +52,15 @@ class Report:
     duration: float = 0.0
     failures: list[FileResult] = field(default_factory=list)
     skipped_notes: list[FileResult] = field(default_factory=list)
+    # Sees every result as it is added: the live progress and the subscribers hang off it.
+    listener: Callable[[FileResult], None] | None = field(default=None, repr=False, compare=False)
 
     def add(self, result: FileResult) -> None:
-        if result.status is FileStatus.TRANSFERRED:
+        if self.listener is not None:
+            self.listener(result)
+        if result.status is FileStatus.DELETED:
+            self.files_deleted += 1
+        elif result.status is FileStatus.TRANSFERRED:
             self.files_transferred += 1
             self.bytes_transferred += result.size
         elif result.status is FileStatus.SKIPPED:

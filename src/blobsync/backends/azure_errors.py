@@ -30,6 +30,7 @@ _NEEDED_PERMISSION = {
     "GET": ("r", "read"),
     "HEAD": ("r", "read"),
     "DELETE": ("d", "delete"),
+    "LIST": ("l", "list"),  # not an HTTP method: what _call passes for a List Blobs request
 }
 
 

@@ -277,7 +277,7 @@ class AzureContainerStore:
                 status=status,
                 headers=resp_headers,
                 body=data,
-                method=method,
+                method="LIST" if ("comp", "list") in query else method,
                 what=what,
                 loc=self._loc,
                 credential_description=self._cred.description,
@@ -307,6 +307,20 @@ class AzureContainerStore:
             )
         except ContainerNotFoundError:
             return False
+        return True
+
+    async def container_answers(self, probe_name: str) -> bool:
+        """Whether the container exists, asked with a HEAD of a (missing) blob: needs only read permission,
+        where listing needs list permission. Raises AuthError when even that is refused."""
+        try:
+            await self._call("HEAD", probe_name, [], {}, None, f"get properties of {probe_name!r}", (200,),
+                             read_body=False)
+        except ContainerNotFoundError:
+            return False
+        except ServiceError as exc:
+            if exc.status == 404:
+                return True  # BlobNotFound: the container is there
+            raise
         return True
 
     async def delete_blob(self, name: str, if_match: str | None = None) -> bool:
@@ -407,20 +421,22 @@ class AzureContainerStore:
         """Every blob under `prefix`, with properties and metadata, one page (up to 5,000) at a time."""
         marker = ""
         while True:
-            query = [("restype", "container"), ("comp", "list"), ("include", "metadata"),
-                     ("maxresults", "5000")]
-            if prefix:
-                query.append(("prefix", prefix))
-            if marker:
-                query.append(("marker", marker))
-            _, _, body = await self._call("GET", None, query, {}, None,
-                                          f"list blobs in {self._loc.container}", (200,))
-            root = ElementTree.fromstring(body)
-            for blob in root.iterfind("Blobs/Blob"):
-                yield _listed_properties(blob)
-            marker = root.findtext("NextMarker") or ""
+            page, marker = await self.list_page(prefix, marker)
+            for props in page:
+                yield props
             if not marker:
                 return
+
+    async def list_page(self, prefix: str = "", marker: str = "") -> tuple[list[BlobProperties], str]:
+        """One List Blobs request: up to 5,000 blobs from `marker` on, and the marker of the next page ('')."""
+        query = [("restype", "container"), ("comp", "list"), ("include", "metadata"), ("maxresults", "5000")]
+        if prefix:
+            query.append(("prefix", prefix))
+        if marker:
+            query.append(("marker", marker))
+        _, _, body = await self._call("GET", None, query, {}, None, f"list blobs in {self._loc.container}", (200,))
+        root = ElementTree.fromstring(body)
+        return [_listed_properties(blob) for blob in root.iterfind("Blobs/Blob")], root.findtext("NextMarker") or ""
 
     async def get_block_list(self, name: str, which: str = "all") -> BlockList:
         try:

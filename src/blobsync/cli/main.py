@@ -1,107 +1,32 @@
-"""The `blobsync` command: cp and jobs. Flags map onto TransferConfig; errors become one line and an exit code."""
+"""The `blobsync` command: cp, sync, ls, rm, doctor and jobs; flags become a TransferConfig and library calls."""
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import json
-import logging
-import signal
-import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 
 from blobsync import api
 from blobsync._version import __version__
-from blobsync.cli.output import LiveProgress, human_bytes, summary, summary_record
+from blobsync.cli.common import F, handle_errors, output_options, run_job, setup_logging, start_output
+from blobsync.cli.doctor import doctor
+from blobsync.cli.listing import ls, rm
+from blobsync.cli.output import human_bytes
 from blobsync.config import TIERS, CheckMd5, Overwrite, TransferConfig, parse_metadata
 from blobsync.engine.context import Progress
-from blobsync.errors import BlobsyncError, ExitCode, UsageError
-from blobsync.redact import RedactingFilter, redact
+from blobsync.errors import UsageError
 from blobsync.report import Report
 from blobsync.syncing.compare import CompareMode
 from blobsync.syncing.filters import Filters
 from blobsync.syncing.job import Action, DeleteMode, parse_max_delete
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _error(message: str, code: int) -> None:
-    click.echo(f"blobsync: error: {redact(message)}", err=True)
-    sys.exit(code)
-
-
-def _handle_errors(fn: F) -> F:
-    """Turn every expected failure into one line on stderr and its exit code: never a traceback."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except BlobsyncError as exc:
-            _error(str(exc), int(exc.exit_code))
-        except OSError as exc:
-            _error(f"{exc.strerror or exc}", int(ExitCode.PARTIAL))
-        return None
-
-    return wrapper  # type: ignore[return-value]
-
-
-def _setup_logging(level: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.addFilter(RedactingFilter())
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger("blobsync")
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-
-
-def _sigterm_as_interrupt() -> None:
-    """Treat SIGTERM like Ctrl-C: asyncio's SIGINT handling cancels the job cleanly and it stays resumable."""
-
-    def handler(signum: int, frame: object) -> None:
-        signal.raise_signal(signal.SIGINT)
-
-    signal.signal(signal.SIGTERM, handler)
-
-
-def _run_transfer(call: Callable[[Progress], Any], *, quiet: bool, as_json: bool = False,
-                  dry_run: bool = False) -> None:
-    progress = Progress()
-    _sigterm_as_interrupt()
-    try:
-        with LiveProgress(progress) if not quiet else contextlib.nullcontext():
-            report = call(progress)
-    except KeyboardInterrupt:
-        job = progress.job_id
-        hint = f"run the same command again, or 'blobsync jobs resume {job}'" if job else "run it again"
-        click.echo(f"blobsync: interrupted; nothing is lost: {hint} to resume", err=True)
-        sys.exit(int(ExitCode.INTERRUPTED))
-    if as_json:
-        click.echo(json.dumps(summary_record(report, dry_run=dry_run)))
-    else:
-        click.echo(summary(report, dry_run=dry_run))
-    if report.files_failed:
-        click.echo(f"blobsync: {report.files_failed} file(s) failed; run the same command again (or "
-                   f"'blobsync jobs resume {report.job_id}') to retry them", err=True)
-    sys.exit(int(report.exit_code))
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(__version__, prog_name="blobsync")
 def cli() -> None:
     """Fast, resumable, verified transfers between local disks and Azure Blob Storage."""
-
-
-def _log_option(fn: F) -> F:
-    return click.option(
-        "--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
-        default="WARNING", show_default=True, help="Log detail on stderr (secrets are always redacted).",
-    )(fn)
 
 
 def _transfer_options(fn: F) -> F:
@@ -138,8 +63,6 @@ def _transfer_options(fn: F) -> F:
                      help="Cap the job's bandwidth, in megabits per second (all connections, both directions)."),
         click.option("--stall-timeout", type=float, default=120, show_default=True,
                      help="Seconds without response progress before a request is aborted and retried."),
-        click.option("--quiet", is_flag=True, help="No live progress line."),
-        _log_option,
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -186,16 +109,20 @@ def _config(*, recursive: bool, overwrite: str = "true", preserve_last_modified_
 @click.option("--preserve-last-modified-time", is_flag=True,
               help="Downloads: set the file's mtime to the source's (stored by blobsync, else Last-Modified).")
 @_transfer_options
-@_handle_errors
-def cp(source: str, destination: str, quiet: bool, log_level: str, **options: Any) -> None:
+@output_options
+@handle_errors
+def cp(source: str, destination: str, output_type: str, progress_interval: float | None, quiet: bool,
+       log_level: str, log_file: Path | None, **options: Any) -> None:
     """Copy SOURCE to DESTINATION; one of them is a blob URL, the other a local path.
 
     Upload a file (or a folder with -r) to a container or blob URL, or download a blob (or everything under a
     prefix with -r) to a local path. Interrupted? Run the same command again: only what is missing is sent.
     """
-    _setup_logging(log_level)
+    setup_logging(log_level, log_file)
     config = _config(**options)
-    _run_transfer(lambda progress: api.copy(source, destination, config, progress=progress), quiet=quiet)
+    json_out = start_output("cp", output_type, source=source, destination=destination)
+    run_job(lambda progress: api.copy(source, destination, config, progress=progress), quiet=quiet,
+            json_out=json_out, interval=progress_interval)
 
 
 @cli.command()
@@ -218,21 +145,21 @@ def cp(source: str, destination: str, quiet: bool, log_level: str, **options: An
               help="Delete destination files the source no longer has (never ones the filters exclude).")
 @click.option("--max-delete", default=None, help="Delete nothing if more than N (or N%) would be deleted.")
 @click.option("--dry-run", is_flag=True, help="Print what would be done, and why; change nothing.")
-@click.option("--output-type", type=click.Choice(["text", "json"], case_sensitive=False), default="text",
-              show_default=True, help="json: one JSON object per line (actions and the summary).")
 @_transfer_options
-@_handle_errors
+@output_options
+@handle_errors
 def sync(source: str, destination: str, include_pattern: str | None, exclude_pattern: str | None,
          include_path: str | None, exclude_path: str | None, include_regex: str | None, exclude_regex: str | None,
          include_after: str | None, include_before: str | None, compare_hash: str, size_only: bool,
          mirror_mode: bool, delete_destination: str, max_delete: str | None, dry_run: bool, output_type: str,
-         quiet: bool, log_level: str, **options: Any) -> None:
+         progress_interval: float | None, quiet: bool, log_level: str, log_file: Path | None,
+         **options: Any) -> None:
     """Make DESTINATION match SOURCE: a local folder and a container URL (with an optional prefix), either way.
 
     Files that are new, differ in size, or are newer at the source are transferred; with --delete-destination,
     files only the destination has are deleted once everything else succeeded. Run it again: nothing moves.
     """
-    _setup_logging(log_level)
+    setup_logging(log_level, log_file)
     if sum((compare_hash.lower() == "md5", size_only, mirror_mode)) > 1:
         raise UsageError("choose one of --compare-hash md5, --size-only and --mirror-mode")
     filters = Filters.parse(
@@ -245,12 +172,12 @@ def sync(source: str, destination: str, include_pattern: str | None, exclude_pat
     delete = DeleteMode.parse(delete_destination)
     parse_max_delete(max_delete)  # a bad value is a usage error before any work
     config = _config(recursive=True, **options)
-    as_json = output_type.lower() == "json"
+    json_out = start_output("sync", output_type, source=source, destination=destination, dry_run=dry_run)
 
     def on_action(action: Action) -> None:
-        if as_json:
-            click.echo(json.dumps({"type": "action", "action": action.kind, "path": action.path,
-                                   "reason": action.reason, "size": action.size, "dry_run": dry_run}))
+        if json_out is not None:
+            json_out.emit({"type": "action", "action": action.kind, "path": action.path,
+                           "reason": action.reason, "size": action.size, "dry_run": dry_run})
         elif dry_run:
             click.echo(f"{action.kind:<8} {action.path}  ({action.reason})")
 
@@ -263,7 +190,8 @@ def sync(source: str, destination: str, include_pattern: str | None, exclude_pat
                         max_delete=max_delete, dry_run=dry_run, progress=progress, on_action=on_action,
                         confirm=confirm)
 
-    _run_transfer(call, quiet=quiet or as_json or dry_run, as_json=as_json, dry_run=dry_run)
+    run_job(call, quiet=quiet or dry_run, json_out=json_out, interval=progress_interval, dry_run=dry_run,
+            show_files=not dry_run)
 
 
 @cli.group()
@@ -281,7 +209,7 @@ def _when(ts: float) -> str:
 
 @jobs.command("list")
 @_journal_option
-@_handle_errors
+@handle_errors
 def jobs_list(journal_path: Path | None) -> None:
     """One line per job: id, state, when, files, source and destination."""
     summaries = api.list_jobs(journal_path)
@@ -298,7 +226,7 @@ def jobs_list(journal_path: Path | None) -> None:
 @jobs.command("show")
 @click.argument("job_id")
 @_journal_option
-@_handle_errors
+@handle_errors
 def jobs_show(job_id: str, journal_path: Path | None) -> None:
     """Per-file state and bytes of one job."""
     s, files = api.show_job(job_id, journal_path)
@@ -318,25 +246,31 @@ def jobs_show(job_id: str, journal_path: Path | None) -> None:
 @click.argument("job_id")
 @click.option("--sas", default=None, help="SAS token for the destination (the journal never stores one).")
 @_journal_option
-@click.option("--quiet", is_flag=True, help="No live progress line.")
-@_log_option
-@_handle_errors
-def jobs_resume(job_id: str, sas: str | None, journal_path: Path | None, quiet: bool, log_level: str) -> None:
+@output_options
+@handle_errors
+def jobs_resume(job_id: str, sas: str | None, journal_path: Path | None, output_type: str,
+                progress_interval: float | None, quiet: bool, log_level: str, log_file: Path | None) -> None:
     """Resume a job; credentials come from --sas or the environment."""
-    _setup_logging(log_level)
-    _run_transfer(lambda progress: api.resume(job_id, sas=sas, journal_path=journal_path, progress=progress),
-                  quiet=quiet)
+    setup_logging(log_level, log_file)
+    json_out = start_output("jobs resume", output_type, job=job_id)
+    run_job(lambda progress: api.resume(job_id, sas=sas, journal_path=journal_path, progress=progress),
+            quiet=quiet, json_out=json_out, interval=progress_interval)
 
 
 @jobs.command("clean")
 @click.option("--older-than", "older_than", type=float, default=None, help="Only jobs older than DAYS.")
 @click.option("--all", "include_unfinished", is_flag=True, help="Also forget unfinished (resumable) jobs.")
 @_journal_option
-@_handle_errors
+@handle_errors
 def jobs_clean(older_than: float | None, include_unfinished: bool, journal_path: Path | None) -> None:
     """Forget finished jobs from the journal."""
     removed = api.clean_jobs(older_than, include_unfinished=include_unfinished, journal_path=journal_path)
     click.echo(f"removed {len(removed)} job(s)")
+
+
+cli.add_command(ls)
+cli.add_command(rm)
+cli.add_command(doctor)
 
 
 def main() -> None:

@@ -1,14 +1,18 @@
-"""Rendering for the terminal: sizes, the live progress line, and the end-of-run summary."""
+"""Rendering: sizes, the progress display (terminal, plain lines, JSON), JSON lines, and the summary."""
 
 from __future__ import annotations
 
+import json
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from typing import TextIO
 
 from blobsync.engine.context import Progress
-from blobsync.report import FileStatus, Report
+from blobsync.events import BaseSubscriber
+from blobsync.redact import redact
+from blobsync.report import FileResult, FileStatus, Report
 
 
 def human_bytes(n: float) -> str:
@@ -19,45 +23,116 @@ def human_bytes(n: float) -> str:
     return f"{n:.2f} TiB"
 
 
-def progress_line(p: Progress) -> str:
-    elapsed = max(time.monotonic() - p.started, 1e-6)
-    rate = p.bytes_sent / elapsed
-    pct = 100.0 * p.bytes_done / p.bytes_total if p.bytes_total else 100.0
-    eta = ""
+def _rate(p: Progress) -> float:
+    return p.bytes_sent / max(time.monotonic() - p.started, 1e-6)
+
+
+def _eta(p: Progress, rate: float) -> int | None:
     if rate > 0 and p.bytes_total > p.bytes_done:
-        eta = f", ETA {int((p.bytes_total - p.bytes_done) / rate)}s"
-    done = p.files_done + p.files_skipped + p.files_failed
+        return int((p.bytes_total - p.bytes_done) / rate)
+    return None
+
+
+def progress_line(p: Progress) -> str:
+    rate = _rate(p)
+    pct = 100.0 * p.bytes_done / p.bytes_total if p.bytes_total else 100.0
+    eta = _eta(p, rate)
+    done = p.files_done + p.files_failed
+    extras = []
+    if p.files_skipped:
+        extras.append(f"{p.files_skipped} skipped")
+    if p.files_failed:
+        extras.append(f"{p.files_failed} failed")
+    if p.files_deleted:
+        extras.append(f"{p.files_deleted} deleted")
+    if p.concurrency:
+        extras.append(f"{p.concurrency} in flight max")
+    if p.retries:
+        extras.append(f"{p.retries} retries")
+    if p.throttled:
+        extras.append(f"throttled {p.throttled}x")
     return (f"{pct:5.1f}%  {human_bytes(p.bytes_done)} / {human_bytes(p.bytes_total)}  "
             f"{human_bytes(rate)}/s  files {done}/{p.files_total}"
-            f"{f', {p.files_failed} failed' if p.files_failed else ''}{eta}"
-            f"{f'  (throttled {p.throttled}x, {p.concurrency} in flight max)' if p.throttled else ''}")
+            f"{f', ETA {eta}s' if eta is not None else ''}{'  (' + ', '.join(extras) + ')' if extras else ''}")
 
 
-class LiveProgress:
-    """Redraws one progress line on a terminal from a background thread; silent when not a TTY."""
+def progress_record(p: Progress) -> dict[str, object]:
+    rate = _rate(p)
+    return {
+        "type": "progress", "elapsed": round(time.monotonic() - p.started, 3),
+        "bytes_done": p.bytes_done, "bytes_total": p.bytes_total, "bytes_sent": p.bytes_sent,
+        "rate_bytes_per_second": round(rate), "eta_seconds": _eta(p, rate),
+        "files_done": p.files_done, "files_total": p.files_total, "files_skipped": p.files_skipped,
+        "files_failed": p.files_failed, "files_deleted": p.files_deleted,
+        "concurrency": p.concurrency, "retries": p.retries, "throttled": p.throttled,
+    }
 
-    def __init__(self, progress: Progress, stream: TextIO = sys.stderr, interval: float = 0.5) -> None:
-        self.progress = progress
+
+class JsonLines:
+    """Writes one redacted JSON object per line to stdout; safe to call from the loop and display threads."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
         self.stream = stream
-        self.interval = interval
+        self._lock = threading.Lock()
+
+    def emit(self, record: Mapping[str, object]) -> None:
+        line = redact(json.dumps(record, ensure_ascii=False, default=str))
+        with self._lock:
+            stream = self.stream or sys.stdout
+            stream.write(line + "\n")
+            stream.flush()
+
+
+class JsonEvents(BaseSubscriber):
+    """Subscriber that prints every file's result (successes too) as a JSON line."""
+
+    def __init__(self, out: JsonLines) -> None:
+        self.out = out
+
+    def on_done(self, result: FileResult) -> None:
+        self.out.emit({"type": "file", "path": result.rel, "blob": result.blob, "size": result.size,
+                       "status": result.status.value, "bytes_sent": result.bytes_sent,
+                       "reason": result.reason or None})
+
+
+class ProgressDisplay:
+    """Shows progress while a job runs: a line redrawn in place on a terminal, a plain line every
+    `interval` seconds otherwise, or a JSON progress record every `interval` seconds with `json_out`."""
+
+    def __init__(self, progress: Progress, *, stream: TextIO | None = None, interval: float | None = None,
+                 json_out: JsonLines | None = None) -> None:
+        self.progress = progress
+        self.stream = stream or sys.stderr
+        self.json_out = json_out
+        self.tty = json_out is None and self.stream.isatty()
+        self.interval = interval if interval is not None else (0.5 if self.tty else 10.0)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def __enter__(self) -> LiveProgress:
-        if self.stream.isatty():
-            self._thread = threading.Thread(target=self._run, daemon=True)
-            self._thread.start()
+    def __enter__(self) -> ProgressDisplay:
+        self._thread = threading.Thread(target=self._run, daemon=True, name="blobsync-progress")
+        self._thread.start()
         return self
+
+    def _show(self) -> None:
+        if self.json_out is not None:
+            self.json_out.emit(progress_record(self.progress))
+        elif self.tty:
+            self.stream.write("\r\x1b[K" + progress_line(self.progress))
+            self.stream.flush()
+        elif self.progress.files_total or self.progress.files_done:
+            self.stream.write(progress_line(self.progress).strip() + "\n")
+            self.stream.flush()
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
-            self.stream.write("\r\x1b[K" + progress_line(self.progress))
-            self.stream.flush()
+            self._show()
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+        if self.tty:
             self.stream.write("\r\x1b[K")
             self.stream.flush()
 
@@ -81,6 +156,8 @@ def summary_record(report: Report, *, dry_run: bool = False) -> dict[str, object
 
 def summary(report: Report, *, dry_run: bool = False) -> str:
     rate = report.bytes_sent / report.duration if report.duration > 0 else 0.0
+    if report.kind == "remove":
+        return _removal_summary(report, dry_run)
     if dry_run:
         verb = "to download" if report.kind == "download" else "to upload"
         return (f"Dry run: {report.files_transferred} {verb}, {report.files_failed} with problems; "
@@ -112,4 +189,19 @@ def summary(report: Report, *, dry_run: bool = False) -> str:
     for failure in report.failures:
         status = "FAILED" if failure.status is FileStatus.FAILED else "skipped"
         lines.append(f"  {status} {failure.rel}: {failure.reason}")
+    return "\n".join(lines)
+
+
+def _removal_summary(report: Report, dry_run: bool) -> str:
+    if dry_run:
+        head = f"Dry run: {report.files_deleted} blob(s) would be removed; nothing was changed"
+    else:
+        head = (f"Removed {report.files_deleted} blob(s) in {report.duration:.1f}s"
+                f"{f', {report.files_skipped} already gone' if report.files_skipped else ''}"
+                f", {report.files_failed} failed; {report.retries} retries")
+    lines = [head]
+    if report.files_deleted == 0 and report.files_failed == 0 and not report.files_skipped:
+        lines = [f"Nothing to remove at {report.source}"]
+    for failure in report.failures:
+        lines.append(f"  FAILED {failure.rel}: {failure.reason}")
     return "\n".join(lines)

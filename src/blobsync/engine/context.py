@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -13,26 +14,69 @@ from blobsync.config import TransferConfig
 from blobsync.engine.budget import MemoryBudget, RequestLimiter
 from blobsync.engine.retry import Retrier
 from blobsync.errors import ThrottledError
+from blobsync.events import QueuedFile, Subscriber
 from blobsync.journal import Journal
+from blobsync.redact import redact
+from blobsync.report import FileResult, FileStatus
 
 T = TypeVar("T")
+log = logging.getLogger("blobsync")
 
 
 @dataclass
 class Progress:
-    """Live counters a progress display reads; the engine only ever adds to them."""
+    """Live counters a progress display reads, and the subscribers told of each event.
+
+    The engine changes them only through `queued`, `advanced` and `finished`, on the event loop's thread;
+    a display thread may read the counters at any time."""
 
     job_id: str | None = None
-    files_total: int = 0
+    files_total: int = 0  # files queued for transfer (skipped ones are not)
     files_done: int = 0
     files_failed: int = 0
     files_skipped: int = 0
+    files_deleted: int = 0
     bytes_total: int = 0
     bytes_done: int = 0  # bytes of file content acknowledged by the service (or found there on resume)
     bytes_sent: int = 0  # bytes that went over the wire in this run
+    retries: int = 0
     concurrency: int = 0  # the adaptive request limit now
     throttled: int = 0  # throttling answers so far
     started: float = field(default_factory=time.monotonic)
+    subscribers: Sequence[Subscriber] = ()
+
+    def queued(self, rel: str, blob: str, size: int) -> None:
+        self.files_total += 1
+        self.bytes_total += size
+        if self.subscribers:
+            self._tell("on_queued", QueuedFile(rel, blob, size))
+
+    def advanced(self, rel: str, done: int, sent: int) -> None:
+        """`done` more bytes of `rel` are complete, `sent` of them went over the wire in this run."""
+        self.bytes_done += done
+        self.bytes_sent += sent
+        if self.subscribers:
+            self._tell("on_progress", rel, done)
+
+    def finished(self, result: FileResult) -> None:
+        if result.status is FileStatus.TRANSFERRED:
+            self.files_done += 1
+        elif result.status is FileStatus.SKIPPED:
+            self.files_skipped += 1
+        elif result.status is FileStatus.DELETED:
+            self.files_deleted += 1
+        else:
+            self.files_failed += 1
+        if self.subscribers:
+            self._tell("on_done", result)
+
+    def _tell(self, event: str, *args: object) -> None:
+        for subscriber in self.subscribers:
+            try:
+                getattr(subscriber, event)(*args)
+            except Exception as exc:  # a callback's bug must not fail (or corrupt) the transfer
+                log.warning("subscriber %s.%s raised %s: %s", type(subscriber).__name__, event,
+                            type(exc).__name__, redact(str(exc)))
 
 
 @dataclass

@@ -126,8 +126,7 @@ class FileDownloader:
                     whole.update(chunk)
         finally:
             ctx.memory.unreserve(reserved)
-        ctx.progress.bytes_done += props.size
-        ctx.progress.bytes_sent += props.size
+        ctx.progress.advanced(row.rel, props.size, props.size)
         return props.size
 
     async def _ranges(self, row: FileRow, props: BlobProperties, part: PartFile, whole: hashlib._Hash | None,
@@ -155,8 +154,7 @@ class FileDownloader:
                     results[idx].cancel()
                 raise
             ctx.journal.block_done(row.id, idx, length, "", durable=True)
-            ctx.progress.bytes_done += length
-            ctx.progress.bytes_sent += length
+            ctx.progress.advanced(row.rel, length, length)
             sent += length
             window.release()
             if whole is None:
@@ -183,7 +181,7 @@ class FileDownloader:
             for idx, offset, length in ranges:
                 if idx in done:
                     results[idx].set_result(None)
-                    ctx.progress.bytes_done += length
+                    ctx.progress.advanced(row.rel, length, 0)
                     continue
                 for task in [t for t in tasks if t.done()]:
                     tasks.discard(task)

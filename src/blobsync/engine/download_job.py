@@ -69,7 +69,8 @@ class DownloadJob:
         journal = self.runner.journal
         root, blobs = await self._enumerate()
         job = self.runner.open_job(spec.source.display, str(spec.dest))
-        report = Report(job.id, spec.source.display, str(spec.dest), kind="download")
+        report = Report(job.id, spec.source.display, str(spec.dest), kind="download",
+                        listener=self.runner.progress.finished)
         rows = journal.add_files(
             job.id, ((rel, b.name, b.size, destination_mtime_ns(b), 0) for rel, b in blobs)
         )

@@ -78,7 +78,7 @@ class UploadJob:
         journal = self.runner.journal
         files, skipped, single = enumerate_source(spec)
         job = self.runner.open_job(str(spec.source), spec.dest.display)
-        report = Report(job.id, str(spec.source), spec.dest.display)
+        report = Report(job.id, str(spec.source), spec.dest.display, listener=self.runner.progress.finished)
         for entry in skipped:
             report.add(_skipped_result(entry))
         rows = journal.add_files(

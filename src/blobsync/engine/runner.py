@@ -72,7 +72,7 @@ class JobRunner:
         cfg = self.config
         return EngineContext(
             self.store, self.journal, cfg, MemoryBudget(cfg.memory), RequestLimiter(cfg.concurrency),
-            Retrier(self.retry_policy(), on_retry=_log_retry),
+            Retrier(self.retry_policy(), on_retry=self._on_retry),
             ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2) + 2), thread_name_prefix="bs-io"),
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="bs-md5"),
             self.progress,
@@ -81,8 +81,8 @@ class JobRunner:
     async def run(self, ctx: EngineContext, report: Report, items: list[WorkItem]) -> None:
         """Transfer every item, at most `concurrency` files at once; record the job's outcome."""
         assert self.job is not None
-        self.progress.files_total = len(items)
-        self.progress.bytes_total = sum(item.size for item in items)
+        for item in items:
+            self.progress.queued(item.row.rel, item.row.blob, item.size)
         try:
             await self._pool(ctx, report, items)
         except (asyncio.CancelledError, KeyboardInterrupt):
@@ -102,12 +102,7 @@ class JobRunner:
             for item in queue:
                 result = await self._one(item)
                 report.add(result)
-                if result.status is FileStatus.FAILED:
-                    self.progress.files_failed += 1
-                elif result.status is FileStatus.SKIPPED:
-                    self.progress.files_skipped += 1
-                else:
-                    self.progress.files_done += 1
+                if result.status is FileStatus.TRANSFERRED:
                     report.bytes_sent += result.bytes_sent
                     report.bytes_reused += result.size - result.bytes_sent
 
@@ -137,6 +132,10 @@ class JobRunner:
             ctx.io_pool.shutdown(wait=True)
             ctx.hash_pool.shutdown(wait=True)
 
+    def _on_retry(self, error: BaseException, delay: float) -> None:
+        self.progress.retries += 1
+        log.info("retrying in %.1fs after: %s", delay, redact(str(error)))
+
     async def _one(self, item: WorkItem) -> FileResult:
         row = item.row
         try:
@@ -151,7 +150,3 @@ class JobRunner:
             log.warning("%s: %s", row.rel, message)
             code = exc.exit_code if exc.exit_code != ExitCode.OK else ExitCode.PARTIAL
             return FileResult(row.rel, row.blob, item.size, FileStatus.FAILED, reason=message, exit_code=code)
-
-
-def _log_retry(error: BaseException, delay: float) -> None:
-    log.info("retrying in %.1fs after: %s", delay, redact(str(error)))

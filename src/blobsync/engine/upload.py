@@ -126,8 +126,7 @@ class FileUploader:
             ctx.memory.unreserve(reserved)
         if result.content_md5 is not None and result.content_md5 != md5:
             raise IntegrityError(f"{plan.blob}: the service stored a different MD5 than was sent")
-        ctx.progress.bytes_done += before.size
-        ctx.progress.bytes_sent += before.size
+        ctx.progress.advanced(row.rel, before.size, before.size)
         ctx.journal.start_file(row.id, nonce=None, block_size=None, n_blocks=None, size=before.size,
                                mtime_ns=before.mtime_ns, inode=before.inode, reset=True)
         ctx.journal.finish_file(row.id, "committed", md5_hex=md5.hex(), etag=result.etag, bytes_sent=before.size)
@@ -229,7 +228,7 @@ class FileUploader:
                 if bid in present:
                     states[idx] = present[bid]
                     reused += length
-                    ctx.progress.bytes_done += length
+                    ctx.progress.advanced(row.rel, length, 0)
                     self._release_after(buf, last_hash)
                     window.release()
                 else:
@@ -281,8 +280,7 @@ class FileUploader:
             self._release_after(buf, hashing)
             window.release()
         ctx.journal.block_done(row.id, idx, len(view), md5.hex())
-        ctx.progress.bytes_done += len(view)
-        ctx.progress.bytes_sent += len(view)
+        ctx.progress.advanced(row.rel, len(view), len(view))
         return len(view)
 
     async def _verify(

@@ -228,7 +228,8 @@ class SyncJob:
         local.result()
         source = str(spec.local) if spec.upload else spec.remote.display
         dest = spec.remote.display if spec.upload else str(spec.local)
-        report = Report("-", source, dest, kind="upload" if spec.upload else "download")
+        report = Report("-", source, dest, kind="upload" if spec.upload else "download",
+                        listener=self.runner.progress.finished)
         for problem in self.problems:
             report.add(problem)
 
@@ -382,7 +383,7 @@ class SyncJob:
                 else:
                     safe_join(spec.local, entry.rel).unlink(missing_ok=True)
                 self.journal.finish_file(rows[f"delete:{entry.rel}"].id, "deleted")
-                report.files_deleted += 1
+                report.add(FileResult(entry.rel, entry.name or entry.rel, entry.size, FileStatus.DELETED))
 
         await asyncio.gather(*(delete(e) for e in candidates))
         self.journal.flush()

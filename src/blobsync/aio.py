@@ -1,0 +1,9 @@
+"""The async library: the same calls as the blocking ones, to await inside a running event loop."""
+
+from blobsync.api import copy_async as copy
+from blobsync.api import list_blobs_async as list_blobs
+from blobsync.api import remove_async as remove
+from blobsync.api import resume_async as resume
+from blobsync.api import sync_async as sync
+
+__all__ = ["copy", "list_blobs", "remove", "resume", "sync"]

@@ -1,0 +1,254 @@
+"""`blobsync doctor`: reads a URL's SAS (or other credential), says what it allows, and probes the endpoint."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from enum import Enum
+from urllib.parse import unquote
+
+from blobsync.backends.azure_auth import AnonymousCredential, SasCredential, resolve_credential
+from blobsync.backends.azure_rest import AzureContainerStore
+from blobsync.backends.base import BlobHeaders
+from blobsync.errors import AuthError, BlobsyncError, ContainerNotFoundError, ExitCode, TransientError
+from blobsync.location import BlobLocation, parse_location
+
+PERMISSIONS = {
+    "r": "read", "a": "add", "c": "create", "w": "write", "d": "delete", "x": "delete versions",
+    "y": "permanent delete", "l": "list", "t": "tags", "f": "find by tags", "m": "move", "e": "execute",
+    "o": "ownership", "p": "permissions", "i": "immutability policy",
+}
+
+# What each blobsync operation needs. Uploads read too: the commit is verified and resumes ask which
+# blocks the service already holds; 'c' (create) alone cannot stage blocks.
+NEEDS: tuple[tuple[str, str], ...] = (
+    ("upload (cp)", "rw"),
+    ("download (cp)", "r"),
+    ("download -r (cp)", "rl"),
+    ("sync up", "rwl"),
+    ("sync up --delete-destination", "rwld"),
+    ("sync down", "rl"),
+    ("ls", "l"),
+    ("rm", "d"),
+    ("rm -r", "dl"),
+)
+
+EXPIRY_WARNING = timedelta(hours=2)  # a long transfer may outlive the SAS, and blobsync cannot renew one
+
+
+class Level(Enum):
+    OK = "ok"
+    INFO = "info"
+    WARN = "warn"
+    FAIL = "FAIL"
+
+
+@dataclass(frozen=True)
+class Finding:
+    level: Level
+    topic: str
+    text: str
+    auth: bool = False  # a failure of credentials or permissions (exit code 3) rather than of the service
+
+
+@dataclass
+class Diagnosis:
+    """What `doctor` found: one finding per check, and per operation the permissions still missing."""
+
+    url: str  # without its query string
+    credential: str
+    findings: list[Finding] = field(default_factory=list)
+    missing: dict[str, str] = field(default_factory=dict)  # operation -> what its SAS still lacks
+
+    def add(self, level: Level, topic: str, text: str, *, auth: bool = False) -> None:
+        self.findings.append(Finding(level, topic, text, auth))
+
+    @property
+    def exit_code(self) -> ExitCode:
+        failures = [f for f in self.findings if f.level is Level.FAIL]
+        if not failures:
+            return ExitCode.OK
+        return ExitCode.AUTH if any(f.auth for f in failures) else ExitCode.PARTIAL
+
+
+def _sas_time(value: str) -> datetime | None:
+    value = unquote(value)
+    for fmt in ("%Y-%m-%dT%H:%M:%SZ", "%Y-%m-%dT%H:%MZ", "%Y-%m-%d", "%Y-%m-%dT%H:%M:%S.%fZ"):
+        try:
+            return datetime.strptime(value, fmt).replace(tzinfo=UTC)
+        except ValueError:
+            continue
+    return None
+
+
+def _span(delta: timedelta) -> str:
+    seconds = abs(delta.total_seconds())
+    if seconds >= 2 * 86400:
+        return f"{seconds / 86400:.0f} days"
+    if seconds >= 2 * 3600:
+        return f"{seconds / 3600:.0f} hours"
+    return f"{seconds / 60:.0f} minutes"
+
+
+def read_sas(loc: BlobLocation, diagnosis: Diagnosis, now: datetime | None = None) -> None:
+    """Check the SAS fields offline: permissions, validity window, protocol, resource type and IP range."""
+    fields = loc.sas_fields
+    now = now or datetime.now(UTC)
+    perms = unquote(fields.get("sp", ""))
+    account_sas = "ss" in fields or "srt" in fields
+    kind = "user delegation SAS" if "skoid" in fields else "account SAS" if account_sas else "service SAS"
+    diagnosis.add(Level.INFO, "sas", f"{kind}, version {fields.get('sv', '?')}")
+    if not perms:
+        diagnosis.add(Level.FAIL, "permissions", "the SAS has no 'sp' (permissions) field: it allows nothing",
+                      auth=True)
+    else:
+        named = ", ".join(PERMISSIONS.get(c, f"'{c}'?") for c in perms)
+        diagnosis.add(Level.OK, "permissions", f"{named} (sp={perms})")
+    for operation, needed in NEEDS:
+        lacking = [f"'{c}' ({PERMISSIONS[c]})" for c in needed if c not in perms]
+        if lacking:
+            diagnosis.missing[operation] = ", ".join(lacking)
+
+    expiry = _sas_time(fields["se"]) if "se" in fields else None
+    if "se" in fields and expiry is None:
+        diagnosis.add(Level.WARN, "expiry", f"cannot read the expiry se={unquote(fields['se'])!r}")
+    elif expiry is None:
+        diagnosis.add(Level.INFO, "expiry", "no expiry in the SAS (a stored access policy may set one)")
+    elif expiry <= now:
+        diagnosis.add(Level.FAIL, "expiry", f"the SAS expired at {expiry:%Y-%m-%d %H:%M:%S}Z "
+                      f"({_span(now - expiry)} ago): generate a new one", auth=True)
+    elif expiry - now < EXPIRY_WARNING:
+        diagnosis.add(Level.WARN, "expiry", f"the SAS expires in {_span(expiry - now)} "
+                      f"({expiry:%Y-%m-%d %H:%M:%S}Z): a long transfer may outlive it (it stays resumable "
+                      "with a new SAS)")
+    else:
+        diagnosis.add(Level.OK, "expiry", f"valid until {expiry:%Y-%m-%d %H:%M:%S}Z (in {_span(expiry - now)})")
+
+    start = _sas_time(fields["st"]) if "st" in fields else None
+    if start is not None and start > now:
+        skew = " (or this machine's clock is behind)" if start - now < timedelta(minutes=15) else ""
+        diagnosis.add(Level.FAIL, "start", f"the SAS is not valid before {start:%Y-%m-%d %H:%M:%S}Z, "
+                      f"{_span(start - now)} from now{skew}", auth=True)
+
+    protocol = unquote(fields.get("spr", ""))
+    if protocol == "https" and loc.scheme == "http":
+        diagnosis.add(Level.FAIL, "protocol", "the SAS allows HTTPS only (spr=https) but the URL is http://: "
+                      "use https://", auth=True)
+    elif protocol:
+        diagnosis.add(Level.OK, "protocol", f"spr={protocol}")
+
+    resource = fields.get("sr")
+    if resource == "b":
+        diagnosis.add(Level.WARN, "resource", "a blob SAS (sr=b): it covers this one blob only, so -r, sync, "
+                      "ls and uploads of other names need a container SAS (sr=c)")
+        for operation in ("download -r (cp)", "sync up", "sync up --delete-destination", "sync down", "ls",
+                          "rm -r"):
+            before = diagnosis.missing.get(operation)
+            diagnosis.missing[operation] = f"{before}, and a container SAS (sr=c)" if before \
+                else "a container SAS (sr=c)"
+    elif resource == "d":
+        diagnosis.add(Level.INFO, "resource", "a directory SAS (sr=d): only blobs under that directory")
+    if account_sas:
+        services, types = fields.get("ss", ""), fields.get("srt", "")
+        if "b" not in services:
+            diagnosis.add(Level.FAIL, "services", f"the account SAS does not cover the blob service (ss={services})",
+                          auth=True)
+        if "o" not in types:
+            diagnosis.add(Level.FAIL, "resource types", f"the account SAS does not cover objects (srt={types}): "
+                          "blobs cannot be read or written", auth=True)
+        elif "c" not in types:
+            diagnosis.add(Level.WARN, "resource types", f"the account SAS does not cover containers (srt={types}): "
+                          "listing (sync, -r, ls) and --create-container will be refused")
+    if "sip" in fields:
+        diagnosis.add(Level.INFO, "ip range", f"only requests from {unquote(fields['sip'])} are allowed: "
+                      "this machine's public address must be in that range")
+
+
+async def diagnose(url: str, *, write_test: bool = False, env: Mapping[str, str] | None = None,
+                   timeout: float = 15.0) -> Diagnosis:
+    """Check what the URL's credentials allow and whether the endpoint and container answer.
+
+    With `write_test`, put a small probe blob, read it back and delete it (saying so if it cannot)."""
+    env = os.environ if env is None else env
+    loc = parse_location(url)
+    credential = resolve_credential(loc, env)
+    label = "SAS in the URL (signature hidden)" if isinstance(credential, SasCredential) and loc.sas \
+        else credential.description
+    diagnosis = Diagnosis(loc.display, label)
+    if loc.sas:
+        read_sas(loc, diagnosis)
+    elif isinstance(credential, AnonymousCredential):
+        diagnosis.add(Level.WARN, "credential", "no credentials found: only a public container can be read. "
+                      "Add a SAS to the URL, or set AZURE_STORAGE_CONNECTION_STRING or "
+                      "AZURE_STORAGE_ACCOUNT and AZURE_STORAGE_KEY")
+    else:
+        diagnosis.add(Level.INFO, "credential", f"{label}: permissions are those of the key or identity")
+
+    store = AzureContainerStore(loc, credential, connections=4, connect_timeout=timeout, read_timeout=timeout)
+    try:
+        if await _probe_container(store, loc, diagnosis) and write_test:
+            await _write_test(store, loc, diagnosis)
+    finally:
+        await store.close()
+    return diagnosis
+
+
+async def _probe_container(store: AzureContainerStore, loc: BlobLocation, diagnosis: Diagnosis) -> bool:
+    started = time.monotonic()
+    try:
+        try:
+            exists = await store.container_exists()
+        except AuthError as exc:
+            if exc.code != "AuthorizationPermissionMismatch":
+                raise
+            # Listing refused (no 'l'): a HEAD of a missing blob still tells whether the container is there.
+            exists = await store.container_answers(f"{loc.path.rstrip('/')}/.blobsync-doctor-probe".lstrip("/"))
+    except AuthError as exc:
+        diagnosis.add(Level.FAIL, "endpoint", f"answered, but refused the credentials: {exc}", auth=True)
+        return False
+    except TransientError as exc:
+        diagnosis.add(Level.FAIL, "endpoint", f"{loc.account_url} does not answer: {exc}")
+        return False
+    except BlobsyncError as exc:
+        diagnosis.add(Level.FAIL, "endpoint", str(exc))
+        return False
+    diagnosis.add(Level.OK, "endpoint", f"{loc.account_url} answered in {1000 * (time.monotonic() - started):.0f} ms")
+    if not exists:
+        diagnosis.add(Level.FAIL, "container", f"container {loc.container!r} does not exist: create it, or pass "
+                      "--create-container to cp or sync")
+        return False
+    diagnosis.add(Level.OK, "container", f"{loc.container!r} exists")
+    return True
+
+
+async def _write_test(store: AzureContainerStore, loc: BlobLocation, diagnosis: Diagnosis) -> None:
+    folder = loc.path.rstrip("/")
+    name = f"{folder + '/' if folder else ''}.blobsync-doctor-{secrets.token_hex(6)}"
+    body = b"blobsync doctor write test\n"
+    headers = BlobHeaders("text/plain", hashlib.md5(body).digest(), {})
+    try:
+        await store.put_blob(name, body, headers)
+    except (AuthError, ContainerNotFoundError) as exc:
+        diagnosis.add(Level.FAIL, "write test", f"cannot write: {exc}", auth=isinstance(exc, AuthError))
+        return
+    except BlobsyncError as exc:
+        diagnosis.add(Level.FAIL, "write test", f"cannot write: {exc}")
+        return
+    try:
+        props = await store.get_properties(name)
+        if props is None or props.size != len(body):
+            diagnosis.add(Level.FAIL, "write test", f"wrote {name!r} but could not read it back")
+        else:
+            diagnosis.add(Level.OK, "write test", f"wrote and read back {name!r}")
+    except AuthError as exc:
+        diagnosis.add(Level.WARN, "write test", f"wrote {name!r} but cannot read it back: {exc}")
+    try:
+        await store.delete_blob(name)
+        diagnosis.add(Level.OK, "delete test", f"deleted {name!r}")
+    except BlobsyncError as exc:
+        diagnosis.add(Level.WARN, "delete test", f"cannot delete the probe blob {name!r} ({exc}): remove it by hand")
