@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import logging
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -33,6 +34,9 @@ from blobsync.backends.base import (
 )
 from blobsync.errors import BlobNotFoundError, ContainerNotFoundError, NetworkError, ServiceError
 from blobsync.location import BlobLocation
+from blobsync.redact import redact
+
+log = logging.getLogger("blobsync.http")
 
 API_VERSION = "2023-11-03"
 _USER_AGENT = f"blobsync/{__version__}"
@@ -272,6 +276,8 @@ class AzureContainerStore:
                     data = await resp.read() if (read_body or status not in expect) else b""
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise network_error(what, exc) from exc
+        if log.isEnabledFor(logging.DEBUG):  # checked first: this is the hot path
+            log.debug("%s %s -> %d %s", method, redact(str(url)), status, resp_headers.get("x-ms-error-code", ""))
         if status not in expect:
             raise error_from_response(
                 status=status,

@@ -57,12 +57,15 @@ class JobRunner:
     def open_job(self, source: str, dest: str) -> JobRow:
         """Resume the unfinished job for (source, dest) if there is one, else start a new one."""
         job = self.job or self.journal.find_unfinished_job(self.kind, source, dest)
+        fresh = job is None
         if job is None:
             job = self.journal.create_job(self.kind, source, dest, self.config.journal_options())
         else:
             self.journal.claim_job(job)
         self.job = job
         self.progress.job_id = job.id
+        log.info("job %s (%s, %s): %s -> %s", job.id, self.kind, "new" if fresh else "resumed",
+                 source, dest)
         return job
 
     def retry_policy(self) -> RetryPolicy:
@@ -139,7 +142,9 @@ class JobRunner:
     async def _one(self, item: WorkItem) -> FileResult:
         row = item.row
         try:
-            return await item.run()
+            result = await item.run()
+            log.debug("%s: %s (%d bytes sent)", row.rel, result.status.value, result.bytes_sent)
+            return result
         except FATAL:
             raise
         except BlobsyncError as exc:
