@@ -7,6 +7,7 @@ from blobsync.api import (
     clean_jobs,
     copy,
     copy_async,
+    diagnose,
     list_blobs,
     list_jobs,
     remove,
@@ -18,7 +19,7 @@ from blobsync.api import (
 )
 from blobsync.backends.base import BlobProperties
 from blobsync.config import CheckMd5, Overwrite, TransferConfig
-from blobsync.doctor import Diagnosis, Finding, diagnose
+from blobsync.doctor import Diagnosis, Finding
 from blobsync.engine.context import Progress
 from blobsync.errors import (
     AuthError,

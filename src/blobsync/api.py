@@ -14,6 +14,8 @@ from blobsync.backends.azure_auth import resolve_credential
 from blobsync.backends.azure_rest import AzureContainerStore
 from blobsync.backends.base import BlobProperties
 from blobsync.config import TransferConfig
+from blobsync.doctor import Diagnosis
+from blobsync.doctor import diagnose as diagnose_async
 from blobsync.engine.bandwidth import TokenBucket, mbps_to_bytes
 from blobsync.engine.context import Progress
 from blobsync.engine.download_job import DownloadJob, DownloadSpec
@@ -329,3 +331,8 @@ async def remove_async(
 def remove(url: str, config: TransferConfig | None = None, **kwargs: Any) -> Report:
     """Blocking form of `blobsync.aio.remove` (same arguments)."""
     return _blocking(remove_async(url, config, **kwargs))
+
+
+def diagnose(url: str, **kwargs: Any) -> Diagnosis:
+    """Blocking form of `blobsync.aio.diagnose`: what `blobsync doctor` checks, as a Diagnosis."""
+    return _blocking(diagnose_async(url, **kwargs))
