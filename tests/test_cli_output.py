@@ -86,3 +86,36 @@ def test_sync_json_reports_each_file_and_deletes(container: ContainerHandle, tmp
     assert ("file", "deleted") in by_type and by_type[("file", "deleted")]["path"] == "orphan.bin"
     assert records[-1]["type"] == "summary" and records[-1]["files_deleted"] == 1
     assert container.blob_names() == ["s/a.bin"]
+
+
+def test_live_progress_redraws_one_line_on_a_terminal(container: ContainerHandle, tmp_path: Path,
+                                                      azurite_env: str) -> None:
+    import os
+    import pty
+    import subprocess
+
+    from support.cli import blobsync_cmd, clean_env
+
+    data = random_file(tmp_path / "a.bin", 6 * MiB)
+    leader, follower = pty.openpty()
+    with subprocess.Popen(blobsync_cmd("cp", str(tmp_path / "a.bin"), container.url, "--journal",
+                                       str(tmp_path / "j.db"), "--block-size-mb", "1", "--cap-mbps", "40",
+                                       "--progress-interval", "0.1"),
+                          env=clean_env(), stdout=subprocess.PIPE, stderr=follower) as proc:
+        os.close(follower)
+        screen = b""
+        while True:
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:  # the pty closes when the process exits
+                break
+            if not chunk:
+                break
+            screen += chunk
+        out = proc.stdout.read().decode() if proc.stdout else ""
+    os.close(leader)
+    assert proc.returncode == 0
+    assert screen.count(b"\r\x1b[K") >= 3  # redrawn in place, then cleared
+    assert b"files 0/1" in screen or b"files 1/1" in screen
+    assert out.startswith("Job ") and "1 uploaded" in out
+    assert container.download("a.bin") == data

@@ -41,6 +41,8 @@ def handle_errors(fn: F) -> F:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        global _json_out
+        _json_out = None  # until this command says otherwise (in-process runners call several commands)
         try:
             return fn(*args, **kwargs)
         except BlobsyncError as exc:
