@@ -32,6 +32,7 @@ from blobsync.backends.base import (
     Conditions,
     PutResult,
 )
+from blobsync.backends.rawget import RawGetClient, RawHttpError
 from blobsync.errors import BlobNotFoundError, ContainerNotFoundError, NetworkError, ServiceError
 from blobsync.location import BlobLocation
 from blobsync.redact import redact
@@ -210,6 +211,8 @@ class AzureContainerStore:
         self._base_path = urlsplit(self._base).path
         self._dates = _DateCache()
         self._own_session = session is None
+        self._raw = RawGetClient(loc.scheme, loc.netloc, connect_timeout=connect_timeout,
+                                 stall_timeout=read_timeout, throttle=throttle, max_idle=connections)
         self._session = session or aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=connections, limit_per_host=connections, ttl_dns_cache=300),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=read_timeout),
@@ -227,24 +230,15 @@ class AzureContainerStore:
         return self._loc
 
     async def close(self) -> None:
+        self._raw.close()
         if self._own_session:
             await self._session.close()
 
     # --- transport ----------------------------------------------------------------------------------------
 
-    async def _call(
-        self,
-        method: str,
-        name: str | None,
-        query: list[tuple[str, str]],
-        headers: dict[str, str],
-        body: Buffer | None,
-        what: str,
-        expect: tuple[int, ...],
-        read_body: bool = True,
-        chunks: list[bytes] | None = None,
-    ) -> tuple[int, Mapping[str, str], bytes]:
-        """One request. With `chunks`, a successful response body is appended there as received (no join)."""
+    async def _sign(self, method: str, name: str | None, query: list[tuple[str, str]], headers: dict[str, str],
+                    body: Buffer | None) -> tuple[str, Request]:
+        """The request target (path and query, SAS included) and the request with its signed headers."""
         path = self._base_path if name is None else f"{self._base_path}/{quote(name, safe='/~')}"
         headers["x-ms-date"] = self._dates.now()
         headers["x-ms-version"] = API_VERSION
@@ -259,7 +253,23 @@ class AzureContainerStore:
         qs = "&".join(f"{quote(k, safe='')}={quote(v, safe='')}" for k, v in query)
         if request.sas:
             qs = f"{qs}&{request.sas}" if qs else request.sas
-        url = URL(f"{self._loc.scheme}://{self._loc.netloc}{path}{'?' + qs if qs else ''}", encoded=True)
+        return f"{path}{'?' + qs if qs else ''}", request
+
+    async def _call(
+        self,
+        method: str,
+        name: str | None,
+        query: list[tuple[str, str]],
+        headers: dict[str, str],
+        body: Buffer | None,
+        what: str,
+        expect: tuple[int, ...],
+        read_body: bool = True,
+        chunks: list[bytes] | None = None,
+    ) -> tuple[int, Mapping[str, str], bytes]:
+        """One request. With `chunks`, a successful response body is appended there as received (no join)."""
+        target, request = await self._sign(method, name, query, headers, body)
+        url = URL(f"{self._loc.scheme}://{self._loc.netloc}{target}", encoded=True)
         try:
             async with self._session.request(
                 method, url, headers=request.headers, data=_body(body, self._throttle)
@@ -422,6 +432,36 @@ class AzureContainerStore:
                 content_md5=base64.b64decode(md5) if md5 else None,
             )
         return chunks, props
+
+    async def get_range_into(self, name: str, offset: int, buf: memoryview, if_match: str | None = None
+                             ) -> BlobProperties:
+        """Read len(buf) bytes from `offset` straight into `buf` (no intermediate copies), with the blob's
+        properties as of that read. A short body is a retryable NetworkError."""
+        what = f"get blob {name!r}"
+        headers = {"x-ms-range": f"bytes={offset}-{offset + len(buf) - 1}"}
+        if if_match:
+            headers["If-Match"] = if_match
+        target, request = await self._sign("GET", name, [], headers, None)
+        try:
+            response = await self._raw.get_into(target, request.headers, buf)
+        except RawHttpError as exc:
+            raise network_error(what, exc) from exc
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("GET %s -> %d (raw)", redact(target), response.status)
+        if response.status not in (200, 206):
+            raise error_from_response(status=response.status, headers=dict(response.headers),
+                                      body=response.error_body, method="GET", what=what, loc=self._loc,
+                                      credential_description=self._cred.description)
+        if response.body_length != len(buf):
+            raise NetworkError(f"{what}: response cut short ({response.body_length} of {len(buf)} bytes)")
+        h = response.headers
+        props = _properties(name, h)
+        if response.status == 200:
+            return props
+        total = h.get("content-range", "").rpartition("/")[2]
+        md5 = h.get("x-ms-blob-content-md5")
+        return dataclasses.replace(props, size=int(total) if total.isdigit() else props.size,
+                                   content_md5=base64.b64decode(md5) if md5 else None)
 
     async def list_blobs(self, prefix: str = "") -> AsyncIterator[BlobProperties]:
         """Every blob under `prefix`, with properties and metadata, one page (up to 5,000) at a time."""

@@ -6,6 +6,8 @@ import asyncio
 import hashlib
 import logging
 import os
+from collections.abc import Callable
+from concurrent.futures import Executor
 from pathlib import Path
 
 from blobsync.backends.base import BlobProperties
@@ -117,64 +119,75 @@ class FileDownloader:
                       whole: hashlib._Hash | None) -> int:
         ctx = self.ctx
         loop = asyncio.get_running_loop()
-        reserved = await ctx.memory.reserve(props.size)
+        if props.size == 0:  # no range to ask for; the GET still checks the blob is there, as this version
+            await ctx.request(lambda: ctx.store.get_range(row.blob, 0, None, props.etag or None))
+            ctx.progress.advanced(row.rel, 0, 0)
+            return 0
+        buf = await ctx.memory.buffer(props.size)
+        view = memoryview(buf)
         try:
-            chunks, _ = await ctx.request(lambda: ctx.store.get_range(row.blob, 0, None, props.etag or None))
-            await loop.run_in_executor(ctx.io_pool, part.write, chunks, 0)
+            await ctx.request(lambda: ctx.store.get_range_into(row.blob, 0, view, props.etag or None))
+            await _in_thread(loop, ctx.io_pool, part.write_view, view, 0)
             if whole is not None:
-                for chunk in chunks:
-                    whole.update(chunk)
+                await _in_thread(loop, ctx.hash_pool, whole.update, view)
         finally:
-            ctx.memory.unreserve(reserved)
+            view.release()
+            ctx.memory.release(buf)
         ctx.progress.advanced(row.rel, props.size, props.size)
         return props.size
 
     async def _ranges(self, row: FileRow, props: BlobProperties, part: PartFile, whole: hashlib._Hash | None,
                       block_size: int, done: set[int]) -> int:
-        """Fetch the missing ranges in parallel; hash every range in order as it becomes available."""
+        """Fetch the missing ranges in parallel, each straight into a pooled buffer; write each with pwrite and
+        hash them in order as they become available (a range's buffer goes back to the pool once hashed)."""
         ctx = self.ctx
         loop = asyncio.get_running_loop()
         ranges = list(block_ranges(props.size, block_size))
-        # Each range's data waits here until hashed in order, then is dropped: popping the future releases it.
-        results: dict[int, asyncio.Future[list[bytes] | None]] = {idx: loop.create_future() for idx, _, _ in ranges}
+        # A fetched range waits here (its buffer) until hashed in order; None: it was on disk already.
+        results: dict[int, asyncio.Future[bytearray | None]] = {idx: loop.create_future() for idx, _, _ in ranges}
         window = asyncio.Semaphore(ctx.config.concurrency + 2)
         tasks: set[asyncio.Task[None]] = set()
         sent = 0
 
-        async def fetch(idx: int, offset: int, length: int, reserved: int) -> None:
+        async def fetch(idx: int, offset: int, length: int, buf: bytearray) -> None:
             nonlocal sent
+            view = memoryview(buf)[:length]
             try:
-                chunks, _ = await ctx.request(lambda: ctx.store.get_range(row.blob, offset, length, props.etag))
-                await loop.run_in_executor(ctx.io_pool, part.write, chunks, offset)
+                await ctx.request(lambda: ctx.store.get_range_into(row.blob, offset, view, props.etag))
+                await _in_thread(loop, ctx.io_pool, part.write_view, view, offset)
             except BaseException:
-                ctx.memory.unreserve(reserved)
+                ctx.memory.release(buf)
                 window.release()
                 # The failure itself surfaces through this task; the in-order hasher just stops.
                 if idx in results:
                     results[idx].cancel()
                 raise
+            finally:
+                view.release()
             ctx.journal.block_done(row.id, idx, length, "", durable=True)
             ctx.progress.advanced(row.rel, length, length)
             sent += length
             window.release()
             if whole is None:
-                ctx.memory.unreserve(reserved)
-                chunks = []
-            results[idx].set_result(chunks)
+                ctx.memory.release(buf)
+                results[idx].set_result(None)
+            else:
+                results[idx].set_result(buf)
 
         async def hash_in_order() -> None:
             assert whole is not None
             for idx, offset, length in ranges:
-                future = results[idx]
-                chunks = await future
-                del results[idx], future  # nothing else holds the data once it is hashed
-                if chunks is None:  # on disk from an earlier run
+                buf = await results[idx]
+                del results[idx]  # from here on this buffer is the hasher's to release
+                if buf is None:  # on disk from an earlier run
                     await loop.run_in_executor(ctx.hash_pool, part.md5_of_range, whole, offset, length)
                     continue
                 # Off the event loop: hashing 8 MiB takes ~10 ms, long enough to stall every other request.
-                await loop.run_in_executor(ctx.hash_pool, _update_all, whole, chunks)
-                del chunks
-                ctx.memory.unreserve(length)
+                try:
+                    with memoryview(buf)[:length] as view:
+                        await _in_thread(loop, ctx.hash_pool, whole.update, view)
+                finally:
+                    ctx.memory.release(buf)
 
         hasher = asyncio.create_task(hash_in_order()) if whole is not None else None
         try:
@@ -187,8 +200,8 @@ class FileDownloader:
                     tasks.discard(task)
                     task.result()
                 await window.acquire()
-                reserved = await ctx.memory.reserve(length)
-                tasks.add(asyncio.create_task(fetch(idx, offset, length, reserved)))
+                buf = await ctx.memory.buffer(block_size)
+                tasks.add(asyncio.create_task(fetch(idx, offset, length, buf)))
             if tasks:
                 done_tasks, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
                 for task in done_tasks:
@@ -199,10 +212,21 @@ class FileDownloader:
             for task in [*tasks, *([hasher] if hasher else [])]:
                 task.cancel()
             await asyncio.gather(*tasks, *([hasher] if hasher else []), return_exceptions=True)
+            for future in results.values():  # fetched but never hashed: their buffers go back to the pool
+                if future.done() and not future.cancelled() and future.exception() is None:
+                    got = future.result()
+                    if got is not None:
+                        ctx.memory.release(got)
             raise
         return sent
 
 
-def _update_all(hasher: hashlib._Hash, chunks: list[bytes]) -> None:
-    for chunk in chunks:
-        hasher.update(chunk)
+async def _in_thread(loop: asyncio.AbstractEventLoop, pool: Executor, fn: Callable[..., object],
+                     *args: object) -> None:
+    """Run `fn(*args)` in `pool`; if cancelled meanwhile, still wait for the thread (it uses our buffer)."""
+    future = loop.run_in_executor(pool, fn, *args)
+    try:
+        await asyncio.shield(future)
+    except asyncio.CancelledError:
+        await asyncio.wait([future])
+        raise

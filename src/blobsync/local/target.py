@@ -86,6 +86,16 @@ class PartFile:
         except OSError as exc:
             raise _write_error(self.path, exc) from exc
 
+    def write_view(self, view: memoryview, offset: int) -> None:
+        """Write one buffer at `offset` (called in a worker thread)."""
+        try:
+            while view:
+                n = os.pwrite(self.fd, view, offset)
+                offset += n
+                view = view[n:]
+        except OSError as exc:
+            raise _write_error(self.path, exc) from exc
+
     def read(self, offset: int, length: int) -> bytes:
         return os.pread(self.fd, length, offset)
 
