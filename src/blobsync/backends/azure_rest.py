@@ -32,7 +32,7 @@ from blobsync.backends.base import (
     Conditions,
     PutResult,
 )
-from blobsync.backends.rawget import RawGetClient, RawHttpError
+from blobsync.backends.rawget import RawClient, RawHttpError
 from blobsync.errors import BlobNotFoundError, ContainerNotFoundError, NetworkError, ServiceError
 from blobsync.location import BlobLocation
 from blobsync.redact import redact
@@ -211,7 +211,7 @@ class AzureContainerStore:
         self._base_path = urlsplit(self._base).path
         self._dates = _DateCache()
         self._own_session = session is None
-        self._raw = RawGetClient(loc.scheme, loc.netloc, connect_timeout=connect_timeout,
+        self._raw = RawClient(loc.scheme, loc.netloc, connect_timeout=connect_timeout,
                                  stall_timeout=read_timeout, throttle=throttle, max_idle=connections)
         self._session = session or aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=connections, limit_per_host=connections, ttl_dns_cache=300),
@@ -264,34 +264,24 @@ class AzureContainerStore:
         body: Buffer | None,
         what: str,
         expect: tuple[int, ...],
-        read_body: bool = True,
         chunks: list[bytes] | None = None,
     ) -> tuple[int, Mapping[str, str], bytes]:
         """One request. With `chunks`, a successful response body is appended there as received (no join)."""
         target, request = await self._sign(method, name, query, headers, body)
         url = URL(f"{self._loc.scheme}://{self._loc.netloc}{target}", encoded=True)
-        try:
-            async with self._session.request(
-                method, url, headers=request.headers, data=_body(body, self._throttle)
-            ) as resp:
-                resp_headers = {k.lower(): v for k, v in resp.headers.items()}
-                status = resp.status
-                if chunks is not None and status in expect:
-                    async for chunk in resp.content.iter_any():
-                        chunks.append(chunk)
-                        if self._throttle is not None:
-                            await self._throttle(len(chunk))  # reading slower makes TCP slow the sender
-                    data = b""
-                else:
-                    data = await resp.read() if (read_body or status not in expect) else b""
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise network_error(what, exc) from exc
+        if body is None and method in ("GET", "HEAD", "DELETE"):
+            status, resp_headers, data = await self._bodiless(method, target, request.headers, what)
+            if chunks is not None and status in expect:
+                chunks.append(data)
+                data = b""
+        else:
+            status, resp_headers, data = await self._with_body(method, url, request.headers, body, what)
         if log.isEnabledFor(logging.DEBUG):  # checked first: this is the hot path
             log.debug("%s %s -> %d %s", method, redact(str(url)), status, resp_headers.get("x-ms-error-code", ""))
         if status not in expect:
             raise error_from_response(
                 status=status,
-                headers=resp_headers,
+                headers=dict(resp_headers),
                 body=data,
                 method="LIST" if ("comp", "list") in query else method,
                 what=what,
@@ -299,6 +289,24 @@ class AzureContainerStore:
                 credential_description=self._cred.description,
             )
         return status, resp_headers, data
+
+    async def _bodiless(self, method: str, target: str, headers: Mapping[str, str], what: str
+                        ) -> tuple[int, Mapping[str, str], bytes]:
+        try:
+            raw = await self._raw.request(method, target, headers)
+        except RawHttpError as exc:
+            raise network_error(what, exc) from exc
+        return raw.status, raw.headers, raw.body
+
+    async def _with_body(self, method: str, url: URL, headers: Mapping[str, str], body: Buffer | None, what: str
+                         ) -> tuple[int, Mapping[str, str], bytes]:
+        try:
+            async with self._session.request(
+                method, url, headers=headers, data=_body(body, self._throttle)
+            ) as resp:
+                return resp.status, {k.lower(): v for k, v in resp.headers.items()}, await resp.read()
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise network_error(what, exc) from exc
 
     # --- operations ---------------------------------------------------------------------------------------
 
@@ -329,8 +337,7 @@ class AzureContainerStore:
         """Whether the container exists, asked with a HEAD of a (missing) blob: needs only read permission,
         where listing needs list permission. Raises AuthError when even that is refused."""
         try:
-            await self._call("HEAD", probe_name, [], {}, None, f"get properties of {probe_name!r}", (200,),
-                             read_body=False)
+            await self._call("HEAD", probe_name, [], {}, None, f"get properties of {probe_name!r}", (200,))
         except ContainerNotFoundError:
             return False
         except ServiceError as exc:
@@ -352,8 +359,7 @@ class AzureContainerStore:
 
     async def get_properties(self, name: str) -> BlobProperties | None:
         try:
-            _, h, _ = await self._call("HEAD", name, [], {}, None, f"get properties of {name!r}", (200,),
-                                       read_body=False)
+            _, h, _ = await self._call("HEAD", name, [], {}, None, f"get properties of {name!r}", (200,))
         except BlobNotFoundError:
             return None
         except ServiceError as exc:
@@ -382,7 +388,7 @@ class AzureContainerStore:
             req["Content-MD5"] = _b64(content_md5)
         await self._call(
             "PUT", name, [("comp", "block"), ("blockid", block_id)], req, data, f"put block of {name!r}",
-            (201,), read_body=False,
+            (201,),
         )
 
     async def put_block_list(
@@ -443,14 +449,14 @@ class AzureContainerStore:
             headers["If-Match"] = if_match
         target, request = await self._sign("GET", name, [], headers, None)
         try:
-            response = await self._raw.get_into(target, request.headers, buf)
+            response = await self._raw.request("GET", target, request.headers, buf)
         except RawHttpError as exc:
             raise network_error(what, exc) from exc
         if log.isEnabledFor(logging.DEBUG):
             log.debug("GET %s -> %d (raw)", redact(target), response.status)
         if response.status not in (200, 206):
             raise error_from_response(status=response.status, headers=dict(response.headers),
-                                      body=response.error_body, method="GET", what=what, loc=self._loc,
+                                      body=response.body, method="GET", what=what, loc=self._loc,
                                       credential_description=self._cred.description)
         if response.body_length != len(buf):
             raise NetworkError(f"{what}: response cut short ({response.body_length} of {len(buf)} bytes)")

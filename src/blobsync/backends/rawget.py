@@ -1,9 +1,10 @@
-"""A lean HTTP/1.1 GET for ranged blob reads: the body lands straight in the caller's buffer (recv_into).
+"""A lean HTTP/1.1 client for requests without a body (GET, HEAD, DELETE): ranged reads land in the caller's buffer.
 
 Ranged GETs carry almost every byte of a download. Through aiohttp each byte is copied from the socket into a
-bytes object, handed through its parser and stream, and copied again when written; here the socket reads into
-the block buffer itself (asyncio.BufferedProtocol), which halves the client's CPU per GiB. Only what a Blob GET
-needs is implemented: one request per connection at a time, keep-alive, Content-Length bodies, TLS.
+bytes object and handed through its parser and stream; here the socket reads straight into the block buffer
+(asyncio.BufferedProtocol + recv_into). Listings and other small answers are collected whole (Content-Length,
+chunked, or until close). Requests with a body stay on aiohttp, which is then imported only when an upload needs
+it: a download, a listing or a no-op sync starts faster. One request per connection at a time, keep-alive, TLS.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 Throttle = Callable[[int], Awaitable[None]]
 
 _MAX_HEAD = 64 * 1024  # status line + headers; Azure's are ~1 KiB
-_MAX_ERROR_BODY = 256 * 1024
+_MAX_COLLECTED = 256 * 1024 * 1024  # a listing page is a few MiB; anything far bigger is not for us
 _THROTTLED_READ = 256 * 1024  # under a bandwidth cap, read (and pay for) at most this much at a time
 
 
@@ -29,32 +30,35 @@ class RawHttpError(Exception):
 class RawResponse:
     status: int
     headers: Mapping[str, str]  # lower-case names
-    body_length: int  # bytes written into the caller's buffer (success) ...
-    error_body: bytes  # ... or the body of a non-2xx answer (for the error message)
+    body_length: int  # bytes of body received (into the sink, or collected)
+    body: bytes  # the collected body when there was no sink (or the answer was not 2xx)
 
 
-class _GetProtocol(asyncio.BufferedProtocol):
-    """One connection. Per request: the head is read into a scratch buffer, the body into the sink."""
+class _Protocol(asyncio.BufferedProtocol):
+    """One connection. Per request: the head is parsed from a scratch buffer, then the body goes either into
+    the caller's sink (a 2xx answer to a ranged GET) or into a collected bytearray."""
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.last_activity = time.monotonic()
-        self._scratch = bytearray(64 * 1024)
-        self._reset(None)
+        self._scratch = bytearray(256 * 1024)
+        self._reset(None, "GET", None)
 
-    def _reset(self, sink: memoryview | None) -> None:
+    def _reset(self, sink: memoryview | None, method: str, throttle: Throttle | None) -> None:
         self._sink = sink
-        self._head = bytearray()
-        self._state = "idle"  # idle | head | body | error
+        self._method = method
+        self._throttle = throttle
+        self._pending = bytearray()  # bytes read but not parsed yet (head, chunk framing)
+        self._state = "idle"  # idle | head | sink | length | chunked | eof
         self._status = 0
         self._headers: dict[str, str] = {}
         self._pos = 0
         self._want = 0
-        self._error_body = bytearray()
+        self._body = bytearray()
+        self._chunk_left = 0  # chunked: data bytes left in this chunk; -1: CRLF after it; -2: in trailers
         self._waiter: asyncio.Future[RawResponse] | None = None
         self._received_any = False
-        self._throttle: Throttle | None = None
         self._owed = 0
         self._paying: asyncio.Task[None] | None = None
 
@@ -65,7 +69,7 @@ class _GetProtocol(asyncio.BufferedProtocol):
         self.transport = transport
 
     def get_buffer(self, sizehint: int) -> memoryview | bytearray:
-        if self._state == "body" and self._sink is not None:
+        if self._state == "sink" and self._sink is not None:
             end = self._want if self._throttle is None else min(self._want, self._pos + _THROTTLED_READ)
             return self._sink[self._pos:end]  # never past this response's body
         return self._scratch
@@ -73,23 +77,23 @@ class _GetProtocol(asyncio.BufferedProtocol):
     def buffer_updated(self, nbytes: int) -> None:
         self.last_activity = time.monotonic()
         self._received_any = True
-        if self._state == "body":
+        self._pay(nbytes)
+        if self._state == "sink":
             self._pos += nbytes
-            self._pay(nbytes)
             if self._pos == self._want:
                 self._complete()
-        elif self._state == "head":
-            self._head += self._scratch[:nbytes]
-            self._parse_head()
-        elif self._state == "error":
-            self._error_body += self._scratch[:nbytes]
-            if len(self._error_body) >= self._want:
-                self._complete()
-        else:  # bytes nobody asked for: this connection cannot be trusted any more
+            return
+        if self._state == "idle":  # bytes nobody asked for: this connection cannot be trusted any more
             self._fail(RawHttpError("unexpected data on an idle connection"))
+            return
+        self._feed(self._scratch[:nbytes])
 
     def eof_received(self) -> bool | None:
-        self._fail(RawHttpError("the server closed the connection"))
+        if self._state == "eof":
+            self._headers["connection"] = "close"
+            self._complete()
+        else:
+            self._fail(RawHttpError("the server closed the connection"))
         return None
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -98,10 +102,10 @@ class _GetProtocol(asyncio.BufferedProtocol):
 
     # --- request life -----------------------------------------------------------------------------------------
 
-    def request(self, head: bytes, sink: memoryview, throttle: Throttle | None) -> asyncio.Future[RawResponse]:
+    def request(self, method: str, head: bytes, sink: memoryview | None,
+                throttle: Throttle | None) -> asyncio.Future[RawResponse]:
         assert self.transport is not None and self._state == "idle"
-        self._reset(sink)
-        self._throttle = throttle
+        self._reset(sink, method, throttle)
         self._state = "head"
         self._waiter = asyncio.get_running_loop().create_future()
         self.last_activity = time.monotonic()
@@ -117,65 +121,123 @@ class _GetProtocol(asyncio.BufferedProtocol):
         if self._paying is not None:
             await asyncio.wait([self._paying])  # never raises the settling task's own cancellation
 
+    def _feed(self, data: memoryview | bytearray | bytes) -> None:
+        if self._state == "head":
+            self._pending += data
+            self._parse_head()
+        elif self._state == "length":
+            self._collect(data)
+            if len(self._body) >= self._want:
+                del self._body[self._want:]
+                self._complete()
+        elif self._state == "chunked":
+            self._pending += data
+            self._parse_chunks()
+        elif self._state == "eof":
+            self._collect(data)
+
+    def _collect(self, data: memoryview | bytearray | bytes) -> None:
+        self._body += data
+        if len(self._body) > _MAX_COLLECTED:
+            self._fail(RawHttpError("response body too large"))
+
     def _parse_head(self) -> None:
-        end = self._head.find(b"\r\n\r\n")
+        end = self._pending.find(b"\r\n\r\n")
         if end < 0:
-            if len(self._head) > _MAX_HEAD:
+            if len(self._pending) > _MAX_HEAD:
                 self._fail(RawHttpError("response head too large"))
             return
-        lines = bytes(self._head[:end]).decode("latin-1").split("\r\n")
+        lines = bytes(self._pending[:end]).decode("latin-1").split("\r\n")
+        rest = bytes(self._pending[end + 4:])
+        self._pending = bytearray()
         parts = lines[0].split(" ", 2)
         if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
             self._fail(RawHttpError(f"malformed status line {lines[0][:80]!r}"))
             return
         self._status = int(parts[1])
+        self._headers = {}
         for line in lines[1:]:
             name, sep, value = line.partition(":")
             if sep:
                 key = name.strip().lower()
                 value = value.strip()
                 self._headers[key] = f"{self._headers[key]}, {value}" if key in self._headers else value
-        rest = bytes(self._head[end + 4:])
-        self._head = bytearray()
-        length_text = self._headers.get("content-length")
-        if self._status == 100:  # an interim answer: the real head follows
-            self._head = bytearray(rest)
-            self._headers = {}
+        if 100 <= self._status < 200:  # an interim answer: the real head follows
             if rest:
-                self._parse_head()
+                self._feed(rest)
             return
-        if "chunked" in self._headers.get("transfer-encoding", "").lower() or length_text is None \
-                or not length_text.isdigit():
-            if 200 <= self._status < 300:
-                self._fail(RawHttpError("response without a Content-Length"))
-            else:  # an error without a length: its head says enough; the connection is not reused
-                self._headers["connection"] = "close"
-                self._want = 0
-                self._complete()
-            return
-        length = int(length_text)
-        if 200 <= self._status < 300:
-            assert self._sink is not None
+        if parts[0] == "HTTP/1.0" and "keep-alive" not in self._headers.get("connection", "").lower():
+            self._headers["connection"] = "close"
+        length_text = self._headers.get("content-length", "")
+        chunked = "chunked" in self._headers.get("transfer-encoding", "").lower()
+        if self._method == "HEAD" or self._status in (204, 304):
+            self._complete()
+        elif 200 <= self._status < 300 and self._sink is not None:
+            if chunked or not length_text.isdigit():
+                self._fail(RawHttpError("a ranged read answered without a Content-Length"))
+                return
+            length = int(length_text)
             if length > len(self._sink):
                 self._fail(RawHttpError(f"body of {length} bytes does not fit the {len(self._sink)}-byte range"))
                 return
-            self._state = "body"
+            self._state = "sink"
             self._want = length
             take = min(len(rest), length)
             self._sink[:take] = rest[:take]
             self._pos = take
-            if take:
-                self._pay(take)
             if self._pos == self._want:
                 self._complete()
-        else:
-            self._state = "error"
-            self._want = min(length, _MAX_ERROR_BODY)
-            self._error_body = bytearray(rest)
-            if len(rest) >= length:
+        elif chunked:
+            self._state = "chunked"
+            self._feed(rest)
+        elif length_text.isdigit():
+            self._state = "length"
+            self._want = int(length_text)
+            self._feed(rest)
+            if self._state == "length" and self._want == 0:
                 self._complete()
-            elif length > _MAX_ERROR_BODY:
-                self._headers["connection"] = "close"  # the rest is not read: do not reuse
+        else:  # no framing: the body runs until the server closes
+            self._state = "eof"
+            self._feed(rest)
+
+    def _parse_chunks(self) -> None:
+        buf = self._pending
+        while self._state == "chunked":
+            if self._chunk_left > 0:
+                take = min(self._chunk_left, len(buf))
+                if not take:
+                    return
+                self._collect(buf[:take])
+                del buf[:take]
+                self._chunk_left -= take
+                if self._chunk_left:
+                    return
+                self._chunk_left = -1
+            if self._chunk_left == -1:
+                if len(buf) < 2:
+                    return
+                if buf[:2] != b"\r\n":
+                    self._fail(RawHttpError("malformed chunked body"))
+                    return
+                del buf[:2]
+                self._chunk_left = 0
+            newline = buf.find(b"\r\n")
+            if newline < 0:
+                if len(buf) > _MAX_HEAD:
+                    self._fail(RawHttpError("malformed chunked body"))
+                return
+            line = bytes(buf[:newline])
+            del buf[:newline + 2]
+            if self._chunk_left == -2:  # trailers end with an empty line
+                if not line:
+                    self._complete()
+                continue
+            try:
+                size = int(line.split(b";", 1)[0].strip(), 16)
+            except ValueError:
+                self._fail(RawHttpError("malformed chunk size"))
+                return
+            self._chunk_left = size if size else -2
 
     def _pay(self, nbytes: int) -> None:
         """With a bandwidth cap, stop reading until the bucket let these bytes through: TCP slows the sender."""
@@ -199,7 +261,8 @@ class _GetProtocol(asyncio.BufferedProtocol):
 
     def _complete(self) -> None:
         waiter = self._waiter
-        response = RawResponse(self._status, dict(self._headers), self._pos, bytes(self._error_body[:self._want]))
+        length = self._pos if self._state == "sink" else len(self._body)
+        response = RawResponse(self._status, dict(self._headers), length, bytes(self._body))
         self._state = "idle"
         self._sink = None
         self._waiter = None
@@ -223,8 +286,8 @@ class _GetProtocol(asyncio.BufferedProtocol):
         self._fail(RawHttpError(reason))
 
 
-class RawGetClient:
-    """A small pool of keep-alive connections to one host, for ranged GETs into caller buffers."""
+class RawClient:
+    """A small pool of keep-alive connections to one host, for requests without a body."""
 
     def __init__(self, scheme: str, netloc: str, *, connect_timeout: float, stall_timeout: float,
                  throttle: Throttle | None = None, max_idle: int = 64) -> None:
@@ -237,31 +300,34 @@ class RawGetClient:
         self.stall_timeout = stall_timeout
         self.throttle = throttle
         self.max_idle = max_idle
-        self._idle: list[_GetProtocol] = []
+        self._idle: list[_Protocol] = []
 
-    async def _connect(self) -> _GetProtocol:
+    async def _connect(self) -> _Protocol:
         loop = asyncio.get_running_loop()
         try:
             _, protocol = await asyncio.wait_for(
-                loop.create_connection(_GetProtocol, self.host, self.port, ssl=self.ssl,
+                loop.create_connection(_Protocol, self.host, self.port, ssl=self.ssl,
                                        server_hostname=self.host if self.ssl else None),
                 self.connect_timeout)
         except (OSError, TimeoutError) as exc:
             raise RawHttpError(f"cannot connect to {self.netloc}: {type(exc).__name__}: {exc}") from exc
         return protocol
 
-    async def get_into(self, target: str, headers: Mapping[str, str], sink: memoryview) -> RawResponse:
-        """GET `target` (path and query); a 2xx body is written into `sink`. One retry on a fresh connection
-        when a kept-alive one turns out closed before answering (the server may drop idle connections)."""
-        head = (f"GET {target} HTTP/1.1\r\nHost: {self.netloc}\r\n"
+    async def request(self, method: str, target: str, headers: Mapping[str, str],
+                      sink: memoryview | None = None) -> RawResponse:
+        """Send `method target` (path and query); a 2xx body goes into `sink` if given, else it is collected.
+        One retry on a fresh connection when a kept-alive one turns out closed before answering (servers drop
+        idle connections); every other failure is the caller's to retry."""
+        head = (f"{method} {target} HTTP/1.1\r\nHost: {self.netloc}\r\n"
                 + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n").encode("latin-1")
+        throttle = self.throttle if method == "GET" else None
         for attempt in range(2):
             while self._idle and self._idle[-1].closed:
                 self._idle.pop()
             reused = bool(self._idle)
             protocol = self._idle.pop() if reused else await self._connect()
             try:
-                response = await self._exchange(protocol, head, sink)
+                response = await self._exchange(protocol, method, head, sink, throttle)
             except RawHttpError:
                 if reused and not protocol.received_any and attempt == 0:
                     continue
@@ -276,10 +342,11 @@ class RawGetClient:
             return response
         raise AssertionError("unreachable")
 
-    async def _exchange(self, protocol: _GetProtocol, head: bytes, sink: memoryview) -> RawResponse:
+    async def _exchange(self, protocol: _Protocol, method: str, head: bytes, sink: memoryview | None,
+                        throttle: Throttle | None) -> RawResponse:
         if protocol.closed:
             raise RawHttpError("connection closed")
-        waiter = protocol.request(head, sink, self.throttle)
+        waiter = protocol.request(method, head, sink, throttle)
         loop = asyncio.get_running_loop()
 
         def watchdog() -> None:

@@ -1,0 +1,154 @@
+"""The lean HTTP client on awkward answers: split chunked framing, interim 100s, close-delimited bodies, stale
+keep-alive connections, stalls, and bodies that do not fit. A scripted loopback server plays each answer."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from blobsync.backends.rawget import RawClient, RawHttpError
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+async def _read_request(reader: asyncio.StreamReader) -> bytes:
+    return await reader.readuntil(b"\r\n\r\n")
+
+
+def _run(handler: Handler, client_call: Callable[[RawClient], Awaitable[object]], *,
+         stall_timeout: float = 5.0) -> object:
+    async def scenario() -> object:
+        server = await asyncio.start_server(handler, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = RawClient("http", f"127.0.0.1:{port}", connect_timeout=5, stall_timeout=stall_timeout)
+        try:
+            return await client_call(client)
+        finally:
+            client.close()
+            server.close()
+            await server.wait_closed()
+
+    return asyncio.run(scenario())
+
+
+async def _write_slowly(writer: asyncio.StreamWriter, data: bytes, step: int) -> None:
+    for i in range(0, len(data), step):
+        writer.write(data[i:i + step])
+        await writer.drain()
+        await asyncio.sleep(0.001)
+
+
+def test_chunked_body_split_at_every_awkward_place() -> None:
+    body = b"<EnumerationResults>" + b"x" * 500 + b"</EnumerationResults>"
+    framed = b"".join(f"{len(part):x};ext=1\r\n".encode() + part + b"\r\n"
+                      for part in (body[:7], body[7:400], body[400:])) + b"0\r\nX-Trailer: y\r\n\r\n"
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        for _ in range(2):  # two requests on one kept-alive connection
+            await _read_request(reader)
+            await _write_slowly(writer, b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + framed, step=3)
+        writer.close()
+
+    async def call(client: RawClient) -> list[bytes]:
+        first = await client.request("GET", "/list", {})
+        second = await client.request("GET", "/list", {})
+        return [first.body, second.body]
+
+    assert _run(handler, call) == [body, body]
+
+
+def test_interim_100_then_content_length_and_http10_close() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 404 Not Found\r\nContent-Length: 5\r\n"
+                     b"x-ms-error-code: BlobNotFound\r\n\r\nnope!")
+        await writer.drain()
+        await _read_request(reader)
+        writer.write(b"HTTP/1.0 200 OK\r\n\r\nuntil the end")
+        await writer.drain()
+        writer.close()
+
+    async def call(client: RawClient) -> tuple[object, ...]:
+        missing = await client.request("GET", "/a", {})
+        until_eof = await client.request("GET", "/b", {})
+        return missing.status, missing.headers["x-ms-error-code"], missing.body, until_eof.body
+
+    assert _run(handler, call) == (404, "BlobNotFound", b"nope!", b"until the end")
+
+
+def test_ranged_read_lands_in_the_sink_and_head_has_no_body() -> None:
+    payload = bytes(range(256)) * 64
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        await _write_slowly(writer, b"HTTP/1.1 206 Partial Content\r\nContent-Length: %d\r\n\r\n" % len(payload)
+                            + payload, step=1000)
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 123456\r\nETag: \"e\"\r\n\r\n")  # HEAD: no body follows
+        await writer.drain()
+        await reader.read()
+
+    async def call(client: RawClient) -> tuple[object, ...]:
+        sink = bytearray(len(payload))
+        got = await client.request("GET", "/r", {}, memoryview(sink))
+        head = await client.request("HEAD", "/r", {})
+        return got.status, got.body_length, bytes(sink) == payload, head.headers["etag"], head.body
+
+    assert _run(handler, call) == (206, len(payload), True, '"e"', b"")
+
+
+def test_a_stale_kept_alive_connection_is_retried_once_on_a_fresh_one() -> None:
+    connections = 0
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        writer.close()  # drops the connection right after answering, as servers do with idle ones
+
+    async def call(client: RawClient) -> list[bytes]:
+        first = await client.request("GET", "/", {})
+        await asyncio.sleep(0.05)
+        second = await client.request("GET", "/", {})
+        return [first.body, second.body]
+
+    assert _run(handler, call) == [b"ok", b"ok"]
+    assert connections == 2
+
+
+def test_stall_aborts_but_a_slow_moving_body_does_not() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n")
+        for _ in range(6):  # 0.6 s in all, never 0.3 s without a byte
+            writer.write(b"x")
+            await writer.drain()
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(1.5)  # then silence
+
+    async def call(client: RawClient) -> None:
+        await client.request("GET", "/", {})
+
+    started = time.monotonic()
+    with pytest.raises(RawHttpError, match=r"no data for 0\.3s"):
+        _run(handler, call, stall_timeout=0.3)
+    assert time.monotonic() - started >= 0.8  # the moving body (0.6 s) was not cut; the silence was
+
+
+def test_a_body_larger_than_the_range_is_refused() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 206 Partial Content\r\nContent-Length: 100\r\n\r\n" + b"y" * 100)
+        await writer.drain()
+        await reader.read()
+
+    async def call(client: RawClient) -> None:
+        await client.request("GET", "/", {}, memoryview(bytearray(10)))
+
+    with pytest.raises(RawHttpError, match="does not fit"):
+        _run(handler, call)
