@@ -254,3 +254,24 @@ def test_unreadable_source_folder_stops_deletes(container: ContainerHandle, tmp_
         (src / "locked").chmod(0o755)
     assert code == 1 and "could not be enumerated completely" in out
     assert "orphan.bin" in container.blob_names()
+
+
+def test_multi_page_listing_is_complete_and_in_order(container: ContainerHandle, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pages are fetched one ahead of parsing; with 3 blobs a page, 11 blobs span 4 pages."""
+    import blobsync
+    from blobsync import TransferConfig
+    from blobsync.backends.azure_rest import AzureContainerStore
+
+    monkeypatch.setattr(AzureContainerStore, "page_size", 3)
+    names = [f"p/{name}" for name in ("a&b", "c<d", "e f", *(f"n{i:02d}" for i in range(8)))]
+    for name in names:
+        container.client.upload_blob(name, name.encode())
+    assert [p.name for p in blobsync.list_blobs(container.url + "/p")] == sorted(names)
+    src = tmp_path / "src"
+    for name in names:
+        (src / name[2:]).parent.mkdir(parents=True, exist_ok=True)
+        (src / name[2:]).write_bytes(name.encode())
+    report = blobsync.sync(src, container.url + "/p", TransferConfig(journal_path=tmp_path / "j.db"),
+                           compare=blobsync.CompareMode.SIZE_ONLY)
+    assert report.files_in_sync == len(names) and report.files_transferred == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import dataclasses
 import logging
@@ -12,6 +13,7 @@ from datetime import UTC, datetime
 from email.utils import formatdate, parsedate_to_datetime
 from urllib.parse import quote, urlsplit
 from xml.etree import ElementTree
+from xml.sax.saxutils import unescape as xml_unescape
 
 import aiohttp
 import aiohttp.abc
@@ -167,6 +169,20 @@ def _listed_properties(blob: ElementTree.Element) -> BlobProperties:
     )
 
 
+def _parse_listing(body: bytes) -> tuple[list[BlobProperties], str]:
+    root = ElementTree.fromstring(body)
+    return [_listed_properties(blob) for blob in root.iterfind("Blobs/Blob")], root.findtext("NextMarker") or ""
+
+
+def _next_marker_guess(body: bytes) -> str:
+    """The NextMarker of a listing, found without parsing the whole page (it sits at the end)."""
+    start = body.rfind(b"<NextMarker>")
+    if start < 0:
+        return ""
+    end = body.find(b"</NextMarker>", start)
+    return xml_unescape(body[start + len(b"<NextMarker>"):end].decode("utf-8")) if end > 0 else ""
+
+
 def _blob_headers(headers: BlobHeaders, prefix: str) -> dict[str, str]:
     """Properties as request headers; Put Blob uses x-ms-blob-* names, as does Put Block List."""
     out = {f"{prefix}content-type": headers.content_type}
@@ -192,6 +208,8 @@ def _condition_headers(conditions: Conditions) -> dict[str, str]:
 
 class AzureContainerStore:
     """ContainerStore over the Blob REST API, signed with a SAS, Shared Key or Azure AD token."""
+
+    page_size = 5000  # blobs per List Blobs page: the service's maximum
 
     def __init__(
         self,
@@ -470,25 +488,43 @@ class AzureContainerStore:
                                    content_md5=base64.b64decode(md5) if md5 else None)
 
     async def list_blobs(self, prefix: str = "") -> AsyncIterator[BlobProperties]:
-        """Every blob under `prefix`, with properties and metadata, one page (up to 5,000) at a time."""
-        marker = ""
-        while True:
-            page, marker = await self.list_page(prefix, marker)
-            for props in page:
-                yield props
-            if not marker:
-                return
+        """Every blob under `prefix`, with properties and metadata, one page (up to 5,000) at a time.
+
+        The next page is requested as soon as this page's marker is known, before this page is parsed: the
+        service prepares page n+1 while we parse page n."""
+        ahead = asyncio.ensure_future(self._list_body(prefix, ""))
+        try:
+            while True:
+                body = await ahead
+                guess = _next_marker_guess(body)
+                if guess:
+                    ahead = asyncio.ensure_future(self._list_body(prefix, guess))
+                page, marker = _parse_listing(body)
+                if marker != guess:  # an escaping the quick scan got wrong: ask again, properly
+                    ahead.cancel()
+                    ahead = asyncio.ensure_future(self._list_body(prefix, marker))
+                for props in page:
+                    yield props
+                if not marker:
+                    return
+        finally:
+            if not ahead.done():
+                ahead.cancel()
+                await asyncio.wait([ahead])
 
     async def list_page(self, prefix: str = "", marker: str = "") -> tuple[list[BlobProperties], str]:
         """One List Blobs request: up to 5,000 blobs from `marker` on, and the marker of the next page ('')."""
-        query = [("restype", "container"), ("comp", "list"), ("include", "metadata"), ("maxresults", "5000")]
+        return _parse_listing(await self._list_body(prefix, marker))
+
+    async def _list_body(self, prefix: str, marker: str) -> bytes:
+        query = [("restype", "container"), ("comp", "list"), ("include", "metadata"),
+                 ("maxresults", str(self.page_size))]
         if prefix:
             query.append(("prefix", prefix))
         if marker:
             query.append(("marker", marker))
         _, _, body = await self._call("GET", None, query, {}, None, f"list blobs in {self._loc.container}", (200,))
-        root = ElementTree.fromstring(body)
-        return [_listed_properties(blob) for blob in root.iterfind("Blobs/Blob")], root.findtext("NextMarker") or ""
+        return body
 
     async def get_block_list(self, name: str, which: str = "all") -> BlockList:
         try:
