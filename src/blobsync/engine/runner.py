@@ -110,6 +110,7 @@ class JobRunner:
                     self.progress.files_done += 1
                     report.bytes_sent += result.bytes_sent
                     report.bytes_reused += result.size - result.bytes_sent
+                    report.bytes_delta += result.bytes_delta
 
         tasks = [asyncio.create_task(worker()) for _ in range(max(1, min(self.config.concurrency, len(items))))]
         try:

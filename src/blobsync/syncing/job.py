@@ -379,6 +379,7 @@ class SyncJob:
                 if spec.upload:
                     name = entry.name or self._prefix + entry.rel
                     await retrier.call(lambda: self.store.delete_blob(name, entry.etag))
+                    self.journal.forget_commit(self.store.container_url, name)
                 else:
                     safe_join(spec.local, entry.rel).unlink(missing_ok=True)
                 self.journal.finish_file(rows[f"delete:{entry.rel}"].id, "deleted")
