@@ -11,6 +11,8 @@ from blobsync.api import (
     show_job,
     sync,
     sync_async,
+    watch,
+    watch_async,
 )
 from blobsync.config import CheckMd5, Overwrite, TransferConfig
 from blobsync.engine.context import Progress
@@ -57,4 +59,6 @@ __all__ = [
     "show_job",
     "sync",
     "sync_async",
+    "watch",
+    "watch_async",
 ]

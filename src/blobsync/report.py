@@ -40,6 +40,7 @@ class Report:
     files_failed: int = 0
     files_deleted: int = 0
     files_in_sync: int = 0  # sync: source files the destination already had
+    files_held: int = 0  # sync --watch: source files still changing, left for a later round
     deletes_refused: str = ""  # why a sync deleted nothing although it had candidates
     bytes_transferred: int = 0  # size of the files transferred
     bytes_sent: int = 0  # bytes that went over the wire in this run (blocks, bodies)

@@ -220,17 +220,22 @@ def cp(source: str, destination: str, quiet: bool, log_level: str, **options: An
 @click.option("--dry-run", is_flag=True, help="Print what would be done, and why; change nothing.")
 @click.option("--output-type", type=click.Choice(["text", "json"], case_sensitive=False), default="text",
               show_default=True, help="json: one JSON object per line (actions and the summary).")
+@click.option("--watch", is_flag=True,
+              help="Uploads: after the first sync, keep syncing files as they change, until Ctrl-C.")
+@click.option("--settle", type=float, default=2.0, show_default=True,
+              help="With --watch: send a file only once it has not been modified for this many seconds.")
 @_transfer_options
 @_handle_errors
 def sync(source: str, destination: str, include_pattern: str | None, exclude_pattern: str | None,
          include_path: str | None, exclude_path: str | None, include_regex: str | None, exclude_regex: str | None,
          include_after: str | None, include_before: str | None, compare_hash: str, size_only: bool,
          mirror_mode: bool, delete_destination: str, max_delete: str | None, dry_run: bool, output_type: str,
-         quiet: bool, log_level: str, **options: Any) -> None:
+         watch: bool, settle: float, quiet: bool, log_level: str, **options: Any) -> None:
     """Make DESTINATION match SOURCE: a local folder and a container URL (with an optional prefix), either way.
 
     Files that are new, differ in size, or are newer at the source are transferred; with --delete-destination,
     files only the destination has are deleted once everything else succeeded. Run it again: nothing moves.
+    With --watch (local folder to URL), it then keeps syncing what changes, each file once it has settled.
     """
     _setup_logging(log_level)
     if sum((compare_hash.lower() == "md5", size_only, mirror_mode)) > 1:
@@ -246,6 +251,12 @@ def sync(source: str, destination: str, include_pattern: str | None, exclude_pat
     parse_max_delete(max_delete)  # a bad value is a usage error before any work
     config = _config(recursive=True, **options)
     as_json = output_type.lower() == "json"
+    if watch:
+        if dry_run:
+            raise UsageError("--dry-run cannot be used with --watch")
+        _run_watch(source, destination, config, settle=settle, filters=filters, compare=compare, delete=delete,
+                   max_delete=max_delete, as_json=as_json)
+        return
 
     def on_action(action: Action) -> None:
         if as_json:
@@ -264,6 +275,30 @@ def sync(source: str, destination: str, include_pattern: str | None, exclude_pat
                         confirm=confirm)
 
     _run_transfer(call, quiet=quiet or as_json or dry_run, as_json=as_json, dry_run=dry_run)
+
+
+def _run_watch(source: str, destination: str, config: TransferConfig, *, settle: float, filters: Filters,
+               compare: CompareMode, delete: DeleteMode, max_delete: str | None, as_json: bool) -> None:
+    """sync --watch: one summary per round that did something; Ctrl-C (or SIGTERM) stops, resumable."""
+
+    def on_round(report: Report) -> None:
+        if as_json:
+            click.echo(json.dumps(summary_record(report)))
+        elif report.files_transferred or report.files_failed or report.files_deleted:
+            click.echo(summary(report))
+
+    def on_error(exc: BlobsyncError, delay: float) -> None:
+        click.echo(f"blobsync: {redact(str(exc))}; retrying in {delay:.0f}s", err=True)
+
+    _sigterm_as_interrupt()
+    click.echo(f"watching {source} (settle {settle:g}s); Ctrl-C to stop", err=True)
+    try:
+        api.watch(source, destination, config, settle=settle, filters=filters, compare=compare, delete=delete,
+                  max_delete=max_delete, on_round=on_round, on_error=on_error)
+    except KeyboardInterrupt:
+        click.echo("blobsync: stopped watching; a file cut short resumes from its staged blocks on the next run",
+                   err=True)
+        sys.exit(int(ExitCode.INTERRUPTED))
 
 
 @cli.group()
