@@ -11,7 +11,7 @@ import blobsync
 from blobsync import TransferConfig
 from blobsync.config import MiB
 from conftest import ContainerHandle
-from support.cli import random_file, run, start
+from support.cli import kill_when_held, random_file, run, start
 from support.proxy import FaultProxy, Rule, hold
 
 
@@ -198,3 +198,29 @@ def test_small_file_put_blob_forgets_the_block_list(container: ContainerHandle, 
     report = _sync(src, url, tmp_path / "j.db", "--block-size-mb", "1")
     assert _sent(proxy) == 3 * MiB and report["bytes_delta"] == 0
     _check_blob(container, "x.bin", big)
+
+
+def test_killed_delta_upload_resumes_sending_only_the_changed_blocks_still_missing(
+    container: ContainerHandle, proxy: FaultProxy, tmp_path: Path
+) -> None:
+    src = tmp_path / "d"
+    data = bytearray(random_file(src / "m.bin", 16 * MiB, seed=11))
+    url = f"{proxy.endpoint()}/{container.name}"
+    args = ["sync", str(src), url, "--journal", str(tmp_path / "j.db"), "--block-size-mb", "1",
+            "--concurrency", "2", "--output-type", "json"]
+    assert run(args).returncode == 0
+    changed = [1, 4, 7, 9, 12, 15]
+    for idx in changed:
+        data[idx * MiB + 100] ^= 0xFF
+    (src / "m.bin").write_bytes(data)
+    proxy.reset_stats()
+    proxy.hold_after("put_block", 3)
+    kill_when_held(args, proxy)
+    assert proxy.stats.ok("put_block") == 3
+    proxy.reset_stats()
+    second = run(args)
+    assert second.returncode == 0, second.stderr
+    assert _sent(proxy) == (len(changed) - 3) * MiB  # the other unchanged blocks were never sent at all
+    report = json.loads(second.stdout.splitlines()[-1])
+    assert report["bytes_delta"] == (16 - len(changed)) * MiB
+    _check_blob(container, "m.bin", bytes(data))

@@ -18,7 +18,7 @@ import blobsync
 from blobsync import Report, TransferConfig
 from blobsync.config import MiB
 from conftest import ContainerHandle
-from support.cli import random_file, start
+from support.cli import random_file, run, start
 from support.proxy import FaultProxy, Rule, reset_before
 
 
@@ -147,3 +147,48 @@ def test_cli_watch_rides_out_a_network_outage_and_stops_on_ctrl_c(
     assert "Traceback" not in err and "retrying in" in err and "stopped watching" in err
     assert container.download("b.bin") == data
     assert _commits(proxy, "b.bin") == 1
+
+
+def test_ctrl_c_in_the_middle_of_a_watch_upload_leaves_it_resumable(
+    container: ContainerHandle, proxy: FaultProxy, tmp_path: Path
+) -> None:
+    src = tmp_path / "ckpt"
+    data = random_file(src / "big.pt", 12 * MiB, seed=6)
+    url = f"{proxy.endpoint()}/{container.name}"
+    common = [str(src), url, "--journal", str(tmp_path / "j.db"), "--block-size-mb", "1", "--concurrency", "2"]
+    proxy.hold_after("put_block", 4)
+    proc = start(["sync", *common, "--watch", "--settle", "0.2"])
+    try:
+        proxy.wait_for_held(1, timeout=120)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    proxy.clear_rules()
+    proxy.release_holds()
+    proxy.wait_idle()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "stopped watching" in err
+    acked = sum(e.request_bytes for e in proxy.log if e.op == "put_block" and e.status == 201)
+    assert acked == 4 * MiB
+    proxy.reset_stats()
+    again = run(["sync", *common, "--quiet"])
+    assert again.returncode == 0, again.stderr
+    assert proxy.stats.bytes_in["put_block"] == len(data) - acked  # the staged blocks were kept
+    assert container.download("big.pt") == data
+
+
+def test_watch_usage_errors_are_one_line_and_exit_2(container: ContainerHandle, tmp_path: Path) -> None:
+    (tmp_path / "src").mkdir()
+    url = container.url
+    cases = [
+        ["sync", url, str(tmp_path / "dst"), "--watch"],  # watching a container is not supported
+        ["sync", str(tmp_path / "src"), url, "--watch", "--dry-run"],
+        ["sync", str(tmp_path / "src"), url, "--watch", "--delete-destination", "prompt"],
+        ["sync", str(tmp_path / "src"), url, "--watch", "--settle", "-1"],
+        ["sync", str(tmp_path / "missing"), url, "--watch"],
+    ]
+    for args in cases:
+        done = run([*args, "--journal", str(tmp_path / "j.db")], timeout=60)
+        assert done.returncode == 2, (args, done.stderr)
+        lines = done.stderr.strip().splitlines()
+        assert lines[-1].startswith("blobsync: error: ") and "Traceback" not in done.stderr, done.stderr

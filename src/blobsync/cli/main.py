@@ -281,17 +281,22 @@ def _run_watch(source: str, destination: str, config: TransferConfig, *, settle:
                compare: CompareMode, delete: DeleteMode, max_delete: str | None, as_json: bool) -> None:
     """sync --watch: one summary per round that did something; Ctrl-C (or SIGTERM) stops, resumable."""
 
+    rounds = 0
+
     def on_round(report: Report) -> None:
+        nonlocal rounds
+        rounds += 1
         if as_json:
             click.echo(json.dumps(summary_record(report)))
-        elif report.files_transferred or report.files_failed or report.files_deleted:
+        elif report.files_transferred or report.files_failed or report.files_deleted or rounds == 1:
             click.echo(summary(report))
+        if rounds == 1:
+            click.echo(f"watching {source} (settle {settle:g}s); Ctrl-C to stop", err=True)
 
     def on_error(exc: BlobsyncError, delay: float) -> None:
         click.echo(f"blobsync: {redact(str(exc))}; retrying in {delay:.0f}s", err=True)
 
     _sigterm_as_interrupt()
-    click.echo(f"watching {source} (settle {settle:g}s); Ctrl-C to stop", err=True)
     try:
         api.watch(source, destination, config, settle=settle, filters=filters, compare=compare, delete=delete,
                   max_delete=max_delete, on_round=on_round, on_error=on_error)
