@@ -23,15 +23,15 @@ class DeltaBase:
     etag: str  # the commit must be conditional on it: a concurrent writer makes it fail, never mix
     blocks: tuple[tuple[str, int, bytes], ...]
 
-    def reusable(self, idx: int, length: int, digest: bytes) -> str | None:
-        """The committed block ID to name for block `idx`, if that block is byte-for-byte unchanged.
+    def block_at(self, idx: int, length: int) -> tuple[str, bytes] | None:
+        """(committed ID, xxh3-128) of the committed block at the same index and length, if there is one.
 
         Only the same index (same offset) is compared: in-place edits and appends keep every other block
         where it was; an insertion that shifts the rest is sent in full."""
         if idx >= len(self.blocks):
             return None
         bid, old_length, old_digest = self.blocks[idx]
-        return bid if old_length == length and old_digest == digest else None
+        return (bid, old_digest) if old_length == length else None
 
     def fresh_nonce(self) -> str:
         """A nonce whose block IDs cannot collide with any committed ID we would reuse."""

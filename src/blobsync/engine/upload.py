@@ -218,7 +218,7 @@ class FileUploader:
         last_hash: asyncio.Future[None] | None = None
         reused = 0
         path = src.path
-        reading: asyncio.Future[tuple[bytes, bytes]] | None = None
+        reading: asyncio.Future[tuple[bytes | None, bytes]] | None = None
         # Reading further ahead than the requests that can be in flight only fills memory (and costs page
         # faults): a file keeps at most concurrency + 2 blocks read and not yet sent.
         window = asyncio.Semaphore(ctx.config.concurrency + 2)
@@ -236,7 +236,9 @@ class FileUploader:
                     raise
                 view = memoryview(buf)[:length]
                 try:
-                    reading = loop.run_in_executor(ctx.io_pool, src.read_into, view, offset)
+                    old = base.block_at(idx, length) if base is not None else None
+                    reading = loop.run_in_executor(ctx.io_pool, src.read_into, view, offset,
+                                                   old[1] if old is not None else None)
                     md5, digests[idx] = await reading
                 except BaseException:
                     if reading is not None and not reading.done():
@@ -247,9 +249,9 @@ class FileUploader:
                 if whole is not None:
                     last_hash = loop.run_in_executor(ctx.hash_pool, whole.update, view)
                 bid = ids[idx]
-                kept = base.reusable(idx, length, digests[idx]) if base is not None else None
-                if kept is not None:
+                if old is not None and digests[idx] == old[1]:
                     # Unchanged since the committed version: name its committed block, send nothing.
+                    kept = old[0]
                     ids[idx] = kept
                     expected[kept] = length
                     states[idx] = BlockState.COMMITTED
@@ -265,6 +267,7 @@ class FileUploader:
                     self._release_after(buf, last_hash)
                     window.release()
                 else:
+                    assert md5 is not None  # only an unchanged block skips its MD5
                     tasks.add(asyncio.create_task(
                         self._send_block(row, plan.blob, idx, bid, view, buf, md5, last_hash, window)))
             if tasks:
