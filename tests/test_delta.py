@@ -9,6 +9,7 @@ from pathlib import Path
 
 import blobsync
 from blobsync import TransferConfig
+from blobsync.cli.output import summary
 from blobsync.config import MiB
 from conftest import ContainerHandle
 from support.cli import kill_when_held, random_file, run, start
@@ -177,6 +178,7 @@ def test_cp_over_a_blob_blobsync_committed_is_a_delta_too(container: ContainerHa
     report = blobsync.copy(path, url, config, env=env)
     assert report.ok and report.bytes_sent == MiB == _sent(proxy)
     assert report.bytes_delta == len(data) - MiB
+    assert "4.00 MiB reused by delta (unchanged blocks)" in summary(report)
     _check_blob(container, "run7/last.pt", bytes(data))
     ids = _committed_ids(container, "run7/last.pt")
     nonces = [bid.split("-")[0] for bid in ids]  # the SDK hands back the decoded IDs
