@@ -13,6 +13,7 @@ from pathlib import Path
 
 import watchfiles
 
+from blobsync.engine.retry import RetryPolicy, backoff_delay
 from blobsync.errors import AuthError, BlobsyncError, ContainerNotFoundError, UsageError
 from blobsync.report import Report
 
@@ -23,7 +24,9 @@ RunRound = Callable[[Ready], Awaitable[Report]]
 
 # No retry fixes these: the watch stops with them (and their exit code) instead of retrying forever.
 PERMANENT = (UsageError, AuthError, ContainerNotFoundError)
-MAX_BACKOFF = 60.0
+# Between failed rounds: the project's one backoff (full jitter, Retry-After honoured), up to a minute, never
+# shorter than the settle time.
+ROUND_BACKOFF = RetryPolicy(base_delay=2.0, max_delay=60.0)
 _FUTURE_NS = 60_000_000_000  # an mtime this far ahead is a clock oddity, not a writer at work
 
 
@@ -129,7 +132,7 @@ class Watcher:
 
     def _failed(self, exc: BlobsyncError | None) -> None:
         self._failures += 1
-        delay = min(MAX_BACKOFF, max(1.0, self.settle) * 2 ** (self._failures - 1))
+        delay = max(self.settle, 0.5, backoff_delay(ROUND_BACKOFF, self._failures, exc))
         self._not_before = self._recheck = time.monotonic() + delay
         if exc is not None:
             log.info("sync round failed, retrying in %.0fs: %s", delay, exc)
