@@ -5,13 +5,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sqlite3
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from urllib.parse import unquote
+
+from azure.storage.blob import ContainerSasPermissions, generate_container_sas
 
 import blobsync
 from blobsync import TransferConfig
 from blobsync.cli.output import summary
 from blobsync.config import MiB
 from conftest import ContainerHandle
+from support.azurite import Azurite
 from support.cli import kill_when_held, random_file, run, start
 from support.proxy import FaultProxy, Rule, hold
 
@@ -226,3 +232,25 @@ def test_killed_delta_upload_resumes_sending_only_the_changed_blocks_still_missi
     report = json.loads(second.stdout.splitlines()[-1])
     assert report["bytes_delta"] == (16 - len(changed)) * MiB
     _check_blob(container, "m.bin", bytes(data))
+
+
+def test_delta_with_a_sas_url_keeps_no_secret_in_the_journal(azurite: Azurite, container: ContainerHandle,
+                                                             tmp_path: Path) -> None:
+    src = tmp_path / "d"
+    data = bytearray(random_file(src / "m.bin", 4 * MiB, seed=12))
+    sas = generate_container_sas(azurite.account, container.name, account_key=azurite.key,
+                                 permission=ContainerSasPermissions.from_string("racwl"),
+                                 expiry=datetime.now(UTC) + timedelta(hours=1))
+    url = f"{container.url}?{sas}"
+    journal = tmp_path / "j.db"
+    _sync(src, url, journal, "--block-size-mb", "1")
+    data[10] ^= 0xFF
+    (src / "m.bin").write_bytes(data)
+    report = _sync(src, url, journal, "--block-size-mb", "1")
+    assert report["bytes_sent"] == MiB and report["bytes_delta"] == 3 * MiB
+    _check_blob(container, "m.bin", bytes(data))
+    with sqlite3.connect(journal) as db:
+        assert db.execute("select container, blob from committed_blobs").fetchall() == [(container.url, "m.bin")]
+    raw_sig = sas.split("sig=")[1].split("&")[0]
+    stored = b"".join(p.read_bytes() for p in tmp_path.glob("j.db*"))
+    assert raw_sig.encode() not in stored and unquote(raw_sig).encode() not in stored
