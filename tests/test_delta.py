@@ -19,7 +19,7 @@ from blobsync.config import MiB
 from conftest import ContainerHandle
 from support.azurite import Azurite
 from support.cli import kill_when_held, random_file, run, start
-from support.proxy import FaultProxy, Rule, hold
+from support.proxy import FaultProxy, Rule, hold, reset_after
 
 
 def _sync(src: Path, url: str, journal: Path, *extra: str) -> dict[str, object]:
@@ -254,3 +254,27 @@ def test_delta_with_a_sas_url_keeps_no_secret_in_the_journal(azurite: Azurite, c
     raw_sig = sas.split("sig=")[1].split("&")[0]
     stored = b"".join(p.read_bytes() for p in tmp_path.glob("j.db*"))
     assert raw_sig.encode() not in stored and unquote(raw_sig).encode() not in stored
+
+
+def test_delta_commit_whose_answer_was_lost_is_recognised_as_ours(
+    container: ContainerHandle, proxy: FaultProxy, tmp_path: Path
+) -> None:
+    """The commit lands but the connection drops before the answer: the retry meets its own If-Match (412)."""
+    src = tmp_path / "d"
+    data = bytearray(random_file(src / "m.bin", 6 * MiB, seed=13))
+    url = f"{proxy.endpoint()}/{container.name}"
+    _sync(src, url, tmp_path / "j.db", "--block-size-mb", "1")
+    data[4 * MiB + 1] ^= 0xFF
+    (src / "m.bin").write_bytes(data)
+    proxy.reset_stats()
+    proxy.add_rule(Rule("put_block_list", reset_after, times=1))
+    report = _sync(src, url, tmp_path / "j.db", "--block-size-mb", "1")
+    commits = [(e.status, e.fault) for e in proxy.log if e.op == "put_block_list"]
+    assert commits == [(201, "reset_after"), (412, None)]  # applied but unanswered, then refused: it was ours
+    assert _sent(proxy) == MiB and report["bytes_delta"] == 5 * MiB  # no needless full upload
+    _check_blob(container, "m.bin", bytes(data))
+    proxy.reset_stats()  # and the journal holds the version that landed: the next edit is a delta again
+    data[0] ^= 0xFF
+    (src / "m.bin").write_bytes(data)
+    assert _sync(src, url, tmp_path / "j.db", "--block-size-mb", "1")["bytes_delta"] == 5 * MiB
+    _check_blob(container, "m.bin", bytes(data))

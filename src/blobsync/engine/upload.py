@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from blobsync.backends.base import BlobHeaders, BlobProperties, BlockList, BlockState, Conditions
+from blobsync.backends.base import BlobHeaders, BlobProperties, BlockList, BlockState, Conditions, PutResult
 from blobsync.config import Overwrite
 from blobsync.engine.context import EngineContext
 from blobsync.engine.delta import DeltaBase, committed_record, find_base
@@ -285,7 +285,15 @@ class FileUploader:
         entries = list(zip(ids, states, strict=True))
         # A delta names committed blocks of one exact version: commit only over that version.
         conditions = Conditions(if_match=base.etag) if base is not None else plan.conditions
-        result = await ctx.request(lambda: store.put_block_list(plan.blob, entries, headers, conditions))
+        try:
+            result = await ctx.request(lambda: store.put_block_list(plan.blob, entries, headers, conditions))
+        except ConflictError:
+            # A retried commit whose first try landed (the answer was lost) is refused by its own If-Match:
+            # if the committed list is exactly ours (new IDs carry our fresh nonce), it was ours.
+            landed = await ctx.request(lambda: store.get_block_list(plan.blob, "committed"))
+            if base is None or [b.block_id for b in landed.committed] != ids or not landed.etag:
+                raise
+            result = PutResult(landed.etag, None)
         await self._verify(plan.blob, ids, expected, size, whole_md5)
         sent = size - reused
         ctx.journal.finish_file(row.id, "committed", md5_hex=whole_md5.hex() if whole_md5 else None,
