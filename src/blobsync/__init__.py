@@ -16,6 +16,8 @@ from blobsync.api import (
     show_job,
     sync,
     sync_async,
+    watch,
+    watch_async,
 )
 from blobsync.backends.base import BlobProperties
 from blobsync.config import CheckMd5, Overwrite, TransferConfig
@@ -80,4 +82,6 @@ __all__ = [
     "show_job",
     "sync",
     "sync_async",
+    "watch",
+    "watch_async",
 ]

@@ -5,6 +5,7 @@ from blobsync.api import list_blobs_async as list_blobs
 from blobsync.api import remove_async as remove
 from blobsync.api import resume_async as resume
 from blobsync.api import sync_async as sync
+from blobsync.api import watch_async as watch
 from blobsync.doctor import diagnose
 
-__all__ = ["copy", "diagnose", "list_blobs", "remove", "resume", "sync"]
+__all__ = ["copy", "diagnose", "list_blobs", "remove", "resume", "sync", "watch"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import os
+import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -21,7 +22,7 @@ from blobsync.engine.context import Progress
 from blobsync.engine.download_job import DownloadJob, DownloadSpec
 from blobsync.engine.job import UploadJob, UploadSpec
 from blobsync.engine.retry import Retrier, RetryPolicy
-from blobsync.errors import TransferFailedError, UsageError
+from blobsync.errors import BlobsyncError, TransferFailedError, UsageError
 from blobsync.events import Subscriber
 from blobsync.journal import FileRow, JobRow, Journal, default_journal_path
 from blobsync.location import BlobLocation, is_url, parse_location
@@ -30,8 +31,10 @@ from blobsync.syncing.compare import CompareMode
 from blobsync.syncing.filters import Filters
 from blobsync.syncing.job import Action, DeleteMode, SyncJob, SyncSpec
 from blobsync.syncing.remove import RemoveJob, RemoveSpec, blobs_at
+from blobsync.syncing.watch import Ready, Watcher
 
 T = TypeVar("T")
+StopSignal = threading.Event | asyncio.Event | Callable[[], bool] | None
 
 
 def _blocking(coro: Coroutine[Any, Any, T]) -> T:
@@ -160,12 +163,15 @@ async def sync_async(
     confirm: Callable[[int], bool] | None = None,
     subscribers: Sequence[Subscriber] = (),
     raise_on_error: bool = False,
+    ready: Ready | None = None,
 ) -> Report:
     """Make `dest` match `source`: a local folder and a container URL (optionally with a prefix), either way.
 
     Transfers what is new, differs in size, or is newer (or differs in MD5, or always: `compare`); with `delete`,
     removes destination files the source lacks, only after a complete enumeration and error-free transfers.
-    `on_action` sees each decision (transfer or delete, with its reason); `confirm(n)` answers DeleteMode.PROMPT."""
+    `on_action` sees each decision (transfer or delete, with its reason); `confirm(n)` answers DeleteMode.PROMPT.
+    Uploads: `ready(rel, mtime_ns)`, if given, holds back files it returns False for (neither sent nor deleted).
+    A changed file whose previous version blobsync committed sends only its changed blocks (delta)."""
     config = replace(config or TransferConfig(), recursive=True)
     env = os.environ if env is None else env
     src_text, dst_text = os.fspath(source), os.fspath(dest)
@@ -174,7 +180,7 @@ async def sync_async(
     upload = is_url(dst_text)
     loc = parse_location(dst_text if upload else src_text)
     local = Path(src_text if upload else dst_text).expanduser().absolute()
-    spec = SyncSpec(local, loc, upload, config, filters or Filters(), compare, delete, max_delete, dry_run)
+    spec = SyncSpec(local, loc, upload, config, filters or Filters(), compare, delete, max_delete, dry_run, ready)
     journal = _journal(config, env)
     store = _store(loc, config, env)
     try:
@@ -191,6 +197,68 @@ def sync(source: str | os.PathLike[str], dest: str | os.PathLike[str], config: T
          **kwargs: Any) -> Report:
     """Blocking form of `blobsync.aio.sync` (same arguments)."""
     return _blocking(sync_async(source, dest, config, **kwargs))
+
+
+def _stop_check(stop: StopSignal) -> Callable[[], bool]:
+    if stop is None:
+        return lambda: False
+    if isinstance(stop, threading.Event | asyncio.Event):
+        return stop.is_set
+    return stop
+
+
+async def watch_async(
+    source: str | os.PathLike[str],
+    dest: str,
+    config: TransferConfig | None = None,
+    *,
+    settle: float = 2.0,
+    stop: StopSignal = None,
+    filters: Filters | None = None,
+    compare: CompareMode = CompareMode.SIZE_AND_MTIME,
+    delete: DeleteMode = DeleteMode.FALSE,
+    max_delete: str | None = None,
+    env: Mapping[str, str] | None = None,
+    on_round: Callable[[Report], None] | None = None,
+    on_error: Callable[[BlobsyncError, float], None] | None = None,
+) -> int:
+    """Sync the local folder `source` to the container URL `dest`, then keep syncing what changes until `stop`.
+
+    A file is sent once it has not been modified for `settle` seconds (a checkpoint being written is never
+    sent half-way); bursts of changes become one round; changed files go up as deltas. A round that fails
+    (network gone) is retried with backoff and resumes what was staged; auth and usage errors raise.
+    `stop` is a threading.Event, asyncio.Event or callable, checked between rounds (a running round finishes);
+    cancelling the task stops at once, leaving partial files resumable. Returns the number of rounds run."""
+    src_text = os.fspath(source)
+    if is_url(src_text) or not is_url(dest):
+        raise UsageError("watch needs a local folder as the source and a container URL as the destination")
+    if delete is DeleteMode.PROMPT:
+        raise UsageError("--delete-destination prompt cannot be used with --watch: use true or false")
+    if settle < 0:
+        raise UsageError("--settle must be zero or more seconds")
+    config = replace(config or TransferConfig(), recursive=True)
+    env = os.environ if env is None else env
+    root = Path(src_text).expanduser().absolute()
+    if not root.is_dir():
+        raise UsageError(f"source folder {src_text!r} does not exist or is not a folder")
+    journal_path = config.journal_path or default_journal_path(env)
+
+    async def one_round(ready: Ready) -> Report:
+        return await sync_async(root, dest, config, filters=filters, compare=compare, delete=delete,
+                                max_delete=max_delete, env=env, ready=ready)
+
+    # Our own writes (journal, scratch index) must not look like changes when they live inside the folder.
+    ignore = (str(journal_path), str(journal_path.parent / "blobsync-index-"))
+    watcher = Watcher(root, one_round, settle=settle, stop=_stop_check(stop), on_round=on_round,
+                      on_error=on_error, ignore=ignore)
+    await watcher.run()
+    return watcher.rounds
+
+
+def watch(source: str | os.PathLike[str], dest: str, config: TransferConfig | None = None, **kwargs: Any) -> int:
+    """Blocking form of `blobsync.aio.watch`: run it in a thread beside a training loop, with
+    `stop=threading.Event()`."""
+    return _blocking(watch_async(source, dest, config, **kwargs))
 
 
 async def resume_async(

@@ -26,6 +26,7 @@ class FileResult:
     bytes_sent: int = 0
     reason: str = ""  # why skipped or failed; "resumed" notes for uploads
     exit_code: ExitCode = ExitCode.OK
+    bytes_delta: int = 0  # unchanged blocks a delta upload named from the committed version, not sent
 
 
 @dataclass
@@ -41,10 +42,12 @@ class Report:
     files_failed: int = 0
     files_deleted: int = 0
     files_in_sync: int = 0  # sync: source files the destination already had
+    files_held: int = 0  # sync --watch: source files still changing, left for a later round
     deletes_refused: str = ""  # why a sync deleted nothing although it had candidates
     bytes_transferred: int = 0  # size of the files transferred
     bytes_sent: int = 0  # bytes that went over the wire in this run (blocks, bodies)
-    bytes_reused: int = 0  # bytes found already on the service (resume)
+    bytes_reused: int = 0  # bytes found already on the service (resume, or unchanged blocks of a delta)
+    bytes_delta: int = 0  # of bytes_reused: unchanged blocks reused by delta uploads
     retries: int = 0
     throttled: int = 0  # throttling answers (429, 503, 500 OperationTimedOut)
     lowest_concurrency: int | None = None  # how far adaptive concurrency went down, if it did

@@ -244,6 +244,10 @@ class AzureContainerStore:
         return self._loc.display
 
     @property
+    def container_url(self) -> str:
+        return self._base
+
+    @property
     def location(self) -> BlobLocation:
         return self._loc
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -10,13 +11,22 @@ import click
 
 from blobsync import api
 from blobsync._version import __version__
-from blobsync.cli.common import F, handle_errors, output_options, run_job, setup_logging, start_output
+from blobsync.cli.common import (
+    F,
+    handle_errors,
+    output_options,
+    run_job,
+    setup_logging,
+    sigterm_as_interrupt,
+    start_output,
+)
 from blobsync.cli.doctor import doctor
 from blobsync.cli.listing import ls, rm
-from blobsync.cli.output import human_bytes
+from blobsync.cli.output import JsonLines, human_bytes, summary, summary_record
 from blobsync.config import TIERS, CheckMd5, Overwrite, TransferConfig, parse_metadata
 from blobsync.engine.context import Progress
-from blobsync.errors import UsageError
+from blobsync.errors import BlobsyncError, ExitCode, UsageError
+from blobsync.redact import redact
 from blobsync.report import Report
 from blobsync.syncing.compare import CompareMode
 from blobsync.syncing.filters import Filters
@@ -145,6 +155,10 @@ def cp(source: str, destination: str, output_type: str, progress_interval: float
               help="Delete destination files the source no longer has (never ones the filters exclude).")
 @click.option("--max-delete", default=None, help="Delete nothing if more than N (or N%) would be deleted.")
 @click.option("--dry-run", is_flag=True, help="Print what would be done, and why; change nothing.")
+@click.option("--watch", is_flag=True,
+              help="Uploads: after the first sync, keep syncing files as they change, until Ctrl-C.")
+@click.option("--settle", type=float, default=2.0, show_default=True,
+              help="With --watch: send a file only once it has not been modified for this many seconds.")
 @_transfer_options
 @output_options
 @handle_errors
@@ -152,12 +166,13 @@ def sync(source: str, destination: str, include_pattern: str | None, exclude_pat
          include_path: str | None, exclude_path: str | None, include_regex: str | None, exclude_regex: str | None,
          include_after: str | None, include_before: str | None, compare_hash: str, size_only: bool,
          mirror_mode: bool, delete_destination: str, max_delete: str | None, dry_run: bool, output_type: str,
-         progress_interval: float | None, quiet: bool, log_level: str, log_file: Path | None,
-         **options: Any) -> None:
+         watch: bool, settle: float, progress_interval: float | None, quiet: bool, log_level: str,
+         log_file: Path | None, **options: Any) -> None:
     """Make DESTINATION match SOURCE: a local folder and a container URL (with an optional prefix), either way.
 
     Files that are new, differ in size, or are newer at the source are transferred; with --delete-destination,
     files only the destination has are deleted once everything else succeeded. Run it again: nothing moves.
+    With --watch (local folder to URL), it then keeps syncing what changes, each file once it has settled.
     """
     setup_logging(log_level, log_file)
     if sum((compare_hash.lower() == "md5", size_only, mirror_mode)) > 1:
@@ -172,7 +187,14 @@ def sync(source: str, destination: str, include_pattern: str | None, exclude_pat
     delete = DeleteMode.parse(delete_destination)
     parse_max_delete(max_delete)  # a bad value is a usage error before any work
     config = _config(recursive=True, **options)
-    json_out = start_output("sync", output_type, source=source, destination=destination, dry_run=dry_run)
+    json_out = start_output("sync", output_type, source=source, destination=destination, dry_run=dry_run,
+                            watch=watch)
+    if watch:
+        if dry_run:
+            raise UsageError("--dry-run cannot be used with --watch")
+        _run_watch(source, destination, config, settle=settle, filters=filters, compare=compare, delete=delete,
+                   max_delete=max_delete, json_out=json_out)
+        return
 
     def on_action(action: Action) -> None:
         if json_out is not None:
@@ -192,6 +214,35 @@ def sync(source: str, destination: str, include_pattern: str | None, exclude_pat
 
     run_job(call, quiet=quiet or dry_run, json_out=json_out, interval=progress_interval, dry_run=dry_run,
             show_files=not dry_run)
+
+
+def _run_watch(source: str, destination: str, config: TransferConfig, *, settle: float, filters: Filters,
+               compare: CompareMode, delete: DeleteMode, max_delete: str | None, json_out: JsonLines | None) -> None:
+    """sync --watch: one summary per round that did something; Ctrl-C (or SIGTERM) stops, resumable."""
+
+    rounds = 0
+
+    def on_round(report: Report) -> None:
+        nonlocal rounds
+        rounds += 1
+        if json_out is not None:
+            json_out.emit(summary_record(report))
+        elif report.files_transferred or report.files_failed or report.files_deleted or rounds == 1:
+            click.echo(summary(report))
+        if rounds == 1:
+            click.echo(f"watching {source} (settle {settle:g}s); Ctrl-C to stop", err=True)
+
+    def on_error(exc: BlobsyncError, delay: float) -> None:
+        click.echo(f"blobsync: {redact(str(exc))}; retrying in {delay:.0f}s", err=True)
+
+    sigterm_as_interrupt()
+    try:
+        api.watch(source, destination, config, settle=settle, filters=filters, compare=compare, delete=delete,
+                  max_delete=max_delete, on_round=on_round, on_error=on_error)
+    except KeyboardInterrupt:
+        click.echo("blobsync: stopped watching; a file cut short resumes from its staged blocks on the next run",
+                   err=True)
+        sys.exit(int(ExitCode.INTERRUPTED))
 
 
 @cli.group()

@@ -144,9 +144,10 @@ def summary_record(report: Report, *, dry_run: bool = False) -> dict[str, object
         "source": report.source, "destination": report.dest,
         "files_transferred": report.files_transferred, "files_skipped": report.files_skipped,
         "files_failed": report.files_failed, "files_deleted": report.files_deleted,
-        "files_in_sync": report.files_in_sync,
+        "files_in_sync": report.files_in_sync, "files_held": report.files_held,
         "bytes_transferred": report.bytes_transferred, "bytes_sent": report.bytes_sent,
-        "bytes_reused": report.bytes_reused, "retries": report.retries, "throttled": report.throttled,
+        "bytes_reused": report.bytes_reused, "bytes_delta": report.bytes_delta,
+        "retries": report.retries, "throttled": report.throttled,
         "lowest_concurrency": report.lowest_concurrency, "duration": round(report.duration, 3),
         "deletes_refused": report.deletes_refused or None,
         "failures": [{"path": f.rel, "reason": f.reason} for f in report.failures],
@@ -164,14 +165,17 @@ def summary(report: Report, *, dry_run: bool = False) -> str:
                 f"{human_bytes(report.bytes_transferred)}; nothing was changed")
     verb = "downloaded" if report.kind == "download" else "uploaded"
     if report.job_id == "-" and not report.failures:
-        return f"Nothing to do: {report.files_in_sync} file(s) already in sync"
+        held = f"; {report.files_held} still changing, left for later" if report.files_held else ""
+        return f"Nothing to do: {report.files_in_sync} file(s) already in sync{held}"
     where = "on disk" if report.kind == "download" else "on the service"
+    resumed = report.bytes_reused - report.bytes_delta
     lines = [
         f"Job {report.job_id}: {report.files_transferred} {verb}, {report.files_skipped} skipped, "
         f"{report.files_failed} failed",
         f"  {human_bytes(report.bytes_transferred)} {verb} in {report.duration:.1f}s "
         f"({human_bytes(rate)}/s); {human_bytes(report.bytes_sent)} over the wire"
-        + (f", {human_bytes(report.bytes_reused)} already {where} (resumed)" if report.bytes_reused else "")
+        + (f", {human_bytes(report.bytes_delta)} reused by delta (unchanged blocks)" if report.bytes_delta else "")
+        + (f", {human_bytes(resumed)} already {where} (resumed)" if resumed else "")
         + f"; {report.retries} retries",
     ]
     if report.throttled:
@@ -179,6 +183,8 @@ def summary(report: Report, *, dry_run: bool = False) -> str:
                      f"{report.lowest_concurrency or 'the same level'} and back up as it recovered")
     if report.files_in_sync:
         lines.append(f"  {report.files_in_sync} file(s) already in sync")
+    if report.files_held:
+        lines.append(f"  {report.files_held} file(s) still changing, left for later")
     if report.files_deleted:
         lines.append(f"  {report.files_deleted} deleted at the destination")
     if report.deletes_refused:

@@ -108,6 +108,7 @@ class JobRunner:
                 if result.status is FileStatus.TRANSFERRED:
                     report.bytes_sent += result.bytes_sent
                     report.bytes_reused += result.size - result.bytes_sent
+                    report.bytes_delta += result.bytes_delta
 
         tasks = [asyncio.create_task(worker()) for _ in range(max(1, min(self.config.concurrency, len(items))))]
         try:

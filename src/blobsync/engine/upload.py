@@ -5,14 +5,16 @@ from __future__ import annotations
 import asyncio
 import calendar
 import hashlib
+import logging
 import mimetypes
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from blobsync.backends.base import BlobHeaders, BlobProperties, BlockList, BlockState, Conditions
+from blobsync.backends.base import BlobHeaders, BlobProperties, BlockList, BlockState, Conditions, PutResult
 from blobsync.config import Overwrite
 from blobsync.engine.context import EngineContext
+from blobsync.engine.delta import DeltaBase, committed_record, find_base
 from blobsync.engine.plan import (
     BLOCK_ID_LENGTH,
     block_count,
@@ -21,11 +23,13 @@ from blobsync.engine.plan import (
     choose_block_size,
     new_nonce,
 )
-from blobsync.errors import IntegrityError, InvalidBlockListError, ServiceError, SourceChangedError
+from blobsync.errors import ConflictError, IntegrityError, InvalidBlockListError, ServiceError, SourceChangedError
 from blobsync.journal import FileRow
 from blobsync.local.files import FileIdentity, OpenFile
 from blobsync.location import check_blob_name
 from blobsync.report import FileResult, FileStatus
+
+log = logging.getLogger("blobsync")
 
 MTIME_KEY = "mtime"  # same key and RFC 3339 format as rclone, so either tool reads the other's mtime
 
@@ -130,6 +134,7 @@ class FileUploader:
         ctx.journal.start_file(row.id, nonce=None, block_size=None, n_blocks=None, size=before.size,
                                mtime_ns=before.mtime_ns, inode=before.inode, reset=True)
         ctx.journal.finish_file(row.id, "committed", md5_hex=md5.hex(), etag=result.etag, bytes_sent=before.size)
+        ctx.journal.forget_commit(ctx.store.container_url, plan.blob)
         return FileResult(row.rel, plan.blob, before.size, FileStatus.TRANSFERRED, bytes_sent=before.size)
 
     # --- block uploads ------------------------------------------------------------------------------------
@@ -141,10 +146,16 @@ class FileUploader:
         same_source = (row.size, row.mtime_ns, row.inode) == (size, plan.identity.mtime_ns, plan.identity.inode)
         # Resume only the same source with the same nonce; anything else starts clean with a new nonce.
         resume = bool(nonce and block_size and same_source and row.state in ("active", "failed", "committed"))
-        for attempt in range(3):
+        base = await find_base(self.ctx, plan.blob, size)
+        if base is not None and resume and block_size != base.block_size:
+            base = None  # an interrupted transfer of this very source goes on as it began
+        attempt = 0
+        while True:
             if not resume or nonce is None or block_size is None:
-                nonce = new_nonce()
-                block_size = choose_block_size(size, self.ctx.config.block_size)
+                nonce = base.fresh_nonce() if base is not None else new_nonce()
+                # A delta keeps the committed block size: auto-sizing must not shift every block boundary.
+                block_size = (base.block_size if base is not None
+                              else choose_block_size(size, self.ctx.config.block_size))
                 self.ctx.journal.start_file(
                     row.id, nonce=nonce, block_size=block_size, n_blocks=block_count(size, block_size),
                     size=size, mtime_ns=plan.identity.mtime_ns, inode=plan.identity.inode, reset=True,
@@ -152,11 +163,18 @@ class FileUploader:
                 # The nonce must be durable before the first block leaves, or a crash orphans the blocks.
                 self.ctx.journal.flush()
             try:
-                return await self._send_file(row, src, plan, nonce, block_size, resume)
-            except InvalidBlockListError:
+                return await self._send_file(row, src, plan, nonce, block_size, resume, base)
+            except (ConflictError, InvalidBlockListError) as exc:
+                if base is not None:
+                    # The version the delta built on changed under us (412) or lacks a block it named: send
+                    # the whole file under this nonce, keeping the changed blocks already staged.
+                    log.info("%s: delta commit refused (%s): full upload", plan.blob, exc.code)
+                    base = None
+                    resume = True
+                    continue
                 # Staged blocks vanished before the commit (expired, discarded, service restarted):
                 # ask the service what it still has and send the rest again.
-                if attempt == 2:
+                if isinstance(exc, ConflictError) or attempt == 2:
                     raise
                 resume = True
             except ServiceError as exc:
@@ -166,10 +184,11 @@ class FileUploader:
                 if not await self._clear_foreign_blocks(plan):
                     raise
                 resume = False
-        raise AssertionError("unreachable")
+            attempt += 1
 
     async def _send_file(
-        self, row: FileRow, src: OpenFile, plan: _Plan, nonce: str, block_size: int, resume: bool
+        self, row: FileRow, src: OpenFile, plan: _Plan, nonce: str, block_size: int, resume: bool,
+        base: DeltaBase | None,
     ) -> FileResult:
         ctx = self.ctx
         store = ctx.store
@@ -192,11 +211,13 @@ class FileUploader:
 
         whole = hashlib.md5() if ctx.config.put_md5 else None
         states = [BlockState.UNCOMMITTED] * n
+        digests = [b""] * n  # xxh3-128 per block: the next version's delta compares against these
+        delta = 0
         tasks: set[asyncio.Task[int]] = set()
         last_hash: asyncio.Future[None] | None = None
         reused = 0
         path = src.path
-        reading: asyncio.Future[bytes] | None = None
+        reading: asyncio.Future[tuple[bytes | None, bytes]] | None = None
         # Reading further ahead than the requests that can be in flight only fills memory (and costs page
         # faults): a file keeps at most concurrency + 2 blocks read and not yet sent.
         window = asyncio.Semaphore(ctx.config.concurrency + 2)
@@ -214,8 +235,10 @@ class FileUploader:
                     raise
                 view = memoryview(buf)[:length]
                 try:
-                    reading = loop.run_in_executor(ctx.io_pool, src.read_into, view, offset)
-                    md5 = await reading
+                    old = base.block_at(idx, length) if base is not None else None
+                    reading = loop.run_in_executor(ctx.io_pool, src.read_into, view, offset,
+                                                   old[1] if old is not None else None)
+                    md5, digests[idx] = await reading
                 except BaseException:
                     if reading is not None and not reading.done():
                         await asyncio.wait([reading])  # the thread still writes into buf
@@ -225,13 +248,25 @@ class FileUploader:
                 if whole is not None:
                     last_hash = loop.run_in_executor(ctx.hash_pool, whole.update, view)
                 bid = ids[idx]
-                if bid in present:
+                if old is not None and digests[idx] == old[1]:
+                    # Unchanged since the committed version: name its committed block, send nothing.
+                    kept = old[0]
+                    ids[idx] = kept
+                    expected[kept] = length
+                    states[idx] = BlockState.COMMITTED
+                    reused += length
+                    delta += length
+                    ctx.progress.bytes_done += length
+                    self._release_after(buf, last_hash)
+                    window.release()
+                elif bid in present:
                     states[idx] = present[bid]
                     reused += length
                     ctx.progress.advanced(row.rel, length, 0)
                     self._release_after(buf, last_hash)
                     window.release()
                 else:
+                    assert md5 is not None  # only an unchanged block skips its MD5
                     tasks.add(asyncio.create_task(
                         self._send_block(row, plan.blob, idx, bid, view, buf, md5, last_hash, window)))
             if tasks:
@@ -247,13 +282,31 @@ class FileUploader:
         whole_md5 = whole.digest() if whole is not None else None
         headers = BlobHeaders(plan.headers.content_type, whole_md5, plan.headers.metadata, plan.headers.tier)
         entries = list(zip(ids, states, strict=True))
-        result = await ctx.request(lambda: store.put_block_list(plan.blob, entries, headers, plan.conditions))
+        # A delta names committed blocks of one exact version: commit only over that version.
+        conditions = Conditions(if_match=base.etag) if base is not None else plan.conditions
+        try:
+            result = await ctx.request(lambda: store.put_block_list(plan.blob, entries, headers, conditions))
+        except ConflictError:
+            # A retried commit whose first try landed (the answer was lost) is refused by its own If-Match:
+            # if the committed list is exactly ours (new IDs carry our fresh nonce), it was ours.
+            landed = await ctx.request(lambda: store.get_block_list(plan.blob, "committed"))
+            if base is None or [b.block_id for b in landed.committed] != ids or not landed.etag:
+                raise
+            result = PutResult(landed.etag, None)
         await self._verify(plan.blob, ids, expected, size, whole_md5)
         sent = size - reused
         ctx.journal.finish_file(row.id, "committed", md5_hex=whole_md5.hex() if whole_md5 else None,
                                 etag=result.etag)
-        note = f"resumed: {reused} bytes were already on the service" if reused else ""
-        return FileResult(row.rel, plan.blob, size, FileStatus.TRANSFERRED, bytes_sent=sent, reason=note)
+        lengths = [length for _, _, length in block_ranges(size, block_size)]
+        ctx.journal.remember_commit(ctx.store.container_url, plan.blob, committed_record(
+            block_size, result.etag, size, whole_md5, list(zip(ids, lengths, digests, strict=True))))
+        notes = []
+        if delta:
+            notes.append(f"delta: {delta} bytes of unchanged blocks reused")
+        if reused - delta:
+            notes.append(f"resumed: {reused - delta} bytes were already on the service")
+        return FileResult(row.rel, plan.blob, size, FileStatus.TRANSFERRED, bytes_sent=sent,
+                          reason="; ".join(notes), bytes_delta=delta)
 
     def _release_after(self, buf: bytearray, hashing: asyncio.Future[None] | None) -> None:
         if hashing is None or hashing.done():

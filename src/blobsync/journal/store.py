@@ -68,6 +68,17 @@ class BlockRow:
     md5: str
 
 
+@dataclass(frozen=True)
+class CommittedBlob:
+    """A blob as blobsync last committed it: what a delta upload of the file's next version builds on."""
+
+    block_size: int
+    etag: str  # the blob's ETag right after that commit
+    size: int
+    md5_hex: str | None
+    blocks: tuple[tuple[str, int, bytes], ...]  # (block ID, length, xxh3-128 digest) in order
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -119,6 +130,11 @@ class Journal:
         if "blocks" not in db.table_names():
             db.table("blocks").create({"file_id": int, "idx": int, "size": int, "md5": str},
                                 pk=("file_id", "idx"))
+        if "committed_blobs" not in db.table_names():
+            # Kept across jobs (each sync run is a new job), one row per blob: a commit replaces it.
+            # `container` is the container's URL without query string: never a SAS.
+            db.execute("create table committed_blobs (container text, blob text, block_size int, etag text, "
+                       "size int, md5 text, blocks text, updated float, primary key (container, blob))")
         db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     @contextmanager
@@ -240,6 +256,28 @@ class Journal:
 
     def cache_md5(self, path: str, size: int, mtime_ns: int, inode: int, md5: bytes) -> None:
         self._queue("insert or replace into hashes values (?, ?, ?, ?, ?)", (path, size, mtime_ns, inode, md5))
+
+    # --- committed block lists (delta uploads) ------------------------------------------------------------
+
+    def committed_blob(self, container: str, blob: str) -> CommittedBlob | None:
+        self.flush()  # a record queued by an earlier file of this run counts
+        row = self.db.execute("select block_size, etag, size, md5, blocks from committed_blobs "
+                              "where container = ? and blob = ?", [container, blob]).fetchone()
+        if row is None:
+            return None
+        blocks = tuple((bid, length, bytes.fromhex(digest)) for bid, length, digest in json.loads(row[4]))
+        return CommittedBlob(row[0], row[1], row[2], row[3], blocks)
+
+    def remember_commit(self, container: str, blob: str, record: CommittedBlob) -> None:
+        blocks = json.dumps([[bid, length, digest.hex()] for bid, length, digest in record.blocks],
+                            separators=(",", ":"))
+        self._queue("insert or replace into committed_blobs values (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (container, blob, record.block_size, record.etag, record.size, record.md5_hex, blocks,
+                     time.time()))
+
+    def forget_commit(self, container: str, blob: str) -> None:
+        """The blob was replaced by a single Put Blob or deleted: nothing of it can be reused."""
+        self._queue("delete from committed_blobs where container = ? and blob = ?", (container, blob))
 
     # --- batched writes -----------------------------------------------------------------------------------
 

@@ -9,6 +9,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import xxhash
+
 from blobsync.errors import SourceChangedError, SourceError, UsageError
 
 
@@ -113,8 +115,11 @@ class OpenFile:
     def identity(self) -> FileIdentity:
         return FileIdentity.of(os.fstat(self.fd))
 
-    def read_into(self, buf: memoryview, offset: int) -> bytes:
-        """Fill `buf` from `offset` and return its MD5 digest (both off the event loop, in one thread)."""
+    def read_into(self, buf: memoryview, offset: int, unchanged: bytes | None = None) -> tuple[bytes | None, bytes]:
+        """Fill `buf` from `offset`; return its MD5 and xxh3-128 digests (all off the event loop, in one thread).
+
+        The xxh3-128 digest is what a delta upload compares blocks by; it costs ~1/70 of the MD5. When it equals
+        `unchanged` (the committed block's), the block is not sent, so its MD5 is skipped (None)."""
         done = 0
         size = len(buf)
         try:
@@ -125,7 +130,8 @@ class OpenFile:
                 done += n
         except OSError as exc:
             raise SourceError(f"{self.path}: {_os_error_text(exc)}") from exc
-        return hashlib.md5(buf).digest()
+        digest = xxhash.xxh3_128_digest(buf)
+        return (None if digest == unchanged else hashlib.md5(buf).digest()), digest
 
     def read_all(self, size: int) -> tuple[bytes, bytes]:
         """Read a small file whole; return its bytes and MD5. A size change is reported as SourceError."""

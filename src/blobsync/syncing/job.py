@@ -81,6 +81,9 @@ class SyncSpec:
     delete: DeleteMode = DeleteMode.FALSE
     max_delete: str | None = None
     dry_run: bool = False
+    # Uploads: a source file for which ready(rel, mtime_ns) is False is left alone this run, neither sent nor
+    # deleted at the destination (watch mode holds files that are still being written).
+    ready: Callable[[str, int], bool] | None = None
 
 
 def _remote_entry(prefix: str, props: BlobProperties) -> Entry:
@@ -116,6 +119,7 @@ class SyncJob:
         self.on_action = on_action or (lambda action: None)
         self.confirm = confirm
         self.complete = True  # both sides enumerated without error
+        self.held = 0  # source files not ready this run (spec.ready)
         self.problems: list[FileResult] = []
 
     @property
@@ -240,7 +244,8 @@ class SyncJob:
             ctx.io_pool.shutdown(wait=False)
             ctx.hash_pool.shutdown(wait=False)
             raise
-        report.files_in_sync = index.count("src") - todo
+        report.files_in_sync = index.count("src") - todo - self.held
+        report.files_held = self.held
         orphans = spec.delete is not DeleteMode.FALSE and next(index.orphans(), None) is not None
         if not spec.dry_run and (todo or orphans):
             # A job (and its journal rows) only when there is something to do: a no-op sync writes nothing.
@@ -269,9 +274,13 @@ class SyncJob:
     async def _decisions(self, index: SyncIndex, ctx: EngineContext) -> int:
         """Compare every source entry with its destination; mark the ones to transfer. Returns how many."""
         mode = self.spec.compare
+        ready = self.spec.ready if self.spec.upload else None
         marked = 0
         batch: list[tuple[str, str]] = []
         for src, dst in index.pairs():
+            if ready is not None and not ready(src.rel, src.mtime_ns):
+                self.held += 1
+                continue
             src_md5 = None
             if mode is CompareMode.MD5 and dst is not None and src.size == dst.size:
                 if self.spec.upload:
@@ -380,6 +389,7 @@ class SyncJob:
                 if spec.upload:
                     name = entry.name or self._prefix + entry.rel
                     await retrier.call(lambda: self.store.delete_blob(name, entry.etag))
+                    self.journal.forget_commit(self.store.container_url, name)
                 else:
                     safe_join(spec.local, entry.rel).unlink(missing_ok=True)
                 self.journal.finish_file(rows[f"delete:{entry.rel}"].id, "deleted")
