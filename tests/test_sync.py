@@ -275,3 +275,17 @@ def test_multi_page_listing_is_complete_and_in_order(container: ContainerHandle,
     report = blobsync.sync(src, container.url + "/p", TransferConfig(journal_path=tmp_path / "j.db"),
                            compare=blobsync.CompareMode.SIZE_ONLY)
     assert report.files_in_sync == len(names) and report.files_transferred == 0
+
+
+def test_noop_sync_never_opens_the_journal(container: ContainerHandle, tmp_path: Path) -> None:
+    import blobsync
+    from blobsync import TransferConfig
+
+    src = tmp_path / "src"
+    _tree(src)
+    first = blobsync.sync(src, container.url, TransferConfig(journal_path=tmp_path / "j.db"))
+    assert first.files_transferred > 0 and (tmp_path / "j.db").exists()
+    fresh = tmp_path / "state" / "fresh.db"
+    again = blobsync.sync(src, container.url, TransferConfig(journal_path=fresh))
+    assert again.files_transferred == 0 and again.files_in_sync == first.files_transferred
+    assert not fresh.exists()  # nothing to do, so nothing was written (not even an empty journal)

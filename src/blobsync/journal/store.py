@@ -11,11 +11,12 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import sqlite_utils
+from typing import TYPE_CHECKING, Any
 
 from blobsync.errors import UsageError
+
+if TYPE_CHECKING:
+    import sqlite_utils
 
 SCHEMA_VERSION = 1
 _FLUSH_OPS = 2000
@@ -96,16 +97,33 @@ class Journal:
         path = Path(path)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(str(path), timeout=10.0, isolation_level=None)
-        except (OSError, sqlite3.Error) as exc:
-            raise UsageError(f"cannot open the journal at {path}: {exc}", hint="pass --journal PATH") from exc
+        except OSError as exc:
+            raise UsageError(f"cannot open the journal at {path}: {exc.strerror or exc}",
+                             hint="pass --journal PATH") from exc
+        if not os.access(path.parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+            raise UsageError(f"cannot open the journal at {path}: not writable", hint="pass --journal PATH")
         self.path = path
-        self.db = sqlite_utils.Database(conn)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=NORMAL")
+        self._db: sqlite_utils.Database | None = None
         self._pending: list[tuple[str, tuple[Any, ...]]] = []
         self._last_flush = time.monotonic()
-        self._create_schema()
+
+    @property
+    def db(self) -> sqlite_utils.Database:
+        """The database, opened on first use: a run with nothing to do (a no-op sync) never opens it."""
+        if self._db is None:
+            import sqlite_utils  # deferred with the open: ~40 ms of start-up a no-op sync does without
+
+            try:
+                conn = sqlite3.connect(str(self.path), timeout=10.0, isolation_level=None)
+                db = sqlite_utils.Database(conn)
+                db.execute("PRAGMA journal_mode=WAL")
+                db.execute("PRAGMA synchronous=NORMAL")
+            except sqlite3.Error as exc:
+                raise UsageError(f"cannot open the journal at {self.path}: {exc}", hint="pass --journal PATH") \
+                    from exc
+            self._db = db
+            self._create_schema()
+        return self._db
 
     def _create_schema(self) -> None:
         db = self.db
@@ -330,5 +348,8 @@ class Journal:
                 self.db.conn.execute(sql, params)
 
     def close(self) -> None:
+        if self._db is None:
+            return
         self.flush()
-        self.db.conn.close()
+        self._db.conn.close()
+        self._db = None
