@@ -45,9 +45,11 @@ class Progress:
     started: float = field(default_factory=time.monotonic)
     subscribers: Sequence[Subscriber] = ()
 
-    def queued(self, rel: str, blob: str, size: int) -> None:
-        self.files_total += 1
-        self.bytes_total += size
+    def queued(self, rel: str, blob: str, size: int, *, counted: bool = False) -> None:
+        """A file is about to be transferred (`counted`: its size is in the totals already)."""
+        if not counted:
+            self.files_total += 1
+            self.bytes_total += size
         if self.subscribers:
             self._tell("on_queued", QueuedFile(rel, blob, size))
 

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -81,13 +81,24 @@ class JobRunner:
             self.progress,
         )
 
-    async def run(self, ctx: EngineContext, report: Report, items: list[WorkItem]) -> None:
-        """Transfer every item, at most `concurrency` files at once; record the job's outcome."""
+    async def run(self, ctx: EngineContext, report: Report, items: Iterable[WorkItem],
+                  totals: tuple[int, int] | None = None) -> None:
+        """Transfer every item, at most `concurrency` files at once; record the job's outcome.
+
+        `items` may be a lazy iterator (a sync of millions of files builds them batch by batch); then `totals`
+        (files, bytes) gives the progress display its totals up front."""
         assert self.job is not None
-        for item in items:
-            self.progress.queued(item.row.rel, item.row.blob, item.size)
+        if totals is None:
+            items = list(items)
+            for item in items:
+                self.progress.queued(item.row.rel, item.row.blob, item.size)
+            files = len(items)
+        else:
+            files, nbytes = totals
+            self.progress.files_total += files
+            self.progress.bytes_total += nbytes
         try:
-            await self._pool(ctx, report, items)
+            await self._pool(ctx, report, items, files, announce=totals is not None)
         except (asyncio.CancelledError, KeyboardInterrupt):
             self.journal.set_job_state(self.job.id, "interrupted")
             raise
@@ -98,11 +109,14 @@ class JobRunner:
             report.duration = time.monotonic() - report.started
         self.journal.set_job_state(self.job.id, "done" if report.ok else "failed")
 
-    async def _pool(self, ctx: EngineContext, report: Report, items: list[WorkItem]) -> None:
-        queue: Iterable[WorkItem] = iter(items)
+    async def _pool(self, ctx: EngineContext, report: Report, items: Iterable[WorkItem], count: int,
+                    *, announce: bool) -> None:
+        queue: Iterator[WorkItem] = iter(items)
 
         async def worker() -> None:
             for item in queue:
+                if announce:  # counted in the totals already; subscribers hear of it as it starts
+                    self.progress.queued(item.row.rel, item.row.blob, item.size, counted=True)
                 result = await self._one(item)
                 report.add(result)
                 if result.status is FileStatus.TRANSFERRED:
@@ -110,7 +124,7 @@ class JobRunner:
                     report.bytes_reused += result.size - result.bytes_sent
                     report.bytes_delta += result.bytes_delta
 
-        tasks = [asyncio.create_task(worker()) for _ in range(max(1, min(self.config.concurrency, len(items))))]
+        tasks = [asyncio.create_task(worker()) for _ in range(max(1, min(self.config.concurrency, count)))]
         try:
             done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
             for task in pending:

@@ -120,6 +120,12 @@ class SyncIndex:
             assert entry is not None
             yield entry, str(row[8])
 
+    def todo_totals(self) -> tuple[int, int]:
+        """How many entries are marked to transfer, and their total size."""
+        count, size = self.db.execute("select count(*), coalesce(sum(s.size), 0) from todo t "
+                                      "join src s on s.rel = t.rel").fetchone()
+        return int(count), int(size)
+
     def count(self, side: str) -> int:
         assert side in ("src", "dst", "todo")
         return int(self.db.execute(f"select count(*) from {side}").fetchone()[0])

@@ -249,16 +249,27 @@ class Journal:
         return [self._file(r) for r in self.db.table("files").rows_where("job_id = ?", [job_id], order_by="rel")]
 
     def add_files(self, job_id: str, entries: Iterable[tuple[str, str, int, int, int]]) -> dict[str, FileRow]:
-        """Insert (rel, blob, size, mtime_ns, inode) rows not yet known; return every file of the job by rel."""
+        """Insert (rel, blob, size, mtime_ns, inode) rows not yet known; return the rows of these files by rel
+        (a resumed job's earlier rows for them included)."""
         now = time.time()
+        batch = list(entries)
         self.flush()
         with self._tx():
             self.db.conn.executemany(
                 "insert or ignore into files (job_id, rel, blob, size, mtime_ns, inode, state, bytes_sent, "
                 "updated) values (?, ?, ?, ?, ?, ?, 'pending', 0, ?)",
-                ((job_id, rel, blob, size, mtime, inode, now) for rel, blob, size, mtime, inode in entries),
+                ((job_id, rel, blob, size, mtime, inode, now) for rel, blob, size, mtime, inode in batch),
             )
-        return {f.rel: f for f in self.files(job_id)}
+        rows: dict[str, FileRow] = {}
+        for start in range(0, len(batch), 500):
+            rels = [entry[0] for entry in batch[start:start + 500]]
+            cursor = self.db.conn.execute(
+                f"select * from files where job_id = ? and rel in ({','.join('?' * len(rels))})", [job_id, *rels])
+            names = [column[0] for column in cursor.description]
+            for values in cursor:
+                file = self._file(dict(zip(names, values, strict=True)))
+                rows[file.rel] = file
+        return rows
 
     def blocks(self, file_id: int) -> list[BlockRow]:
         return [BlockRow(r["idx"], r["size"], r["md5"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
+import itertools
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -266,8 +267,7 @@ class SyncJob:
             ctx.hash_pool.shutdown(wait=False)
             return report
 
-        items = list(self._work(index, ctx, report))
-        await self.runner.run(ctx, report, items)
+        await self.runner.run(ctx, report, self._work(index, ctx, report), index.todo_totals())
         await self._deletes(index, report, None, dry_run=False)
         return report
 
@@ -311,33 +311,35 @@ class SyncJob:
         return digest
 
     def _work(self, index: SyncIndex, ctx: EngineContext, report: Report) -> Iterator[WorkItem]:
+        """The transfers, built batch by batch as the workers take them: memory stays flat however many."""
         spec = self.spec
         assert self.runner.job is not None
-        todo = list(index.todo())
+        job_id = self.runner.job.id
         prefix = self._prefix
-        rows = self.journal.add_files(
-            self.runner.job.id,
-            ((e.rel, prefix + e.rel if spec.upload else e.name or e.rel, e.size, e.mtime_ns, e.inode) for e, _ in todo),
-        )
-        if spec.upload:
-            uploader = FileUploader(ctx)
-            for entry, reason in todo:
-                self.on_action(Action("upload", entry.rel, reason, entry.size))
-                yield WorkItem(rows[entry.rel], entry.size,
-                               functools.partial(uploader.upload, rows[entry.rel], spec.local / entry.rel))
-            return
-        downloader = FileDownloader(ctx)
-        for entry, reason in todo:
-            row = rows[entry.rel]
-            try:
-                target = safe_join(spec.local, entry.rel)
-            except UnsafeNameError as exc:
-                self.journal.finish_file(row.id, "failed", error=str(exc))
-                report.add(FileResult(entry.rel, entry.name or entry.rel, entry.size, FileStatus.FAILED,
-                                      reason=str(exc), exit_code=ExitCode.PARTIAL))
-                continue
-            self.on_action(Action("download", entry.rel, reason, entry.size))
-            yield WorkItem(row, entry.size, functools.partial(downloader.download, row, _as_properties(entry), target))
+        uploader = FileUploader(ctx) if spec.upload else None
+        downloader = None if spec.upload else FileDownloader(ctx)
+        todo = index.todo()
+        while batch := list(itertools.islice(todo, 2000)):
+            rows = self.journal.add_files(job_id, (
+                (e.rel, prefix + e.rel if spec.upload else e.name or e.rel, e.size, e.mtime_ns, e.inode)
+                for e, _ in batch))
+            for entry, reason in batch:
+                row = rows[entry.rel]
+                if uploader is not None:
+                    self.on_action(Action("upload", entry.rel, reason, entry.size))
+                    yield WorkItem(row, entry.size, functools.partial(uploader.upload, row, spec.local / entry.rel))
+                    continue
+                assert downloader is not None
+                try:
+                    target = safe_join(spec.local, entry.rel)
+                except UnsafeNameError as exc:
+                    self.journal.finish_file(row.id, "failed", error=str(exc))
+                    report.add(FileResult(entry.rel, entry.name or entry.rel, entry.size, FileStatus.FAILED,
+                                          reason=str(exc), exit_code=ExitCode.PARTIAL))
+                    continue
+                self.on_action(Action("download", entry.rel, reason, entry.size))
+                yield WorkItem(row, entry.size,
+                               functools.partial(downloader.download, row, _as_properties(entry), target))
 
     # --- deletes ------------------------------------------------------------------------------------------
 
