@@ -181,3 +181,16 @@ def test_throttling_lowers_concurrency_and_is_reported(container: ContainerHandl
     assert lowest <= 4
     assert f"throttled {sum(proxy.stats.faults.values())} time(s)" in out
     assert container.download("f.bin") == data
+
+
+def test_concurrency_auto_is_the_default_and_reports_its_level(container: ContainerHandle, proxy: FaultProxy,
+                                                                tmp_path: Path) -> None:
+    data = random_file(tmp_path / "f.bin", 3 * SIZE, seed=10)
+    done = run(["cp", str(tmp_path / "f.bin"), f"{proxy.endpoint()}/{container.name}/f.bin",
+                "--journal", str(tmp_path / "j.db"), "--block-size-mb", "1", "--quiet"])
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    settled, peak = done.stdout.split("concurrency auto: settled at ")[1].split(" requests in flight (tried up to ")
+    assert 1 <= int(settled) <= int(peak.split(")")[0]) <= 64
+    assert container.download("f.bin") == data
+    shown = run(["jobs", "show", "--journal", str(tmp_path / "j.db"), done.stdout.split()[1].rstrip(":")])
+    assert shown.returncode == 0, shown.stderr

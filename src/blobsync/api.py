@@ -34,7 +34,7 @@ def _store(loc: BlobLocation, config: TransferConfig, env: Mapping[str, str]) ->
     return AzureContainerStore(
         loc,
         resolve_credential(loc, env),
-        connections=config.concurrency + 4,
+        connections=config.max_concurrency + 4,
         read_timeout=config.stall_timeout,
         throttle=bucket.take if bucket else None,
     )

@@ -30,7 +30,7 @@ def progress_line(p: Progress) -> str:
     return (f"{pct:5.1f}%  {human_bytes(p.bytes_done)} / {human_bytes(p.bytes_total)}  "
             f"{human_bytes(rate)}/s  files {done}/{p.files_total}"
             f"{f', {p.files_failed} failed' if p.files_failed else ''}{eta}"
-            f"{f'  (throttled {p.throttled}x, {p.concurrency} in flight max)' if p.throttled else ''}")
+            f"  concurrency {p.concurrency}{f', throttled {p.throttled}x' if p.throttled else ''}")
 
 
 class LiveProgress:
@@ -73,6 +73,7 @@ def summary_record(report: Report, *, dry_run: bool = False) -> dict[str, object
         "bytes_transferred": report.bytes_transferred, "bytes_sent": report.bytes_sent,
         "bytes_reused": report.bytes_reused, "retries": report.retries, "throttled": report.throttled,
         "lowest_concurrency": report.lowest_concurrency, "duration": round(report.duration, 3),
+        "concurrency": report.concurrency or None, "concurrency_auto": report.concurrency_auto,
         "deletes_refused": report.deletes_refused or None,
         "failures": [{"path": f.rel, "reason": f.reason} for f in report.failures],
         "exit_code": int(report.exit_code),
@@ -97,6 +98,9 @@ def summary(report: Report, *, dry_run: bool = False) -> str:
         + (f", {human_bytes(report.bytes_reused)} already {where} (resumed)" if report.bytes_reused else "")
         + f"; {report.retries} retries",
     ]
+    if report.concurrency_auto and report.concurrency:
+        lines.append(f"  concurrency auto: settled at {report.concurrency} requests in flight "
+                     f"(tried up to {report.concurrency_peak})")
     if report.throttled:
         lines.append(f"  the service throttled {report.throttled} time(s); concurrency went down to "
                      f"{report.lowest_concurrency or 'the same level'} and back up as it recovered")

@@ -138,7 +138,7 @@ class FileDownloader:
         ranges = list(block_ranges(props.size, block_size))
         # Each range's data waits here until hashed in order, then is dropped: popping the future releases it.
         results: dict[int, asyncio.Future[list[bytes] | None]] = {idx: loop.create_future() for idx, _, _ in ranges}
-        window = asyncio.Semaphore(ctx.config.concurrency + 2)
+        window = asyncio.Semaphore(ctx.config.max_concurrency + 2)
         tasks: set[asyncio.Task[None]] = set()
         sent = 0
 

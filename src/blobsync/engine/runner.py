@@ -11,7 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from blobsync.backends.base import ContainerStore
-from blobsync.config import TransferConfig
+from blobsync.config import AUTO_CEILING, AUTO_START, TransferConfig
+from blobsync.engine.autotune import ConcurrencyTuner, autotune
 from blobsync.engine.budget import MemoryBudget, RequestLimiter
 from blobsync.engine.context import EngineContext, Progress
 from blobsync.engine.retry import Retrier, RetryPolicy
@@ -71,7 +72,8 @@ class JobRunner:
     def new_context(self) -> EngineContext:
         cfg = self.config
         return EngineContext(
-            self.store, self.journal, cfg, MemoryBudget(cfg.memory), RequestLimiter(cfg.concurrency),
+            self.store, self.journal, cfg, MemoryBudget(cfg.memory),
+            RequestLimiter(cfg.start_concurrency, cfg.max_concurrency),
             Retrier(self.retry_policy(), on_retry=_log_retry),
             ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2) + 2), thread_name_prefix="bs-io"),
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="bs-md5"),
@@ -111,7 +113,9 @@ class JobRunner:
                     report.bytes_sent += result.bytes_sent
                     report.bytes_reused += result.size - result.bytes_sent
 
-        tasks = [asyncio.create_task(worker()) for _ in range(max(1, min(self.config.concurrency, len(items))))]
+        tasks = [asyncio.create_task(worker()) for _ in range(max(1, min(self.config.max_concurrency, len(items))))]
+        tuner = ConcurrencyTuner(AUTO_START, AUTO_CEILING) if self.config.auto_concurrency else None
+        tuning = asyncio.create_task(autotune(tuner, ctx.limiter, self.progress)) if tuner is not None else None
         try:
             done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
             for task in pending:
@@ -129,10 +133,16 @@ class JobRunner:
                     task.exception()  # retrieved: the first failure is the one raised
             raise
         finally:
+            if tuning is not None:
+                tuning.cancel()
+                await asyncio.gather(tuning, return_exceptions=True)
             report.retries += ctx.retrier.retries
             report.throttled += ctx.limiter.throttled
-            if ctx.limiter.lowest < ctx.limiter.maximum:
+            if ctx.limiter.cuts:
                 report.lowest_concurrency = ctx.limiter.lowest
+            report.concurrency_auto = tuner is not None
+            report.concurrency = tuner.settled if tuner is not None else ctx.limiter.target
+            report.concurrency_peak = tuner.peak if tuner is not None else ctx.limiter.maximum
             self.journal.flush()
             ctx.io_pool.shutdown(wait=True)
             ctx.hash_pool.shutdown(wait=True)
