@@ -29,8 +29,12 @@ def _journal(config: TransferConfig, env: Mapping[str, str]) -> Journal:
     return Journal(config.journal_path or default_journal_path(env))
 
 
-def _store(loc: BlobLocation, config: TransferConfig, env: Mapping[str, str]) -> AzureContainerStore:
-    bucket = TokenBucket(mbps_to_bytes(config.cap_mbps)) if config.cap_mbps else None
+def _bucket(config: TransferConfig) -> TokenBucket | None:
+    return TokenBucket(mbps_to_bytes(config.cap_mbps)) if config.cap_mbps else None
+
+
+def _store(loc: BlobLocation, config: TransferConfig, env: Mapping[str, str],
+           bucket: TokenBucket | None = None) -> AzureContainerStore:
     return AzureContainerStore(
         loc,
         resolve_credential(loc, env),
@@ -44,9 +48,11 @@ async def _run_download(
     loc: BlobLocation, dest: Path, config: TransferConfig, env: Mapping[str, str],
     progress: Progress | None, job: JobRow | None, journal: Journal, folder: bool = False,
 ) -> Report:
-    store = _store(loc, config, env)
+    bucket = _bucket(config)
+    store = _store(loc, config, env, bucket)
     try:
         runner = DownloadJob(DownloadSpec(loc, dest, config, folder), store, journal, progress=progress, job=job)
+        runner.runner.bandwidth = bucket
         return await runner.run()
     finally:
         await store.close()
@@ -57,9 +63,11 @@ async def _run_upload(
     source: Path, loc: BlobLocation, config: TransferConfig, env: Mapping[str, str],
     progress: Progress | None, job: JobRow | None, journal: Journal,
 ) -> Report:
-    store = _store(loc, config, env)
+    bucket = _bucket(config)
+    store = _store(loc, config, env, bucket)
     try:
         runner = UploadJob(UploadSpec(source, loc, config), store, journal, progress=progress, job=job)
+        runner.runner.bandwidth = bucket
         return await runner.run()
     finally:
         await store.close()
@@ -136,9 +144,11 @@ async def sync_async(
     local = Path(src_text if upload else dst_text).expanduser().absolute()
     spec = SyncSpec(local, loc, upload, config, filters or Filters(), compare, delete, max_delete, dry_run)
     journal = _journal(config, env)
-    store = _store(loc, config, env)
+    bucket = _bucket(config)
+    store = _store(loc, config, env, bucket)
     try:
         job = SyncJob(spec, store, journal, progress=progress, on_action=on_action, confirm=confirm)
+        job.runner.bandwidth = bucket
         return await job.run()
     finally:
         await store.close()
@@ -207,6 +217,24 @@ def show_job(
     try:
         job = journal.get_job(job_id)
         return JobSummary(job, journal.job_totals(job.id)), journal.files(job.id)
+    finally:
+        journal.close()
+
+
+def set_job_cap(job_id: str, cap_mbps: float, journal_path: Path | None = None,
+                env: Mapping[str, str] | None = None) -> JobRow:
+    """Change the bandwidth cap of a job started with --cap-mbps; a running job applies it within a second, a
+    resumed one starts with it. Returns the job."""
+    if not cap_mbps > 0:
+        raise UsageError("the cap must be a positive number of megabits per second")
+    journal = Journal(journal_path or default_journal_path(os.environ if env is None else env))
+    try:
+        job = journal.get_job(job_id)
+        if not job.options.get("cap_mbps"):
+            raise UsageError(f"job {job.id} runs without --cap-mbps, so it has no cap to change",
+                             hint="start it with --cap-mbps to be able to change the cap while it runs")
+        journal.set_job_cap(job.id, cap_mbps)
+        return journal.get_job(job.id)
     finally:
         journal.close()
 

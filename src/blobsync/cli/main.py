@@ -297,6 +297,18 @@ def jobs_list(journal_path: Path | None) -> None:
                    f"{s.job.source} -> {s.job.dest}")
 
 
+@jobs.command("cap")
+@click.argument("job_id")
+@click.argument("mbps", type=float)
+@_journal_option
+@_handle_errors
+def jobs_cap(job_id: str, mbps: float, journal_path: Path | None) -> None:
+    """Change the bandwidth cap (megabits per second) of a job started with --cap-mbps, while it runs."""
+    job = api.set_job_cap(job_id, mbps, journal_path)
+    state = "applies within a second" if job.state == "running" else f"applies when it resumes ({job.state} now)"
+    click.echo(f"job {job.id}: cap {mbps:g} Mbit/s, {state}")
+
+
 @jobs.command("show")
 @click.argument("job_id")
 @_journal_option

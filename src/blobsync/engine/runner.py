@@ -13,8 +13,10 @@ from dataclasses import dataclass
 from blobsync.backends.base import ContainerStore
 from blobsync.config import AUTO_CEILING, AUTO_START, TransferConfig
 from blobsync.engine.autotune import ConcurrencyTuner, autotune
+from blobsync.engine.bandwidth import TokenBucket
 from blobsync.engine.budget import MemoryBudget, RequestLimiter
 from blobsync.engine.context import EngineContext, Progress
+from blobsync.engine.controls import follow_cap
 from blobsync.engine.retry import Retrier, RetryPolicy
 from blobsync.errors import (
     AuthError,
@@ -54,6 +56,7 @@ class JobRunner:
         self.config = config
         self.progress = progress or Progress()
         self.job = job
+        self.bandwidth: TokenBucket | None = None  # the --cap-mbps bucket, if any (set by the api), to re-cap live
 
     def open_job(self, source: str, dest: str) -> JobRow:
         """Resume the unfinished job for (source, dest) if there is one, else start a new one."""
@@ -115,7 +118,9 @@ class JobRunner:
 
         tasks = [asyncio.create_task(worker()) for _ in range(max(1, min(self.config.max_concurrency, len(items))))]
         tuner = ConcurrencyTuner(AUTO_START, AUTO_CEILING) if self.config.auto_concurrency else None
-        tuning = asyncio.create_task(autotune(tuner, ctx.limiter, self.progress)) if tuner is not None else None
+        helpers = [asyncio.create_task(autotune(tuner, ctx.limiter, self.progress))] if tuner is not None else []
+        if self.bandwidth is not None and self.job is not None:
+            helpers.append(asyncio.create_task(follow_cap(self.journal, self.job.id, self.bandwidth)))
         try:
             done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
             for task in pending:
@@ -133,9 +138,9 @@ class JobRunner:
                     task.exception()  # retrieved: the first failure is the one raised
             raise
         finally:
-            if tuning is not None:
-                tuning.cancel()
-                await asyncio.gather(tuning, return_exceptions=True)
+            for helper in helpers:
+                helper.cancel()
+            await asyncio.gather(*helpers, return_exceptions=True)
             report.retries += ctx.retrier.retries
             report.throttled += ctx.limiter.throttled
             if ctx.limiter.cuts:
