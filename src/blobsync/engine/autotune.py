@@ -90,7 +90,7 @@ class ConcurrencyTuner:
 
     def _maybe_probe(self, s: Sample) -> int:
         if not s.saturated or self.level >= self.ceiling:
-            return self.level  # no request waited for a slot: more slots would change nothing now
+            return self.level  # requests stayed well under the limit: more slots would change nothing now
         up = self.level * 2 if self.slow_start else self.level + self.STEP
         self._probe_from = (self.level, s)
         self.level = min(self.ceiling, up)
@@ -105,6 +105,7 @@ async def autotune(tuner: ConcurrencyTuner, limiter: RequestLimiter, progress: P
     sees whole requests even with big blocks on a slow link) and apply the tuner's level. Runs until cancelled."""
     await limiter.set_target(tuner.level)
     progress.concurrency = limiter.limit
+
     def mark() -> tuple[float, int, int, float, float, int]:
         return (clock(), progress.bytes_sent, limiter.finished, limiter.busy, limiter.inflight_seconds(),
                 limiter.throttled)
