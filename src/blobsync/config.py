@@ -19,7 +19,7 @@ MAX_BLOCKS = 50_000
 TIERS = ("Hot", "Cool", "Cold", "Archive")
 _RESERVED_METADATA = ("mtime",)
 AUTO: Literal["auto"] = "auto"
-AUTO_START = 8  # --concurrency auto starts here: enough for a fast link, gentle on a slow one
+AUTO_START = 16  # --concurrency auto starts here: the old fixed default (a start at 8 cost short jobs)
 AUTO_CEILING = 64  # and never goes above this; a number given instead is both the start and the ceiling
 Concurrency = int | Literal["auto"]
 

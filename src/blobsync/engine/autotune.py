@@ -31,7 +31,7 @@ class ConcurrencyTuner:
     """Chooses the request limit from goodput samples; pure logic, fed by `autotune()` (or by a test).
 
     Slow start: while the limit is what holds requests back, double it each period as long as goodput grows by
-    at least GAIN (8 -> 16 -> 32 -> 64). The first doubling that does not pay goes back to the level before and
+    at least GAIN (16 -> 32 -> 64). The first doubling that does not pay goes back to the level before and
     ends slow start; from then on a probe is +STEP, tried every HOLD periods, and kept only if goodput grows by
     GAIN without latency rising sharply (LATENCY_RISE: more requests queueing in some buffer, not more work
     done). Equal goodput prefers the lower level: fewer connections, less memory in flight, gentler on a
