@@ -6,10 +6,12 @@ import asyncio
 import time
 from pathlib import Path
 
+import pytest
+
 from blobsync.config import MiB
 from blobsync.engine.bandwidth import TokenBucket, mbps_to_bytes
 from conftest import ContainerHandle
-from support.cli import random_file, run
+from support.cli import random_file, run, start
 
 CAP_MBPS = 16  # 2,000,000 bytes/s
 
@@ -51,3 +53,58 @@ def test_upload_and_download_stay_under_the_cap(container: ContainerHandle, tmp_
     assert down.returncode == 0, down.stderr
     assert down_rate <= cap * 1.1, f"{down_rate:.0f} B/s over a cap of {cap:.0f}"
     assert container.download("f.bin") == data and (tmp_path / "back.bin").read_bytes() == data
+
+
+def test_rate_change_keeps_earned_tokens_and_grants_none() -> None:
+    now = [0.0]
+    bucket = TokenBucket(rate=10 * MiB, clock=lambda: now[0])  # burst: a tenth of a second's worth
+    assert bucket.burst == MiB
+    bucket.set_rate(1 * MiB)
+    assert bucket.burst == 256 * 1024  # burst follows the rate: no spike at the old rate's size
+    assert bucket._tokens == 256 * 1024
+    bucket._tokens = 0
+    now[0] = 0.1
+    bucket.set_rate(2 * MiB)  # 0.1 s at the old 1 MiB/s was earned; the change itself grants nothing
+    assert bucket._tokens == pytest.approx(0.1 * MiB)
+
+
+def test_raised_rate_releases_a_waiting_taker() -> None:
+    async def scenario() -> bool:
+        bucket = TokenBucket(rate=100_000, burst=256 * 1024)
+        await bucket.take(256 * 1024)  # empty now: the next slice would wait ~2.6 s at this rate
+        waiter = asyncio.create_task(bucket.take(256 * 1024))
+        await asyncio.sleep(0.05)
+        bucket.set_rate(100 * MiB)
+        done, _ = await asyncio.wait([waiter], timeout=2.0)
+        return waiter in done
+
+    assert asyncio.run(scenario())
+
+
+def test_cap_of_a_running_job_is_changed_with_jobs_cap(container: ContainerHandle, tmp_path: Path) -> None:
+    size = 4 * MiB  # at 2 Mbit/s this takes about 17 s; raised to 2000 Mbit/s, a moment
+    data = random_file(tmp_path / "f.bin", size)
+    journal = str(tmp_path / "j.db")
+    started = time.monotonic()
+    proc = start(["cp", str(tmp_path / "f.bin"), f"{container.url}/f.bin", "--journal", journal,
+                  "--block-size-mb", "1", "--cap-mbps", "2", "--quiet", "--log-level", "INFO"])
+    try:
+        job_id = ""
+        deadline = time.monotonic() + 30
+        while not job_id and time.monotonic() < deadline:  # the job row appears once the run has started
+            listed = run(["jobs", "list", "--journal", journal]).stdout.split()
+            job_id = listed[0] if len(listed) > 1 and listed[1] == "running" else ""
+        assert job_id, "the job never showed up as running"
+        changed = run(["jobs", "cap", job_id, "2000", "--journal", journal])
+        assert changed.returncode == 0 and "applies within a second" in changed.stdout, changed
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, (out, err)
+    assert "bandwidth cap changed to 2000 Mbit/s" in err
+    assert time.monotonic() - started < size / mbps_to_bytes(2) * 0.8  # well before the old cap allowed
+    assert container.download("f.bin") == data
+    shown = run(["jobs", "cap", job_id, "0", "--journal", journal])
+    assert shown.returncode == 2 and "positive" in shown.stderr

@@ -11,7 +11,16 @@ import pytest
 from blobsync.config import MiB
 from conftest import ContainerHandle
 from support.cli import random_file, run
-from support.proxy import FaultProxy, Rule, reset_after, reset_before, respond, stall
+from support.proxy import (
+    FaultProxy,
+    Rule,
+    reset_after,
+    reset_before,
+    respond,
+    stall,
+    stall_body,
+    stall_mid_response,
+)
 
 SIZE = 12 * MiB + 11  # 13 blocks of 1 MiB
 
@@ -78,6 +87,65 @@ def test_stalled_request_is_aborted_and_retried(container: ContainerHandle, prox
     proxy.release_holds()
 
 
+# A body bigger than what the TCP buffers of a loopback connection absorb (about 4 MiB here), so that a peer
+# that stops reading really blocks the sender.
+BIG = 2 * 8 * MiB + 5  # 3 blocks of 8 MiB
+
+
+def test_request_body_stall_is_aborted_and_resent(container: ContainerHandle, proxy: FaultProxy,
+                                                  tmp_path: Path) -> None:
+    data = random_file(tmp_path / "f.bin", BIG, seed=6)
+    proxy.add_rule(Rule("put_block", stall_body(after=MiB), nth=1))  # stops reading the body for good
+    try:
+        code, out, err = _cp(tmp_path / "f.bin", f"{proxy.endpoint()}/{container.name}/f.bin", tmp_path,
+                             "--block-size-mb", "8", "--stall-timeout", "2", "--log-level", "INFO")
+    finally:
+        proxy.release_holds()
+    assert code == 0, (out, err)
+    assert "no progress sending the body for 2s" in err  # the body watchdog fired, not the response timeout
+    assert "; 1 retries" in out
+    assert container.download("f.bin") == data
+
+
+def test_body_pause_shorter_than_the_stall_timeout_is_not_aborted(container: ContainerHandle,
+                                                                  proxy: FaultProxy, tmp_path: Path) -> None:
+    data = random_file(tmp_path / "f.bin", BIG, seed=7)
+    proxy.add_rule(Rule("put_block", stall_body(after=MiB, seconds=1), nth=1))
+    code, out, err = _cp(tmp_path / "f.bin", f"{proxy.endpoint()}/{container.name}/f.bin", tmp_path,
+                         "--block-size-mb", "8", "--stall-timeout", "10")
+    assert code == 0, (out, err)
+    assert "; 0 retries" in out and sum(proxy.stats.faults.values()) == 1
+    assert container.download("f.bin") == data
+
+
+def test_slow_but_moving_body_outlives_the_stall_timeout(container: ContainerHandle, proxy: FaultProxy,
+                                                         tmp_path: Path) -> None:
+    # 2 MiB through an 8 Mbit/s cap takes about 2 s; every block's body takes longer than the 1 s stall
+    # timeout from first byte to last, yet keeps moving: a total-time timeout would kill it, the watchdog not.
+    data = random_file(tmp_path / "f.bin", 2 * MiB + 3, seed=8)
+    code, out, err = _cp(tmp_path / "f.bin", f"{proxy.endpoint()}/{container.name}/f.bin", tmp_path,
+                         "--cap-mbps", "8", "--stall-timeout", "1")
+    assert code == 0, (out, err)
+    assert "; 0 retries" in out
+    assert container.download("f.bin") == data
+
+
+def test_download_whose_response_body_stalls_is_retried(container: ContainerHandle, proxy: FaultProxy,
+                                                         tmp_path: Path) -> None:
+    data = random_file(tmp_path / "f.bin", SIZE, seed=9)
+    container.client.upload_blob("f.bin", data)
+    proxy.add_rule(Rule("get_blob", stall_mid_response(0.5), nth=2))  # half a range, then silence
+    try:
+        done = run(["cp", f"{proxy.endpoint()}/{container.name}/f.bin", str(tmp_path / "back.bin"),
+                    "--journal", str(tmp_path / "j.db"), "--block-size-mb", "1", "--concurrency", "4",
+                    "--stall-timeout", "1", "--quiet", "--log-level", "INFO"])
+    finally:
+        proxy.release_holds()
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    assert "no data for 1s (--stall-timeout)" in done.stderr and "; 1 retries" in done.stdout
+    assert (tmp_path / "back.bin").read_bytes() == data
+
+
 def test_retries_give_up_with_a_clear_error_and_stay_resumable(
     container: ContainerHandle, proxy: FaultProxy, tmp_path: Path
 ) -> None:
@@ -113,3 +181,16 @@ def test_throttling_lowers_concurrency_and_is_reported(container: ContainerHandl
     assert lowest <= 4
     assert f"throttled {sum(proxy.stats.faults.values())} time(s)" in out
     assert container.download("f.bin") == data
+
+
+def test_concurrency_auto_is_the_default_and_reports_its_level(container: ContainerHandle, proxy: FaultProxy,
+                                                                tmp_path: Path) -> None:
+    data = random_file(tmp_path / "f.bin", 3 * SIZE, seed=10)
+    done = run(["cp", str(tmp_path / "f.bin"), f"{proxy.endpoint()}/{container.name}/f.bin",
+                "--journal", str(tmp_path / "j.db"), "--block-size-mb", "1", "--quiet"])
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    settled, peak = done.stdout.split("concurrency auto: settled at ")[1].split(" requests in flight (tried up to ")
+    assert 1 <= int(settled) <= int(peak.split(")")[0]) <= 64
+    assert container.download("f.bin") == data
+    shown = run(["jobs", "show", "--journal", str(tmp_path / "j.db"), done.stdout.split()[1].rstrip(":")])
+    assert shown.returncode == 0, shown.stderr

@@ -65,12 +65,16 @@ def _journal(config: TransferConfig, env: Mapping[str, str]) -> Journal:
     return Journal(config.journal_path or default_journal_path(env))
 
 
-def _store(loc: BlobLocation, config: TransferConfig, env: Mapping[str, str]) -> AzureContainerStore:
-    bucket = TokenBucket(mbps_to_bytes(config.cap_mbps)) if config.cap_mbps else None
+def _bucket(config: TransferConfig) -> TokenBucket | None:
+    return TokenBucket(mbps_to_bytes(config.cap_mbps)) if config.cap_mbps else None
+
+
+def _store(loc: BlobLocation, config: TransferConfig, env: Mapping[str, str],
+           bucket: TokenBucket | None = None) -> AzureContainerStore:
     return AzureContainerStore(
         loc,
         resolve_credential(loc, env),
-        connections=config.concurrency + 4,
+        connections=config.max_concurrency + 4,
         read_timeout=config.stall_timeout,
         throttle=bucket.take if bucket else None,
     )
@@ -80,9 +84,11 @@ async def _run_download(
     loc: BlobLocation, dest: Path, config: TransferConfig, env: Mapping[str, str],
     progress: Progress | None, job: JobRow | None, journal: Journal, folder: bool = False,
 ) -> Report:
-    store = _store(loc, config, env)
+    bucket = _bucket(config)
+    store = _store(loc, config, env, bucket)
     try:
         runner = DownloadJob(DownloadSpec(loc, dest, config, folder), store, journal, progress=progress, job=job)
+        runner.runner.bandwidth = bucket
         return await runner.run()
     finally:
         await store.close()
@@ -93,9 +99,11 @@ async def _run_upload(
     source: Path, loc: BlobLocation, config: TransferConfig, env: Mapping[str, str],
     progress: Progress | None, job: JobRow | None, journal: Journal,
 ) -> Report:
-    store = _store(loc, config, env)
+    bucket = _bucket(config)
+    store = _store(loc, config, env, bucket)
     try:
         runner = UploadJob(UploadSpec(source, loc, config), store, journal, progress=progress, job=job)
+        runner.runner.bandwidth = bucket
         return await runner.run()
     finally:
         await store.close()
@@ -182,10 +190,12 @@ async def sync_async(
     local = Path(src_text if upload else dst_text).expanduser().absolute()
     spec = SyncSpec(local, loc, upload, config, filters or Filters(), compare, delete, max_delete, dry_run, ready)
     journal = _journal(config, env)
-    store = _store(loc, config, env)
+    bucket = _bucket(config)
+    store = _store(loc, config, env, bucket)
     try:
         job = SyncJob(spec, store, journal, progress=_progress(progress, subscribers), on_action=on_action,
                       confirm=confirm)
+        job.runner.bandwidth = bucket
         report = await job.run()
     finally:
         await store.close()
@@ -327,6 +337,24 @@ def show_job(
         journal.close()
 
 
+def set_job_cap(job_id: str, cap_mbps: float, journal_path: Path | None = None,
+                env: Mapping[str, str] | None = None) -> JobRow:
+    """Change the bandwidth cap of a job started with --cap-mbps; a running job applies it within a second, a
+    resumed one starts with it. Returns the job."""
+    if not cap_mbps > 0:
+        raise UsageError("the cap must be a positive number of megabits per second")
+    journal = Journal(journal_path or default_journal_path(os.environ if env is None else env))
+    try:
+        job = journal.get_job(job_id)
+        if not job.options.get("cap_mbps"):
+            raise UsageError(f"job {job.id} runs without --cap-mbps, so it has no cap to change",
+                             hint="start it with --cap-mbps to be able to change the cap while it runs")
+        journal.set_job_cap(job.id, cap_mbps)
+        return journal.get_job(job.id)
+    finally:
+        journal.close()
+
+
 def clean_jobs(
     older_than_days: float | None = None,
     *,
@@ -386,7 +414,7 @@ async def remove_async(
     config = config or TransferConfig()
     env = os.environ if env is None else env
     loc = parse_location(url)
-    spec = RemoveSpec(loc, recursive, filters or Filters(), dry_run, config.concurrency,
+    spec = RemoveSpec(loc, recursive, filters or Filters(), dry_run, config.start_concurrency,
                       RetryPolicy(max_attempts=config.max_retries + 1, deadline=config.retry_deadline))
     store = _store(loc, config, env)
     try:

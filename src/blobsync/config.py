@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from types import MappingProxyType
-from typing import Self
+from typing import Literal, Self
 
 from blobsync.errors import UsageError
 
@@ -18,6 +18,20 @@ MAX_PUT_BLOB_SIZE = 5000 * MiB
 MAX_BLOCKS = 50_000
 TIERS = ("Hot", "Cool", "Cold", "Archive")
 _RESERVED_METADATA = ("mtime",)
+AUTO: Literal["auto"] = "auto"
+AUTO_START = 16  # --concurrency auto starts here: the old fixed default (a start at 8 cost short jobs)
+AUTO_CEILING = 64  # and never goes above this; a number given instead is both the start and the ceiling
+Concurrency = int | Literal["auto"]
+
+
+def parse_concurrency(text: str | int) -> Concurrency:
+    """--concurrency: 'auto' or a whole number (range-checked by TransferConfig)."""
+    if isinstance(text, int) or str(text).strip().lower() != AUTO:
+        try:
+            return int(text)
+        except ValueError:
+            raise UsageError(f"invalid --concurrency {text!r}: use 'auto' or a number of requests") from None
+    return AUTO
 
 
 class FlagEnum(Enum):
@@ -90,7 +104,7 @@ class TransferConfig:
 
     block_size: int = 8 * MiB
     put_blob_size: int | None = None  # None: same as block_size (AzCopy's rule)
-    concurrency: int = 16
+    concurrency: Concurrency = AUTO  # requests in flight: "auto" (tuned, up to AUTO_CEILING) or a fixed ceiling
     memory: int = 256 * MiB
     overwrite: Overwrite = Overwrite.TRUE
     put_md5: bool = True
@@ -113,8 +127,9 @@ class TransferConfig:
             raise UsageError(f"--block-size-mb is out of range: up to {MAX_BLOCK_SIZE // MiB} MiB")
         if self.put_blob_size is not None and not (0 <= self.put_blob_size <= MAX_PUT_BLOB_SIZE):
             raise UsageError(f"--put-blob-size-mb is out of range: 0 to {MAX_PUT_BLOB_SIZE // MiB} MiB")
-        if not (1 <= self.concurrency <= 512):
-            raise UsageError(f"--concurrency {self.concurrency} is out of range: 1 to 512")
+        if self.concurrency != AUTO and not (
+                isinstance(self.concurrency, int) and 1 <= self.concurrency <= 512):
+            raise UsageError(f"--concurrency {self.concurrency} is out of range: 'auto' or 1 to 512")
         if self.memory < MiB:
             raise UsageError("--memory-mb must be at least 1")
         if self.memory < self.block_size:
@@ -129,6 +144,19 @@ class TransferConfig:
         if self.max_retries < 0 or self.retry_deadline <= 0 or self.stall_timeout <= 0:
             raise UsageError("retry limits and timeouts must be positive")
         object.__setattr__(self, "metadata", MappingProxyType(dict(self.metadata)))
+
+    @property
+    def auto_concurrency(self) -> bool:
+        return self.concurrency == AUTO
+
+    @property
+    def max_concurrency(self) -> int:
+        """The most requests ever in flight: the auto ceiling, or the number given."""
+        return AUTO_CEILING if isinstance(self.concurrency, str) else self.concurrency
+
+    @property
+    def start_concurrency(self) -> int:
+        return AUTO_START if isinstance(self.concurrency, str) else self.concurrency
 
     @property
     def single_put_limit(self) -> int:
@@ -177,5 +205,7 @@ class TransferConfig:
         known = dict(options)
         known["overwrite"] = Overwrite.parse(str(known.get("overwrite", "true")))
         known["check_md5"] = CheckMd5.parse(str(known.get("check_md5", "FailIfDifferent")))
+        if "concurrency" in known:  # an int in journals written before "auto" existed; either form is read back
+            known["concurrency"] = parse_concurrency(known["concurrency"])  # type: ignore[arg-type]
         known.update(overrides)
         return cls(**known)  # type: ignore[arg-type]

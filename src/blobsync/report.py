@@ -51,6 +51,9 @@ class Report:
     retries: int = 0
     throttled: int = 0  # throttling answers (429, 503, 500 OperationTimedOut)
     lowest_concurrency: int | None = None  # how far adaptive concurrency went down, if it did
+    concurrency: int = 0  # requests in flight at the end: with --concurrency auto, the level it settled on
+    concurrency_auto: bool = False
+    concurrency_peak: int = 0  # the highest level tried
     started: float = field(default_factory=time.monotonic)
     duration: float = 0.0
     failures: list[FileResult] = field(default_factory=list)

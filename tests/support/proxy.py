@@ -101,12 +101,35 @@ class ResetMidResponse:
 
 
 @dataclass(frozen=True)
+class StallMidResponse:
+    """Forward, relay status, headers and ``keep`` of the body, then send nothing more for ``seconds``
+    (None: until ``release_holds()``) and close: a response body that stops making progress."""
+
+    keep: float = 0.5
+    seconds: float | None = None
+
+    name = "stall_mid_response"
+
+
+@dataclass(frozen=True)
 class Stall:
     """Wait ``seconds`` (None: until ``release_holds()``) before forwarding."""
 
     seconds: float | None = None
 
     name = "stall"
+
+
+@dataclass(frozen=True)
+class StallBody:
+    """Read ``after`` bytes of the request body, then stop reading it for ``seconds`` (None: until
+    ``release_holds()``), then read the rest and forward. The server stops reading the socket, so the
+    client's sends block once the TCP buffers are full: a request-body stall, as from a dead peer."""
+
+    after: int = 0
+    seconds: float | None = None
+
+    name = "stall_body"
 
 
 @dataclass(frozen=True)
@@ -125,7 +148,8 @@ class Hold:
     name = "hold"
 
 
-Action = Respond | ResetBefore | ResetAfter | ResetMidResponse | Stall | FlipByte | Hold
+Action = (Respond | ResetBefore | ResetAfter | ResetMidResponse | StallMidResponse | Stall | StallBody | FlipByte
+          | Hold)
 
 
 def respond(
@@ -146,8 +170,16 @@ def reset_mid_response(keep: float = 0.5) -> ResetMidResponse:
     return ResetMidResponse(keep)
 
 
+def stall_mid_response(keep: float = 0.5, seconds: float | None = None) -> StallMidResponse:
+    return StallMidResponse(keep, seconds)
+
+
 def stall(seconds: float | None = None) -> Stall:
     return Stall(seconds)
+
+
+def stall_body(after: int = 0, seconds: float | None = None) -> StallBody:
+    return StallBody(after, seconds)
 
 
 def flip_byte(offset: int | None = None) -> FlipByte:
@@ -592,8 +624,17 @@ class FaultProxy:
             # The low-level server has no router to answer Expect for us, and clients would otherwise wait.
             await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         req = classify(request.method, request.raw_path, request.headers)
-        req.body = await request.content.read()
-        action = self._admit(req)
+        early = self._decide_before_body(req)
+        if early is None:
+            req.body = await request.content.read()
+        else:
+            body = await self._read_stalling(request, early)
+            if body is None:  # the client gave up on the request (or the proxy is stopping)
+                req.fault = early.name
+                self._admit(req, early)
+                return self._abort(request, req, rst=True)
+            req.body = body
+        action = self._admit(req, early)
         try:
             return await self._dispatch(request, req, action)
         except asyncio.CancelledError:
@@ -608,16 +649,47 @@ class FaultProxy:
                         self._gate.inflight -= 1
                 self._notify_loop()
 
-    def _admit(self, req: _Req) -> Action | None:
-        """Count the request and pick the fault to apply, if any."""
+    def _decide_before_body(self, req: _Req) -> StallBody | None:
+        """Body-stall rules see a request before its body is read (each rule still counts it once)."""
+        with self._lock:
+            for rule in self._rules:
+                if isinstance(rule.action, StallBody):
+                    action = rule._decide(req.op, req.blob)
+                    if isinstance(action, StallBody):
+                        return action
+        return None
+
+    async def _read_stalling(self, request: web.BaseRequest, action: StallBody) -> bytes | None:
+        """Read the body with a pause after ``action.after`` bytes; None if the client went away."""
+        sock = request.transport.get_extra_info("socket") if request.transport is not None else None
+        if sock is not None:
+            # A small, fixed receive buffer (no autotuning) so the kernel cannot absorb the rest of the body
+            # while we do not read: the client's sends really block.
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+        try:
+            head = await request.content.readexactly(min(action.after, request.content_length or 0))
+            if not await self._hold(request, action.seconds):
+                return None
+            return head + await request.content.read()
+        except (ConnectionError, asyncio.IncompleteReadError, aiohttp.ClientPayloadError):
+            return None
+
+    def _admit(self, req: _Req, early: Action | None = None) -> Action | None:
+        """Count the request and pick the fault to apply, if any (``early``: already picked)."""
         with self._cond:
             self._cond.notify_all()
             self._stats.requests[req.op] += 1
             self._stats.bytes_in[req.op] += len(req.body)
+            if early is not None:
+                self._stats.faults[req.op] += 1
+                return early
             if self._gate is not None and self._gate.triggered:
                 self._stats.faults[req.op] += 1
                 return Hold()
             for rule in self._rules:
+                if isinstance(rule.action, StallBody):
+                    continue
                 action = rule._decide(req.op, req.blob)
                 if action is not None:
                     self._stats.faults[req.op] += 1
@@ -724,10 +796,12 @@ class FaultProxy:
             self._notify_loop()
 
         error_code = resp_headers.get("x-ms-error-code")
-        if isinstance(action, ResetAfter) or (isinstance(action, ResetMidResponse) and len(body) < 2):
+        partial = isinstance(action, ResetMidResponse | StallMidResponse)
+        if isinstance(action, ResetAfter) or (partial and len(body) < 2):
             return self._abort(request, req, rst=True, status=status, error_code=error_code)
-        if isinstance(action, ResetMidResponse):
-            return await self._partial(request, req, action.keep, status, reason, resp_headers, body)
+        if isinstance(action, ResetMidResponse | StallMidResponse):
+            pause = action if isinstance(action, StallMidResponse) else None
+            return await self._partial(request, req, action.keep, status, reason, resp_headers, body, pause)
 
         if "content-length" not in resp_headers and request.method != "HEAD":
             resp_headers["Content-Length"] = str(len(body))  # upstream was chunked; we send it whole
@@ -786,6 +860,7 @@ class FaultProxy:
         reason: str | None,
         headers: CIMultiDict[str],
         body: bytes,
+        pause: StallMidResponse | None = None,
     ) -> web.StreamResponse:
         keep = int(len(body) * keep_spec) if keep_spec < 1 else int(keep_spec)
         keep = max(1, min(keep, len(body) - 1))
@@ -799,6 +874,8 @@ class FaultProxy:
             # them followed by EOF (a "connection closed mid-body" error), not a bare reset.
             while transport is not None and not transport.is_closing() and transport.get_write_buffer_size():
                 await asyncio.sleep(0.001)
+            if pause is not None:
+                await self._hold(request, pause.seconds)
         except (ConnectionError, aiohttp.ClientConnectionResetError):
             pass
         self._record(req, status, keep, error_code=headers.get("x-ms-error-code"))
@@ -904,6 +981,8 @@ __all__ = [
     "Respond",
     "Rule",
     "Stall",
+    "StallBody",
+    "StallMidResponse",
     "Stats",
     "classify",
     "flip_byte",
@@ -913,4 +992,6 @@ __all__ = [
     "reset_mid_response",
     "respond",
     "stall",
+    "stall_body",
+    "stall_mid_response",
 ]

@@ -23,7 +23,7 @@ from blobsync.cli.common import (
 from blobsync.cli.doctor import doctor
 from blobsync.cli.listing import ls, rm
 from blobsync.cli.output import JsonLines, human_bytes, summary, summary_record
-from blobsync.config import TIERS, CheckMd5, Overwrite, TransferConfig, parse_metadata
+from blobsync.config import TIERS, CheckMd5, Overwrite, TransferConfig, parse_concurrency, parse_metadata
 from blobsync.engine.context import Progress
 from blobsync.errors import BlobsyncError, ExitCode, UsageError
 from blobsync.redact import redact
@@ -46,8 +46,9 @@ def _transfer_options(fn: F) -> F:
                      help="Block (upload) or range (download) size; raised so no blob needs over 50,000 blocks."),
         click.option("--put-blob-size-mb", type=float, default=None,
                      help="Files up to this size go in one request [default: the block size]."),
-        click.option("--concurrency", type=int, default=16, show_default=True,
-                     help="Requests in flight, shared by all files."),
+        click.option("--concurrency", default="auto", show_default=True,
+                     help="Requests in flight, shared by all files: 'auto' (tuned to the link, up to 64) or a "
+                          "fixed ceiling N."),
         click.option("--memory-mb", type=float, default=256, show_default=True,
                      help="Bytes in flight (buffers), shared by all files."),
         click.option("--put-md5/--no-put-md5", default=True, show_default=True,
@@ -72,7 +73,8 @@ def _transfer_options(fn: F) -> F:
         click.option("--cap-mbps", type=float, default=None,
                      help="Cap the job's bandwidth, in megabits per second (all connections, both directions)."),
         click.option("--stall-timeout", type=float, default=120, show_default=True,
-                     help="Seconds without response progress before a request is aborted and retried."),
+                     help="Seconds without progress (request body or response) before a request is aborted "
+                          "and retried."),
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -80,7 +82,7 @@ def _transfer_options(fn: F) -> F:
 
 
 def _config(*, recursive: bool, overwrite: str = "true", preserve_last_modified_time: bool = False,
-            block_size_mb: float, put_blob_size_mb: float | None, memory_mb: float, concurrency: int,
+            block_size_mb: float, put_blob_size_mb: float | None, memory_mb: float, concurrency: str,
             put_md5: bool, check_md5: str, content_type: str | None, metadata: str | None,
             block_blob_tier: str | None, create_container: bool, follow_symlinks: bool, journal_path: Path | None,
             max_retries: int, retry_deadline: float, stall_timeout: float,
@@ -90,7 +92,7 @@ def _config(*, recursive: bool, overwrite: str = "true", preserve_last_modified_
         block_size_mb=block_size_mb,
         put_blob_size_mb=put_blob_size_mb,
         memory_mb=memory_mb,
-        concurrency=concurrency,
+        concurrency=parse_concurrency(concurrency),
         overwrite=Overwrite.parse(overwrite),
         put_md5=put_md5,
         check_md5=CheckMd5.parse(check_md5),
@@ -272,6 +274,18 @@ def jobs_list(journal_path: Path | None) -> None:
         done = s.totals.get("committed", {}).get("files", 0)
         click.echo(f"{s.job.id}  {s.job.state:<11} {_when(s.job.updated)}  {done}/{files} files  "
                    f"{s.job.source} -> {s.job.dest}")
+
+
+@jobs.command("cap")
+@click.argument("job_id")
+@click.argument("mbps", type=float)
+@_journal_option
+@handle_errors
+def jobs_cap(job_id: str, mbps: float, journal_path: Path | None) -> None:
+    """Change the bandwidth cap (megabits per second) of a job started with --cap-mbps, while it runs."""
+    job = api.set_job_cap(job_id, mbps, journal_path)
+    state = "applies within a second" if job.state == "running" else f"applies when it resumes ({job.state} now)"
+    click.echo(f"job {job.id}: cap {mbps:g} Mbit/s, {state}")
 
 
 @jobs.command("show")

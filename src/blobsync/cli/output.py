@@ -46,7 +46,7 @@ def progress_line(p: Progress) -> str:
     if p.files_deleted:
         extras.append(f"{p.files_deleted} deleted")
     if p.concurrency:
-        extras.append(f"{p.concurrency} in flight max")
+        extras.append(f"concurrency {p.concurrency}")
     if p.retries:
         extras.append(f"{p.retries} retries")
     if p.throttled:
@@ -149,6 +149,7 @@ def summary_record(report: Report, *, dry_run: bool = False) -> dict[str, object
         "bytes_reused": report.bytes_reused, "bytes_delta": report.bytes_delta,
         "retries": report.retries, "throttled": report.throttled,
         "lowest_concurrency": report.lowest_concurrency, "duration": round(report.duration, 3),
+        "concurrency": report.concurrency or None, "concurrency_auto": report.concurrency_auto,
         "deletes_refused": report.deletes_refused or None,
         "failures": [{"path": f.rel, "reason": f.reason} for f in report.failures],
         "exit_code": int(report.exit_code),
@@ -178,6 +179,9 @@ def summary(report: Report, *, dry_run: bool = False) -> str:
         + (f", {human_bytes(resumed)} already {where} (resumed)" if resumed else "")
         + f"; {report.retries} retries",
     ]
+    if report.concurrency_auto and report.concurrency:
+        lines.append(f"  concurrency auto: settled at {report.concurrency} requests in flight "
+                     f"(tried up to {report.concurrency_peak})")
     if report.throttled:
         lines.append(f"  the service throttled {report.throttled} time(s); concurrency went down to "
                      f"{report.lowest_concurrency or 'the same level'} and back up as it recovered")

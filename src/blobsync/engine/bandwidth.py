@@ -19,7 +19,8 @@ class TokenBucket:
         if rate <= 0:
             raise ValueError("rate must be positive")
         self.rate = rate
-        self.burst = burst if burst is not None else max(256 * 1024, rate / 10)
+        self._fixed_burst = burst
+        self.burst = burst if burst is not None else _default_burst(rate)
         self._clock = clock
         self._tokens = self.burst
         self._stamp = clock()
@@ -30,15 +31,32 @@ class TokenBucket:
         self._tokens = min(self.burst, self._tokens + (now - self._stamp) * self.rate)
         self._stamp = now
 
+    def set_rate(self, rate: float) -> None:
+        """Change the rate of a running bucket (`blobsync jobs cap`): tokens earned so far stay earned, none
+        are granted for the change, and the burst follows the new rate, so the flow bends without a spike."""
+        if rate <= 0:
+            raise ValueError("rate must be positive")
+        self._refill()
+        self.rate = rate
+        self.burst = self._fixed_burst if self._fixed_burst is not None else _default_burst(rate)
+        self._tokens = min(self._tokens, self.burst)
+
     async def take(self, amount: int) -> None:
         """Wait until `amount` bytes may pass (amounts above the burst pass once the bucket is full)."""
         async with self._lock:
             self._refill()
-            need = min(float(amount), self.burst)
-            if self._tokens < need:
-                await asyncio.sleep((need - self._tokens) / self.rate)
+            while self._tokens < min(float(amount), self.burst):
+                # In short naps, so a rate raised meanwhile takes effect at once, not after a long wait.
+                await asyncio.sleep(min(_NAP, (min(float(amount), self.burst) - self._tokens) / self.rate))
                 self._refill()
             self._tokens -= amount  # may go negative for a big amount: the next caller waits it off
+
+
+_NAP = 0.25
+
+
+def _default_burst(rate: float) -> float:
+    return max(256 * 1024, rate / 10)
 
 
 def mbps_to_bytes(mbps: float) -> float:

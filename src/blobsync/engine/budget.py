@@ -106,19 +106,37 @@ class RequestLimiter:
     """Requests in flight across every file of a job, adapting to throttling (AIMD).
 
     While the service throttles, the limit halves (at most once a second, so one burst of 503s counts once);
-    after a limit's worth of successes in a row it grows by one, never above the configured maximum.
+    after a limit's worth of successes in a row it grows by one, back up to the target: the configured number,
+    or with --concurrency auto the level the tuner (engine/autotune.py) chose, never above `maximum`.
+    It also keeps the counters the tuner samples: requests finished, the time they held a slot, and the
+    integral of requests in flight over time (its mean over a period, against the limit, says whether the limit
+    or something else, such as memory, CPU or the supply of work, was holding the job back).
     """
 
-    def __init__(self, limit: int, clock: Callable[[], float] = time.monotonic) -> None:
-        self.maximum = limit
+    def __init__(self, limit: int, maximum: int | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.maximum = max(limit, maximum or limit)
         self._limit = limit
+        self.target = limit  # where additive growth stops
         self._active = 0
         self._cond = asyncio.Condition()
         self._clock = clock
         self._last_cut = -1e9
         self._streak = 0
         self.throttled = 0  # throttling answers seen
+        self.cuts = 0  # times the limit was halved
         self.lowest = limit  # the lowest limit reached
+        self.finished = 0  # requests that released their slot (any outcome)
+        self.busy = 0.0  # seconds those requests held a slot, summed
+        self._changed = clock()
+        self._inflight_seconds = 0.0  # integral of active requests over time
+
+    def inflight_seconds(self) -> float:
+        """Request-seconds in flight since the start; its slope is the mean number in flight."""
+        return self._inflight_seconds + self._active * (self._clock() - self._changed)
+
+    def _account(self, now: float) -> None:
+        self._inflight_seconds += self._active * (now - self._changed)
+        self._changed = now
 
     @property
     def limit(self) -> int:
@@ -134,11 +152,12 @@ class RequestLimiter:
         now = self._clock()
         if now - self._last_cut >= 1.0:
             self._last_cut = now
+            self.cuts += 1
             self._limit = max(1, self._limit // 2)  # fewer slots: no waiter becomes eligible, no notify
             self.lowest = min(self.lowest, self._limit)
 
     async def on_success(self) -> None:
-        if self._limit >= self.maximum:
+        if self._limit >= self.target:
             return
         self._streak += 1
         if self._streak >= self._limit:
@@ -147,14 +166,30 @@ class RequestLimiter:
                 self._limit += 1
                 self._cond.notify()
 
+    async def set_target(self, level: int) -> None:
+        """Move the limit to `level` at once (the tuner's decision), within 1..maximum."""
+        level = max(1, min(self.maximum, level))
+        self.target = level
+        self._streak = 0
+        if level != self._limit:
+            async with self._cond:
+                self._limit = level
+                self._cond.notify_all()
+
     @asynccontextmanager
     async def slot(self) -> AsyncIterator[None]:
         async with self._cond:
             await self._cond.wait_for(lambda: self._active < self._limit)
+            started = self._clock()
+            self._account(started)
             self._active += 1
         try:
             yield
         finally:
             async with self._cond:
+                now = self._clock()
+                self.finished += 1
+                self.busy += now - started
+                self._account(now)
                 self._active -= 1
                 self._cond.notify()

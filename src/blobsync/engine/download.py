@@ -145,7 +145,7 @@ class FileDownloader:
         ranges = list(block_ranges(props.size, block_size))
         # A fetched range waits here (its buffer) until hashed in order; None: it was on disk already.
         results: dict[int, asyncio.Future[bytearray | None]] = {idx: loop.create_future() for idx, _, _ in ranges}
-        window = asyncio.Semaphore(ctx.config.concurrency + 2)
+        window = asyncio.Semaphore(ctx.config.max_concurrency + 2)
         tasks: set[asyncio.Task[None]] = set()
         sent = 0
 

@@ -11,9 +11,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from blobsync.backends.base import ContainerStore
-from blobsync.config import TransferConfig
+from blobsync.config import AUTO_CEILING, AUTO_START, TransferConfig
+from blobsync.engine.autotune import ConcurrencyTuner, autotune
+from blobsync.engine.bandwidth import TokenBucket
 from blobsync.engine.budget import MemoryBudget, RequestLimiter
 from blobsync.engine.context import EngineContext, Progress
+from blobsync.engine.controls import follow_cap
 from blobsync.engine.retry import Retrier, RetryPolicy
 from blobsync.errors import (
     AuthError,
@@ -53,6 +56,7 @@ class JobRunner:
         self.config = config
         self.progress = progress or Progress()
         self.job = job
+        self.bandwidth: TokenBucket | None = None  # the --cap-mbps bucket, if any (set by the api), to re-cap live
 
     def open_job(self, source: str, dest: str) -> JobRow:
         """Resume the unfinished job for (source, dest) if there is one, else start a new one."""
@@ -74,7 +78,8 @@ class JobRunner:
     def new_context(self) -> EngineContext:
         cfg = self.config
         return EngineContext(
-            self.store, self.journal, cfg, MemoryBudget(cfg.memory), RequestLimiter(cfg.concurrency),
+            self.store, self.journal, cfg, MemoryBudget(cfg.memory),
+            RequestLimiter(cfg.start_concurrency, cfg.max_concurrency),
             Retrier(self.retry_policy(), on_retry=self._on_retry),
             ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2) + 2), thread_name_prefix="bs-io"),
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="bs-md5"),
@@ -124,7 +129,11 @@ class JobRunner:
                     report.bytes_reused += result.size - result.bytes_sent
                     report.bytes_delta += result.bytes_delta
 
-        tasks = [asyncio.create_task(worker()) for _ in range(max(1, min(self.config.concurrency, count)))]
+        tasks = [asyncio.create_task(worker()) for _ in range(max(1, min(self.config.max_concurrency, count)))]
+        tuner = ConcurrencyTuner(AUTO_START, AUTO_CEILING) if self.config.auto_concurrency else None
+        helpers = [asyncio.create_task(autotune(tuner, ctx.limiter, self.progress))] if tuner is not None else []
+        if self.bandwidth is not None and self.job is not None:
+            helpers.append(asyncio.create_task(follow_cap(self.journal, self.job.id, self.bandwidth)))
         try:
             done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
             for task in pending:
@@ -142,10 +151,16 @@ class JobRunner:
                     task.exception()  # retrieved: the first failure is the one raised
             raise
         finally:
+            for helper in helpers:
+                helper.cancel()
+            await asyncio.gather(*helpers, return_exceptions=True)
             report.retries += ctx.retrier.retries
             report.throttled += ctx.limiter.throttled
-            if ctx.limiter.lowest < ctx.limiter.maximum:
+            if ctx.limiter.cuts:
                 report.lowest_concurrency = ctx.limiter.lowest
+            report.concurrency_auto = tuner is not None
+            report.concurrency = tuner.settled if tuner is not None else ctx.limiter.target
+            report.concurrency_peak = tuner.peak if tuner is not None else ctx.limiter.maximum
             self.journal.flush()
             ctx.io_pool.shutdown(wait=True)
             ctx.hash_pool.shutdown(wait=True)

@@ -220,7 +220,7 @@ class FileUploader:
         reading: asyncio.Future[tuple[bytes | None, bytes]] | None = None
         # Reading further ahead than the requests that can be in flight only fills memory (and costs page
         # faults): a file keeps at most concurrency + 2 blocks read and not yet sent.
-        window = asyncio.Semaphore(ctx.config.concurrency + 2)
+        window = asyncio.Semaphore(ctx.config.max_concurrency + 2)
         try:
             for idx, offset, length in block_ranges(size, block_size):
                 for task in [t for t in tasks if t.done()]:

@@ -153,6 +153,9 @@ class Journal:
             # `container` is the container's URL without query string: never a SAS.
             db.execute("create table committed_blobs (container text, blob text, block_size int, etag text, "
                        "size int, md5 text, blocks text, updated float, primary key (container, blob))")
+        if "job_controls" not in db.table_names():
+            # Changes asked of a running job by another process (`blobsync jobs cap`); the job polls this row.
+            db.execute("create table job_controls (job_id text primary key, cap_mbps real, updated real)")
         db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     @contextmanager
@@ -210,6 +213,22 @@ class Journal:
             self.db.execute("update jobs set state = ?, updated = ?, pid = ? where id = ?",
                             [state, time.time(), os.getpid(), job_id])
 
+    def set_job_cap(self, job_id: str, cap_mbps: float) -> None:
+        """Ask a running job to change its bandwidth cap; also kept in its options for a later resume."""
+        job = self.get_job(job_id)
+        options = dict(job.options, cap_mbps=cap_mbps)
+        self.flush()
+        with self._tx():
+            self.db.execute("insert or replace into job_controls (job_id, cap_mbps, updated) values (?, ?, ?)",
+                            [job.id, cap_mbps, time.time()])
+            self.db.execute("update jobs set options = ? where id = ?", [json.dumps(options, sort_keys=True), job.id])
+
+    def job_cap(self, job_id: str) -> tuple[float, float] | None:
+        """The latest cap asked of a job by `set_job_cap`, and when: (megabits per second, time.time())."""
+        for row in self.db.query("select cap_mbps, updated from job_controls where job_id = ?", [job_id]):
+            return float(row["cap_mbps"]), float(row["updated"])
+        return None
+
     def list_jobs(self) -> list[JobRow]:
         return [self._job(r) for r in self.db.table("jobs").rows_where(order_by="created desc")]
 
@@ -234,6 +253,7 @@ class Journal:
                     "delete from blocks where file_id in (select id from files where job_id = ?)", [job_id]
                 )
                 self.db.execute("delete from files where job_id = ?", [job_id])
+                self.db.execute("delete from job_controls where job_id = ?", [job_id])
                 self.db.execute("delete from jobs where id = ?", [job_id])
         return ids
 

@@ -383,7 +383,7 @@ class SyncJob:
         rows = self.journal.add_files(self.runner.job.id, (
             (f"delete:{e.rel}", e.name or e.rel, e.size, e.mtime_ns, e.inode) for e in candidates))
         retrier = Retrier(self.runner.retry_policy())
-        limit = asyncio.Semaphore(self.config.concurrency)
+        limit = asyncio.Semaphore(self.config.max_concurrency)
 
         async def delete(entry: Entry) -> None:
             async with limit:
