@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from blobsync.backends.azure_rest import BodyStalled, _StallGuard
+from blobsync.backends.aiohttp_body import BodyStalled, _StallGuard
 
 
 class _Transport:

@@ -1,4 +1,7 @@
-"""The Azure Blob data path: a thin aiohttp client for Put Blob, Put Block, Put Block List and friends."""
+"""The Azure Blob data path: signs and sends each Blob REST call, maps answers to records and errors.
+
+Bodiless calls (ranged GETs, listings, HEADs, deletes) go through the lean client in rawget.py; calls with a body
+(Put Block, Put Blob, Put Block List) through aiohttp (aiohttp_body.py), loaded on first use."""
 
 from __future__ import annotations
 
@@ -11,18 +14,14 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from email.utils import formatdate, parsedate_to_datetime
+from html import unescape as xml_unescape  # the XML entities are a subset; xml.sax.saxutils pulls in urllib.request
+from typing import TYPE_CHECKING
 from urllib.parse import quote, urlsplit
 from xml.etree import ElementTree
-from xml.sax.saxutils import unescape as xml_unescape
-
-import aiohttp
-import aiohttp.abc
-import aiohttp.payload
-from yarl import URL
 
 from blobsync._version import __version__
 from blobsync.backends.azure_auth import Credential, Request
-from blobsync.backends.azure_errors import error_from_response, network_error
+from blobsync.backends.azure_errors import error_from_response
 from blobsync.backends.base import (
     NO_CONDITIONS,
     BlobHeaders,
@@ -39,6 +38,9 @@ from blobsync.errors import BlobNotFoundError, ContainerNotFoundError, NetworkEr
 from blobsync.location import BlobLocation
 from blobsync.redact import redact
 
+if TYPE_CHECKING:
+    import aiohttp
+
 log = logging.getLogger("blobsync.http")
 
 API_VERSION = "2023-11-03"
@@ -46,115 +48,7 @@ _USER_AGENT = f"blobsync/{__version__}"
 _META_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-_CHUNK = 256 * 1024
 Throttle = Callable[[int], Awaitable[None]]  # takes bandwidth tokens for n bytes (the --cap-mbps bucket)
-
-
-class BodyStalled(TimeoutError):
-    """The request body made no progress for the stall timeout: the peer stopped reading.
-
-    A TimeoutError so that aiohttp passes it through as the request's failure; `_call` turns it into a
-    NetworkError that says what happened."""
-
-
-class _StallGuard:
-    """Aborts a body write that makes no progress for `timeout` seconds.
-
-    Progress is bytes taken by the kernel (handed to the transport minus what it still buffers), so a slow
-    but moving body on a slow link lives on, and only a peer that stopped reading (TCP send buffer full)
-    is cut off. The clock runs only while a write is blocked, never while the bandwidth cap holds a slice
-    back: waiting for tokens is not a stall.
-    """
-
-    def __init__(self, writer: aiohttp.abc.AbstractStreamWriter, timeout: float) -> None:
-        self._writer = writer
-        self.timeout = timeout
-        self._tick = min(1.0, max(0.05, timeout / 4))
-        self._handed = 0
-
-    def _taken(self) -> int:
-        transport: asyncio.Transport | None = getattr(self._writer, "transport", None)
-        pending = transport.get_write_buffer_size() if transport is not None else 0
-        return self._handed - pending
-
-    async def write(self, piece: memoryview) -> None:
-        loop = asyncio.get_running_loop()
-        best = self._taken()
-        last = loop.time()
-        handle: asyncio.TimerHandle | None = None
-
-        def check(cm: asyncio.Timeout) -> None:
-            nonlocal best, last, handle
-            taken, now = self._taken(), loop.time()
-            if taken > best:
-                best, last = taken, now
-            if now - last >= self.timeout:
-                cm.reschedule(now)  # cancels the blocked write; the timeout context raises TimeoutError
-            else:
-                handle = loop.call_later(self._tick, check, cm)
-
-        self._handed += piece.nbytes
-        try:
-            async with asyncio.timeout(None) as cm:
-                handle = loop.call_later(self._tick, check, cm)
-                await self._writer.write(piece)
-        except TimeoutError:
-            raise BodyStalled(f"no progress sending the body for {self.timeout:g}s") from None
-        finally:
-            if handle is not None:
-                handle.cancel()
-
-
-class _BufferPayload(aiohttp.payload.Payload):
-    """A request body written in slices, each awaited, each under a stall guard.
-
-    Handing a multi-MiB buffer to the transport in one write makes asyncio copy whatever the socket does not
-    take at once into its own buffer: a second copy of every block, in memory and in CPU. Slices keep that
-    copy small and let the transport's flow control pace the writes.
-    """
-
-    _autoclose = True
-
-    def __init__(self, value: Buffer, throttle: Throttle | None = None, stall_timeout: float | None = None) -> None:
-        super().__init__(value, content_type=None)
-        self._view = memoryview(value).cast("B")
-        self._size = self._view.nbytes
-        self._throttle = throttle
-        self._stall_timeout = stall_timeout
-        self.stalled = False  # set when the guard cut the body off; read by `_call` for the error message
-
-    def decode(self, encoding: str = "utf-8", errors: str = "strict") -> str:
-        return bytes(self._view).decode(encoding, errors)
-
-    async def write(self, writer: aiohttp.abc.AbstractStreamWriter) -> None:
-        await self.write_with_length(writer, None)
-
-    async def write_with_length(
-        self, writer: aiohttp.abc.AbstractStreamWriter, content_length: int | None
-    ) -> None:
-        view = self._view if content_length is None else self._view[:content_length]
-        guard = _StallGuard(writer, self._stall_timeout) if self._stall_timeout else None
-        for start in range(0, view.nbytes, _CHUNK):
-            piece = view[start:start + _CHUNK]
-            if self._throttle is not None:
-                await self._throttle(piece.nbytes)
-            if guard is None:
-                await writer.write(piece)
-                continue
-            try:
-                await guard.write(piece)
-            except BodyStalled:
-                self.stalled = True
-                raise
-
-
-def _body(data: Buffer | None, throttle: Throttle | None,
-          stall_timeout: float | None) -> Buffer | aiohttp.payload.Payload | None:
-    # A body of one slice or less fits in the socket buffers: once written, the response's read timeout
-    # (the same stall timeout) covers the rest of the request.
-    if data is None or (len(data) <= _CHUNK and throttle is None):
-        return data
-    return _BufferPayload(data, throttle, stall_timeout)
 
 
 class _DateCache:
@@ -287,7 +181,7 @@ class AzureContainerStore:
         connections: int = 64,
         connect_timeout: float = 30.0,
         read_timeout: float = 120.0,
-        session: aiohttp.ClientSession | None = None,
+        session: aiohttp.ClientSession | None = None,  # tests may pass their own
         throttle: Throttle | None = None,
     ) -> None:
         self._loc = loc
@@ -300,13 +194,10 @@ class AzureContainerStore:
         self._own_session = session is None
         self._raw = RawClient(loc.scheme, loc.netloc, connect_timeout=connect_timeout,
                                  stall_timeout=read_timeout, throttle=throttle, max_idle=connections)
-        self._session = session or aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=connections, limit_per_host=connections, ttl_dns_cache=300),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=read_timeout),
-            auto_decompress=False,
-            read_bufsize=4 * 1024 * 1024,  # fewer pause/resume cycles and bigger chunks on large GETs
-            skip_auto_headers=("Content-Type", "User-Agent", "Accept-Encoding"),
-        )
+        self._session = session  # aiohttp, made on the first request with a body (see _with_body)
+        self._connections = connections
+        self._connect_timeout = connect_timeout
+        self._read_timeout = read_timeout
 
     @property
     def display_url(self) -> str:
@@ -322,7 +213,7 @@ class AzureContainerStore:
 
     async def close(self) -> None:
         self._raw.close()
-        if self._own_session:
+        if self._own_session and self._session is not None:
             await self._session.close()
 
     # --- transport ----------------------------------------------------------------------------------------
@@ -359,7 +250,7 @@ class AzureContainerStore:
     ) -> tuple[int, Mapping[str, str], bytes]:
         """One request. With `chunks`, a successful response body is appended there as received (no join)."""
         target, request = await self._sign(method, name, query, headers, body)
-        url = URL(f"{self._loc.scheme}://{self._loc.netloc}{target}", encoded=True)
+        url = f"{self._loc.scheme}://{self._loc.netloc}{target}"
         if body is None and method in ("GET", "HEAD", "DELETE"):
             status, resp_headers, data = await self._bodiless(method, target, request.headers, what)
             if chunks is not None and status in expect:
@@ -368,7 +259,7 @@ class AzureContainerStore:
         else:
             status, resp_headers, data = await self._with_body(method, url, request.headers, body, what)
         if log.isEnabledFor(logging.DEBUG):  # checked first: this is the hot path
-            log.debug("%s %s -> %d %s", method, redact(str(url)), status, resp_headers.get("x-ms-error-code", ""))
+            log.debug("%s %s -> %d %s", method, redact(url), status, resp_headers.get("x-ms-error-code", ""))
         if status not in expect:
             raise error_from_response(
                 status=status,
@@ -389,17 +280,14 @@ class AzureContainerStore:
             raise NetworkError(f"{what}: {exc}") from exc
         return raw.status, raw.headers, raw.body
 
-    async def _with_body(self, method: str, url: URL, headers: Mapping[str, str], body: Buffer | None, what: str
+    async def _with_body(self, method: str, url: str, headers: Mapping[str, str], body: Buffer | None, what: str
                          ) -> tuple[int, Mapping[str, str], bytes]:
-        payload = _body(body, self._throttle, self._stall_timeout)
-        try:
-            async with self._session.request(method, url, headers=headers, data=payload) as resp:
-                return resp.status, {k.lower(): v for k, v in resp.headers.items()}, await resp.read()
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            if isinstance(payload, _BufferPayload) and payload.stalled:
-                raise NetworkError(f"{what}: no progress sending the body for {self._stall_timeout:g}s "
-                                   "(the other end stopped reading); aborted") from exc
-            raise network_error(what, exc) from exc
+        from blobsync.backends import aiohttp_body  # aiohttp loads with the first upload request only
+
+        if self._session is None:
+            self._session = aiohttp_body.new_session(self._connections, self._connect_timeout, self._read_timeout)
+        return await aiohttp_body.send(self._session, method, url, headers, body, self._throttle,
+                                       self._stall_timeout, what)
 
     # --- operations ---------------------------------------------------------------------------------------
 
