@@ -67,6 +67,7 @@ class BlockRow:
     idx: int
     size: int
     md5: str
+    boot: str | None = None  # a download range not yet fsynced: the boot it was written in (None: on disk)
 
 
 @dataclass(frozen=True)
@@ -146,8 +147,10 @@ class Journal:
             # Local MD5s for sync --compare-hash: valid while (size, mtime_ns, inode) are unchanged.
             db.execute("create table hashes (path text primary key, size int, mtime_ns int, inode int, md5 blob)")
         if "blocks" not in db.table_names():
-            db.table("blocks").create({"file_id": int, "idx": int, "size": int, "md5": str},
+            db.table("blocks").create({"file_id": int, "idx": int, "size": int, "md5": str, "boot": str},
                                 pk=("file_id", "idx"))
+        elif "boot" not in db.table("blocks").columns_dict:  # a journal from before downloads tracked fsyncs
+            db.execute("alter table blocks add column boot text")
         if "committed_blobs" not in db.table_names():
             # Kept across jobs (each sync run is a new job), one row per blob: a commit replaces it.
             # `container` is the container's URL without query string: never a SAS.
@@ -292,7 +295,7 @@ class Journal:
         return rows
 
     def blocks(self, file_id: int) -> list[BlockRow]:
-        return [BlockRow(r["idx"], r["size"], r["md5"])
+        return [BlockRow(r["idx"], r["size"], r["md5"], r.get("boot"))
                 for r in self.db.table("blocks").rows_where("file_id = ?", [file_id], order_by="idx")]
 
     # --- hash cache -----------------------------------------------------------------------------------------
@@ -349,16 +352,24 @@ class Journal:
             (nonce, block_size, n_blocks, size, mtime_ns, inode, etag, time.time(), file_id),
         )
 
-    def block_done(self, file_id: int, idx: int, size: int, md5_hex: str, *, durable: bool = False) -> None:
+    def block_done(self, file_id: int, idx: int, size: int, md5_hex: str, *, durable: bool = False,
+                   boot: str | None = None) -> None:
         """Record a block the service acknowledged, or a range written to disk (never before).
 
         Uploads can ask the service what arrived, so their blocks are batched. A download's journal is the
-        only record of which ranges are on disk: `durable` commits at once (one small transaction per range)."""
-        self._queue("insert or replace into blocks (file_id, idx, size, md5) values (?, ?, ?, ?)",
-                    (file_id, idx, size, md5_hex))
+        only record of which ranges are on disk: `durable` commits at once (one small transaction per range),
+        and `boot` marks a range written but not yet fsynced (it survives a killed process, not a power cut)."""
+        self._queue("insert or replace into blocks (file_id, idx, size, md5, boot) values (?, ?, ?, ?, ?)",
+                    (file_id, idx, size, md5_hex, boot))
         self._queue("update files set bytes_sent = bytes_sent + ? where id = ?", (size, file_id))
         if durable:
             self.flush()
+
+    def ranges_synced(self, file_id: int, indexes: Iterable[int]) -> None:
+        """These ranges of a partial download are fsynced: they survive a power cut now."""
+        for idx in indexes:
+            self._queue("update blocks set boot = null where file_id = ? and idx = ?", (file_id, idx))
+        self.flush()
 
     def finish_file(self, file_id: int, state: str, *, md5_hex: str | None = None, etag: str | None = None,
                     error: str | None = None, bytes_sent: int | None = None) -> None:

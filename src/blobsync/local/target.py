@@ -6,13 +6,27 @@ import contextlib
 import errno
 import hashlib
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from blobsync.errors import DiskFullError, LocalWriteError, UnsafeNameError
 
 PART_SUFFIX = ".blobsync-part"
 _MAX_NAME_BYTES = 255
+
+
+def current_boot_id(env: Mapping[str, str] | None = None) -> str | None:
+    """This machine's boot: data written (not yet fsynced) in this boot is still in the page cache, so a killed
+    process loses none of it; after a reboot only fsynced data counts. None where the OS does not say.
+    BLOBSYNC_BOOT_ID overrides it (tests simulate a power cut with it)."""
+    env = os.environ if env is None else env
+    if env.get("BLOBSYNC_BOOT_ID"):
+        return env["BLOBSYNC_BOOT_ID"]
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
 
 
 def safe_join(root: Path, rel: str) -> Path:
@@ -93,6 +107,13 @@ class PartFile:
                 n = os.pwrite(self.fd, view, offset)
                 offset += n
                 view = view[n:]
+        except OSError as exc:
+            raise _write_error(self.path, exc) from exc
+
+    def sync(self) -> None:
+        """fdatasync: every range written so far survives a power cut (called in a worker thread)."""
+        try:
+            os.fdatasync(self.fd)
         except OSError as exc:
             raise _write_error(self.path, exc) from exc
 
