@@ -33,7 +33,7 @@ from blobsync.backends.base import (
     Conditions,
     PutResult,
 )
-from blobsync.backends.rawget import RawClient, RawHttpError
+from blobsync.backends.rawget import MAX_BODY, RawClient, RawHttpError
 from blobsync.errors import BlobNotFoundError, ContainerNotFoundError, NetworkError, ServiceError
 from blobsync.location import BlobLocation
 from blobsync.redact import redact
@@ -251,8 +251,8 @@ class AzureContainerStore:
         """One request. With `chunks`, a successful response body is appended there as received (no join)."""
         target, request = await self._sign(method, name, query, headers, body)
         url = f"{self._loc.scheme}://{self._loc.netloc}{target}"
-        if body is None and method in ("GET", "HEAD", "DELETE"):
-            status, resp_headers, data = await self._bodiless(method, target, request.headers, what)
+        if body is None or (len(body) <= MAX_BODY and self._throttle is None):
+            status, resp_headers, data = await self._lean(method, target, request.headers, body, what)
             if chunks is not None and status in expect:
                 chunks.append(data)
                 data = b""
@@ -272,10 +272,10 @@ class AzureContainerStore:
             )
         return status, resp_headers, data
 
-    async def _bodiless(self, method: str, target: str, headers: Mapping[str, str], what: str
-                        ) -> tuple[int, Mapping[str, str], bytes]:
+    async def _lean(self, method: str, target: str, headers: Mapping[str, str], body: Buffer | None, what: str
+                    ) -> tuple[int, Mapping[str, str], bytes]:
         try:
-            raw = await self._raw.request(method, target, headers)
+            raw = await self._raw.request(method, target, headers, body=None if body is None else memoryview(body))
         except RawHttpError as exc:
             raise NetworkError(f"{what}: {exc}") from exc
         return raw.status, raw.headers, raw.body

@@ -1,10 +1,12 @@
-"""A lean HTTP/1.1 client for requests without a body (GET, HEAD, DELETE): ranged reads land in the caller's buffer.
+"""A lean HTTP/1.1 client for requests with no or a small body: ranged reads land in the caller's buffer.
 
 Ranged GETs carry almost every byte of a download. Through aiohttp each byte is copied from the socket into a
 bytes object and handed through its parser and stream; here the socket reads straight into the block buffer
 (asyncio.BufferedProtocol + recv_into). Listings and other small answers are collected whole (Content-Length,
-chunked, or until close). Requests with a body stay on aiohttp, which is then imported only when an upload needs
-it: a download, a listing or a no-op sync starts faster. One request per connection at a time, keep-alive, TLS.
+chunked, or until close). Small bodies (Put Blob of a small file, Put Block List) are sent in one write, which
+costs a fraction of aiohttp's per-request work; large bodies (Put Block) stay on aiohttp, which streams them in
+paced slices under a stall guard and is imported only when such a body comes. One request per connection at a
+time, keep-alive, TLS.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ Throttle = Callable[[int], Awaitable[None]]
 _MAX_HEAD = 64 * 1024  # status line + headers; Azure's are ~1 KiB
 _MAX_COLLECTED = 256 * 1024 * 1024  # a listing page is a few MiB; anything far bigger is not for us
 _THROTTLED_READ = 256 * 1024  # under a bandwidth cap, read (and pay for) at most this much at a time
+MAX_BODY = 256 * 1024  # request bodies up to this size are sent here; larger ones stream through aiohttp
 
 
 class RawHttpError(Exception):
@@ -102,7 +105,7 @@ class _Protocol(asyncio.BufferedProtocol):
 
     # --- request life -----------------------------------------------------------------------------------------
 
-    def request(self, method: str, head: bytes, sink: memoryview | None,
+    def request(self, method: str, head: bytes, body: bytes | memoryview | None, sink: memoryview | None,
                 throttle: Throttle | None) -> asyncio.Future[RawResponse]:
         assert self.transport is not None and self._state == "idle"
         self._reset(sink, method, throttle)
@@ -110,6 +113,8 @@ class _Protocol(asyncio.BufferedProtocol):
         self._waiter = asyncio.get_running_loop().create_future()
         self.last_activity = time.monotonic()
         self.transport.write(head)
+        if body:
+            self.transport.write(body)  # small (see RawClient.request): it fits the socket buffers
         return self._waiter
 
     @property
@@ -314,10 +319,13 @@ class RawClient:
         return protocol
 
     async def request(self, method: str, target: str, headers: Mapping[str, str],
-                      sink: memoryview | None = None) -> RawResponse:
-        """Send `method target` (path and query); a 2xx body goes into `sink` if given, else it is collected.
-        One retry on a fresh connection when a kept-alive one turns out closed before answering (servers drop
-        idle connections); every other failure is the caller's to retry."""
+                      sink: memoryview | None = None, body: bytes | memoryview | None = None) -> RawResponse:
+        """Send `method target` (path and query), with a small `body` if given (at most MAX_BODY bytes: it is
+        handed to the transport at once, with no pacing or send-side stall watch); a 2xx answer's body goes into
+        `sink` if given, else it is collected. One retry on a fresh connection when a kept-alive one turns out
+        closed before answering (servers drop idle connections); every other failure is the caller's to retry."""
+        if body is not None and len(body) > MAX_BODY:
+            raise ValueError(f"a body over {MAX_BODY} bytes goes through the streaming path")
         head = (f"{method} {target} HTTP/1.1\r\nHost: {self.netloc}\r\n"
                 + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n").encode("latin-1")
         throttle = self.throttle if method == "GET" else None
@@ -327,7 +335,7 @@ class RawClient:
             reused = bool(self._idle)
             protocol = self._idle.pop() if reused else await self._connect()
             try:
-                response = await self._exchange(protocol, method, head, sink, throttle)
+                response = await self._exchange(protocol, method, head, body, sink, throttle)
             except RawHttpError:
                 if reused and not protocol.received_any and attempt == 0:
                     continue
@@ -342,11 +350,11 @@ class RawClient:
             return response
         raise AssertionError("unreachable")
 
-    async def _exchange(self, protocol: _Protocol, method: str, head: bytes, sink: memoryview | None,
-                        throttle: Throttle | None) -> RawResponse:
+    async def _exchange(self, protocol: _Protocol, method: str, head: bytes, body: bytes | memoryview | None,
+                        sink: memoryview | None, throttle: Throttle | None) -> RawResponse:
         if protocol.closed:
             raise RawHttpError("connection closed")
-        waiter = protocol.request(method, head, sink, throttle)
+        waiter = protocol.request(method, head, body, sink, throttle)
         loop = asyncio.get_running_loop()
 
         def watchdog() -> None:

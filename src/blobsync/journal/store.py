@@ -23,6 +23,27 @@ _FLUSH_OPS = 2000
 _FLUSH_SECONDS = 1.0
 
 
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS [jobs] ([id] TEXT PRIMARY KEY, [kind] TEXT, [source] TEXT, [dest] TEXT, "
+    "[options] TEXT, [state] TEXT, [created] FLOAT, [updated] FLOAT, [pid] INTEGER)",
+    "CREATE INDEX IF NOT EXISTS [idx_jobs_kind_source_dest] ON [jobs] ([kind], [source], [dest])",
+    "CREATE TABLE IF NOT EXISTS [files] ([id] INTEGER PRIMARY KEY, [job_id] TEXT, [rel] TEXT, [blob] TEXT, "
+    "[size] INTEGER, [mtime_ns] INTEGER, [inode] INTEGER, [state] TEXT, [nonce] TEXT, [block_size] INTEGER, "
+    "[n_blocks] INTEGER, [md5] TEXT, [etag] TEXT, [bytes_sent] INTEGER, [error] TEXT, [updated] FLOAT)",
+    "CREATE UNIQUE INDEX IF NOT EXISTS [idx_files_job_id_rel] ON [files] ([job_id], [rel])",
+    # Local MD5s for sync --compare-hash: valid while (size, mtime_ns, inode) are unchanged.
+    "CREATE TABLE IF NOT EXISTS hashes (path text primary key, size int, mtime_ns int, inode int, md5 blob)",
+    "CREATE TABLE IF NOT EXISTS [blocks] ([file_id] INTEGER, [idx] INTEGER, [size] INTEGER, [md5] TEXT, "
+    "[boot] TEXT, PRIMARY KEY ([file_id], [idx]))",
+    # Kept across jobs (each sync run is a new job), one row per blob: a commit replaces it.
+    # `container` is the container's URL without query string: never a SAS.
+    "CREATE TABLE IF NOT EXISTS committed_blobs (container text, blob text, block_size int, etag text, "
+    "size int, md5 text, blocks text, updated float, primary key (container, blob))",
+    # Changes asked of a running job by another process (`blobsync jobs cap`); the job polls this row.
+    "CREATE TABLE IF NOT EXISTS job_controls (job_id text primary key, cap_mbps real, updated real)",
+)
+
+
 def default_journal_path(env: Mapping[str, str] | None = None) -> Path:
     """$XDG_STATE_HOME/blobsync/journal.db, else ~/.local/state/blobsync/journal.db."""
     env = os.environ if env is None else env
@@ -127,39 +148,21 @@ class Journal:
         return self._db
 
     def _create_schema(self) -> None:
-        db = self.db
-        if "jobs" not in db.table_names():
-            db.table("jobs").create(
-                {"id": str, "kind": str, "source": str, "dest": str, "options": str, "state": str,
-                 "created": float, "updated": float, "pid": int},
-                pk="id",
-            )
-            db.table("jobs").create_index(["kind", "source", "dest"])
-        if "files" not in db.table_names():
-            db.table("files").create(
-                {"id": int, "job_id": str, "rel": str, "blob": str, "size": int, "mtime_ns": int,
-                 "inode": int, "state": str, "nonce": str, "block_size": int, "n_blocks": int,
-                 "md5": str, "etag": str, "bytes_sent": int, "error": str, "updated": float},
-                pk="id",
-            )
-            db.table("files").create_index(["job_id", "rel"], unique=True)
-        if "hashes" not in db.table_names():
-            # Local MD5s for sync --compare-hash: valid while (size, mtime_ns, inode) are unchanged.
-            db.execute("create table hashes (path text primary key, size int, mtime_ns int, inode int, md5 blob)")
-        if "blocks" not in db.table_names():
-            db.table("blocks").create({"file_id": int, "idx": int, "size": int, "md5": str, "boot": str},
-                                pk=("file_id", "idx"))
-        elif "boot" not in db.table("blocks").columns_dict:  # a journal from before downloads tracked fsyncs
-            db.execute("alter table blocks add column boot text")
-        if "committed_blobs" not in db.table_names():
-            # Kept across jobs (each sync run is a new job), one row per blob: a commit replaces it.
-            # `container` is the container's URL without query string: never a SAS.
-            db.execute("create table committed_blobs (container text, blob text, block_size int, etag text, "
-                       "size int, md5 text, blocks text, updated float, primary key (container, blob))")
-        if "job_controls" not in db.table_names():
-            # Changes asked of a running job by another process (`blobsync jobs cap`); the job polls this row.
-            db.execute("create table job_controls (job_id text primary key, cap_mbps real, updated real)")
-        db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        # Plain DDL with IF NOT EXISTS under one write lock: two processes opening a new journal at once (a
+        # job starting while `blobsync jobs list` polls) must not both try to create the same table.
+        conn = self.db.conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for statement in _SCHEMA:
+                conn.execute(statement)
+            columns = {row[1] for row in conn.execute("PRAGMA table_info(blocks)")}
+            if "boot" not in columns:  # a journal from before downloads tracked fsyncs
+                conn.execute("ALTER TABLE blocks ADD COLUMN boot TEXT")
+            conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
 
     @contextmanager
     def _tx(self) -> Iterator[None]:
