@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from urllib.parse import unquote
 
 from azure.storage.blob import ContainerSasPermissions, StandardBlobTier, generate_container_sas
@@ -163,3 +164,16 @@ def test_rm_without_delete_permission_stops_with_the_auth_error(azurite: Azurite
     assert "'d' (delete)" in done.stderr
     assert container.blob_names() == ["x/a", "x/b"]
     _no_secret(sas, done.stdout, done.stderr)
+
+
+def test_rm_list_of_files(container: ContainerHandle, azurite_env: str, tmp_path: Path) -> None:
+    for name in ("d/a.bin", "d/b.bin", "d/c.bin", "d/sub/e.bin"):
+        container.client.upload_blob(name, name.encode())
+    listing = tmp_path / "list.txt"
+    listing.write_text("# old runs\na.bin\n\nsub/e.bin\nmissing.bin\n")
+    done = run(["rm", container.url + "/d", "--list-of-files", str(listing), "--output-type", "json"])
+    assert done.returncode == 0, done.stderr
+    records = [json.loads(line) for line in done.stdout.splitlines()]
+    by_path = {r["path"]: r["status"] for r in records if r["type"] == "file"}
+    assert by_path == {"a.bin": "deleted", "sub/e.bin": "deleted", "missing.bin": "skipped"}
+    assert container.blob_names() == ["d/b.bin", "d/c.bin"]

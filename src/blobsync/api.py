@@ -403,6 +403,7 @@ async def remove_async(
     recursive: bool = False,
     filters: Filters | None = None,
     dry_run: bool = False,
+    list_of_files: str | os.PathLike[str] | None = None,
     env: Mapping[str, str] | None = None,
     progress: Progress | None = None,
     subscribers: Sequence[Subscriber] = (),
@@ -410,12 +411,14 @@ async def remove_async(
     raise_on_error: bool = False,
 ) -> Report:
     """Delete the blob the URL names or, with `recursive`, every blob under it that `filters` admit
-    (snapshots go with their blob). `dry_run` lists what would go and deletes nothing."""
+    (snapshots go with their blob); or the blobs `list_of_files` names (one relative name per line).
+    `dry_run` lists what would go and deletes nothing."""
     config = config or TransferConfig()
     env = os.environ if env is None else env
     loc = parse_location(url)
     spec = RemoveSpec(loc, recursive, filters or Filters(), dry_run, config.start_concurrency,
-                      RetryPolicy(max_attempts=config.max_retries + 1, deadline=config.retry_deadline))
+                      RetryPolicy(max_attempts=config.max_retries + 1, deadline=config.retry_deadline),
+                      Path(list_of_files) if list_of_files is not None else None)
     store = _store(loc, config, env)
     try:
         report = await RemoveJob(spec, store, progress=_progress(progress, subscribers), on_action=on_action).run()

@@ -80,13 +80,16 @@ def ls(url: str, output_type: str, max_retries: int, log_level: str, log_file: P
 @click.option("--include-after", default=None, help="Only blobs modified at or after this ISO 8601 time.")
 @click.option("--include-before", default=None, help="Only blobs modified before this ISO 8601 time.")
 @click.option("--dry-run", is_flag=True, help="Print what would be removed; remove nothing.")
+@click.option("--list-of-files", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Remove the blobs this file names, one path (relative to the URL) per line.")
 @click.option("--concurrency", type=int, default=16, show_default=True, help="Deletes in flight.")
 @click.option("--max-retries", type=int, default=8, show_default=True, help="Retries per request.")
 @output_options
 @handle_errors
 def rm(url: str, recursive: bool, include_pattern: str | None, exclude_pattern: str | None,
        include_path: str | None, exclude_path: str | None, include_regex: str | None, exclude_regex: str | None,
-       include_after: str | None, include_before: str | None, dry_run: bool, concurrency: int, max_retries: int,
+       include_after: str | None, include_before: str | None, dry_run: bool, list_of_files: Path | None,
+       concurrency: int, max_retries: int,
        output_type: str, progress_interval: float | None, quiet: bool, log_level: str,
        log_file: Path | None) -> None:
     """Remove the blob URL names or, with -r, the blobs under a container or folder URL.
@@ -100,8 +103,8 @@ def rm(url: str, recursive: bool, include_pattern: str | None, exclude_pattern: 
         exclude_path=exclude_path, include_regex=include_regex, exclude_regex=exclude_regex,
         include_after=include_after, include_before=include_before,
     )
-    if not recursive and filters != Filters():
-        raise click.UsageError("filters choose among many blobs: use them with -r")
+    if not recursive and not list_of_files and filters != Filters():
+        raise click.UsageError("filters choose among many blobs: use them with -r or --list-of-files")
     config = TransferConfig(concurrency=concurrency, max_retries=max_retries)
     json_out = start_output("rm", output_type, url=url, recursive=recursive, dry_run=dry_run)
 
@@ -110,7 +113,7 @@ def rm(url: str, recursive: bool, include_pattern: str | None, exclude_pattern: 
             click.echo(f"would remove {action.path} ({human_bytes(action.size)})")
 
     def call(progress: Progress) -> Report:
-        return api.remove(url, config, recursive=recursive, filters=filters, dry_run=dry_run, progress=progress,
-                          on_action=on_action)
+        return api.remove(url, config, recursive=recursive, filters=filters, dry_run=dry_run,
+                          list_of_files=list_of_files, progress=progress, on_action=on_action)
 
     run_job(call, quiet=quiet or dry_run, json_out=json_out, interval=progress_interval, dry_run=dry_run)

@@ -8,6 +8,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from blobsync.backends.base import BlobProperties, ContainerStore
 from blobsync.engine.context import Progress
@@ -29,6 +30,7 @@ class RemoveSpec:
     dry_run: bool = False
     concurrency: int = 16
     policy: RetryPolicy = field(default_factory=RetryPolicy)
+    list_of_files: Path | None = None  # relative names, one per line, instead of listing the folder
 
 
 def folder_prefix(path: str) -> str:
@@ -72,8 +74,9 @@ class RemoveJob:
     async def run(self) -> Report:
         spec = self.spec
         report = Report("-", spec.target.display, "", kind="remove", listener=self.progress.finished)
+        self.report = report
         try:
-            if spec.recursive:
+            if spec.recursive or spec.list_of_files:
                 await self._many(report)
             else:
                 await self._one(report)
@@ -99,8 +102,10 @@ class RemoveJob:
         workers = max(1, self.spec.concurrency)
 
         async def produce() -> None:
+            source = self._listed() if self.spec.list_of_files else blobs_at(self.store, self.spec.target.path,
+                                                                             self.retrier)
             try:
-                async for rel, props in blobs_at(self.store, self.spec.target.path, self.retrier):
+                async for rel, props in source:
                     if self.spec.filters.matches(rel, props.last_modified.timestamp()):
                         self.progress.queued(rel, props.name, props.size)
                         await queue.put((rel, props))
@@ -120,6 +125,27 @@ class RemoveJob:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
+
+    async def _listed(self) -> AsyncIterator[tuple[str, BlobProperties]]:
+        """The blobs --list-of-files names (relative to the URL), each looked up: a missing one is reported."""
+        assert self.spec.list_of_files is not None
+        prefix = folder_prefix(self.spec.target.path)
+        try:
+            lines = self.spec.list_of_files.read_text(encoding="utf-8").splitlines()
+        except OSError as exc:
+            raise UsageError(f"cannot read --list-of-files {str(self.spec.list_of_files)!r}: "
+                             f"{exc.strerror or exc}") from exc
+        for line in lines:
+            rel = line.strip().lstrip("/")
+            if not rel or rel.startswith("#"):
+                continue
+            name = prefix + rel
+            props = await self.retrier.call(functools.partial(self.store.get_properties, name))
+            if props is None:
+                self.progress.queued(rel, name, 0)
+                self.report.add(FileResult(rel, name, 0, FileStatus.SKIPPED, reason="not found"))
+                continue
+            yield rel, props
 
     async def _delete(self, rel: str, props: BlobProperties, report: Report) -> None:
         self.on_action(Action("delete", rel, "dry run" if self.spec.dry_run else "remove", props.size))
