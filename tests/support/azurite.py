@@ -63,8 +63,10 @@ class Azurite:
     account = DEV_ACCOUNT
     key = DEV_KEY
 
-    def __init__(self, port: int | None = None, *, startup_timeout: float = 30.0) -> None:
+    def __init__(self, port: int | None = None, *, startup_timeout: float = 30.0,
+                 tls: tuple[Path, Path] | None = None) -> None:
         self._port = port
+        self._tls = tls  # (certificate, key) PEM files: serve HTTPS
         self._startup_timeout = startup_timeout
         self._proc: subprocess.Popen[bytes] | None = None
         self._workdir: Path | None = None
@@ -79,12 +81,12 @@ class Azurite:
 
     @property
     def blob_endpoint(self) -> str:
-        return f"http://{self.host}:{self.port}/{self.account}"
+        return f"{self.base_url}/{self.account}"
 
     @property
     def base_url(self) -> str:
         """``http://127.0.0.1:PORT`` without the account segment (what FaultProxy forwards to)."""
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self._tls else 'http'}://{self.host}:{self.port}"
 
     @property
     def connection_string(self) -> str:
@@ -121,6 +123,8 @@ class Azurite:
             "--silent",
             "--disableTelemetry",  # telemetry would try to reach the internet
         ]  # fmt: skip
+        if self._tls:
+            cmd += ["--cert", str(self._tls[0]), "--key", str(self._tls[1])]
         on_main_thread = threading.current_thread() is threading.main_thread()
         log = (self._workdir / "azurite.log").open("wb")
         try:

@@ -46,6 +46,9 @@ class _Protocol(asyncio.BufferedProtocol):
         self.closed = False
         self.last_activity = time.monotonic()
         self._scratch = bytearray(256 * 1024)
+        # Handed out as a memoryview, never the bytearray itself: asyncio's TLS transport fills a buffer in
+        # several reads through `buf[offset:]`, which for a bytearray is a copy, and those bytes would be lost.
+        self._scratch_view = memoryview(self._scratch)
         self._reset(None, "GET", None)
 
     def _reset(self, sink: memoryview | None, method: str, throttle: Throttle | None) -> None:
@@ -71,11 +74,11 @@ class _Protocol(asyncio.BufferedProtocol):
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
 
-    def get_buffer(self, sizehint: int) -> memoryview | bytearray:
+    def get_buffer(self, sizehint: int) -> memoryview:
         if self._state == "sink" and self._sink is not None:
             end = self._want if self._throttle is None else min(self._want, self._pos + _THROTTLED_READ)
             return self._sink[self._pos:end]  # never past this response's body
-        return self._scratch
+        return self._scratch_view
 
     def buffer_updated(self, nbytes: int) -> None:
         self.last_activity = time.monotonic()
