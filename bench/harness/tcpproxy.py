@@ -29,13 +29,14 @@ class DelayRelay:
         self.bytes_up = 0  # client -> server, headers included
         self.bytes_down = 0
         self.connections = 0
+        self.active = 0  # connections still open (either direction still pumping)
         self.port = listen_port
         self._server: asyncio.base_events.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
 
     async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, up: bool) -> None:
-        queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue(maxsize=256)
+        queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue(maxsize=16)
         loop = asyncio.get_running_loop()
 
         async def send() -> None:
@@ -69,17 +70,21 @@ class DelayRelay:
 
     async def _handle(self, c_reader: asyncio.StreamReader, c_writer: asyncio.StreamWriter) -> None:
         self.connections += 1
+        self.active += 1
         try:
-            s_reader, s_writer = await asyncio.open_connection(*self.up)
-        except OSError:
-            c_writer.close()
-            return
-        try:
-            await asyncio.gather(self._pump(c_reader, s_writer, True), self._pump(s_reader, c_writer, False))
+            try:
+                s_reader, s_writer = await asyncio.open_connection(*self.up)
+            except OSError:
+                c_writer.close()
+                return
+            try:
+                await asyncio.gather(self._pump(c_reader, s_writer, True), self._pump(s_reader, c_writer, False))
+            finally:
+                for w in (c_writer, s_writer):
+                    with contextlib.suppress(OSError):
+                        w.close()
         finally:
-            for w in (c_writer, s_writer):
-                with contextlib.suppress(OSError):
-                    w.close()
+            self.active -= 1
 
     async def serve(self) -> None:
         self._server = await asyncio.start_server(self._handle, *self.listen, limit=1 << 20)
