@@ -64,6 +64,7 @@ def main() -> int:
     p.add_argument("--size-mib", type=int, default=1024)
     p.add_argument("--rate", type=int, default=250, help="samples per second (default 250)")
     p.add_argument("--native", action="store_true", help="also sample C frames (hashlib, ssl, socket)")
+    p.add_argument("--gil", action="store_true", help="only samples of the thread holding the GIL")
     p.add_argument("--top", type=int, default=20)
     p.add_argument("--blobsync-args", default="", help="extra blobsync options")
     p.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "blobsync-profile")
@@ -88,9 +89,10 @@ def main() -> int:
             dl.seed(target)
             cmd = [str(BLOBSYNC_BIN), "cp", f"{az.blob_endpoint}/{dl.container}/{src.name}", str(tmp / "out.bin")]
         cmd += [*a.blobsync_args.split(), "--quiet", "--journal", str(tmp / "j.db")]
-        raw = a.out / f"{a.direction}-{a.size_mib}MiB.txt"
+        raw = a.out / f"{a.direction}-{a.size_mib}MiB{'-gil' if a.gil else ''}.txt"
         spy = [str(PY_SPY), "record", "--format", "raw", "--threads", "--rate", str(a.rate), "-o", str(raw)]
         spy += ["--native"] if a.native else []
+        spy += ["--gil"] if a.gil else []
         r = subprocess.run([*spy, "--", *cmd], env=env_for(target, tmp), capture_output=True, text=True)
         if r.returncode != 0:
             print(r.stdout[-2000:], r.stderr[-2000:], file=sys.stderr)

@@ -269,6 +269,8 @@ def report(wl: Workload, runs: list[Run], tools: Sequence[str], skipped: dict[st
     for r in runs:
         d = derived(r, wl)
         valid = "discarded (noisy)" if r.discarded else ("yes" if r.valid else "NO")
+        if not r.discarded and d["other_pct"] > st.noisy_pct:
+            valid += " (noisy, kept after re-runs)" if st.noisy_retries else " (noisy: no noise guard)"
         rows.append([str(r.round), r.tool, *(fmt(d.get(k, NAN), p) for k, _, p in cols), valid])
     parts += ["All runs, in the order they ran (tool order rotates each round):", ""]
     parts += [render(["Round", "Tool", *(h for _, h, _ in cols), "Valid"], rows, markdown), ""]
