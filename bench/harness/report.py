@@ -229,7 +229,9 @@ def machine_lines(st: Settings, tools: Sequence[str], code: tuple[str, str]) -> 
     versions = ", ".join(f"{k} {tool_version(k, st)}" for k in kinds if k != "blobsync")
     return [
         f"- Machine: nproc={len(os.sched_getaffinity(0))}, CPU: {model}, RAM {mem}, Linux {platform.release()}",
-        f"- Python {py}; blobsync {tool_version('blobsync', st)} at commit {code_s}; {versions}",
+        f"- Python {py}; blobsync {tool_version('blobsync', st)} at commit {code_s} (src/ last changed in "
+        f"{_out(['git', '-C', str(REPO), 'log', '-1', '--format=%h', '--', 'src'])})"
+        + (f"; {versions}" if versions else ""),
         f"- Azurite {azurite_version()} (fresh per run unless noted), Node.js {_out(['node', '-v'])}",
     ]
 
