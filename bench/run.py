@@ -4,7 +4,7 @@
 
 Workloads: upload-large (1 GiB up), upload-small (2,000 x 16 KiB up), download-large (1 GiB down), noop-sync
 (no-op re-sync of 10,000 files), resume (1 GiB up, SIGKILL at 50%, run again), slow-link (64 MiB up over a
-rate-limited veth between two network namespaces plus per-request latency; needs root), slow-small (200 x 16 KiB
+rate-limited veth between two network namespaces plus per-request latency; needs root), slow-small (1,000 x 16 KiB
 over the same link), sparse-rss (blobsync's peak RSS uploading sparse files of 1 and 20 GiB), all.
 
 Each run starts Azurite, runs ONE tool in a child process (wall time, its CPU and peak RSS from wait4 rusage,
@@ -71,7 +71,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     g.add_argument("--noop-files", type=int, default=10_000, help="noop-sync tree (default 10000)")
     g.add_argument("--resume-mib", type=int, default=1024, help="resume file (default 1024)")
     g.add_argument("--slow-mib", type=int, default=64, help="slow-link file (default 64)")
-    g.add_argument("--slow-files", type=int, default=200, help="slow-small: files of --small-kib (default 200)")
+    g.add_argument("--slow-files", type=int, default=1000, help="slow-small: files of --small-kib (default 1000)")
     g.add_argument("--rate-mbit", type=float, default=100.0, help="slow link rate, Mbit/s (default 100)")
     g.add_argument("--delay-ms", type=float, default=20.0, help="slow link extra round trip per request (default 20)")
     g.add_argument("--cap-mbps", type=float, default=50.0, help="blobsync-cap's --cap-mbps (default 50)")
