@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.azurite import Azurite, BenchError
-from harness.measure import ChildResult, run_measured, system_busy_seconds, tail, wait_for_quiet
+from harness.measure import ChildResult, group_cpu_seconds, run_measured, system_busy_seconds, tail, wait_for_quiet
 from harness.netns import SlowLink
 from harness.tcpproxy import DelayRelay
 from harness.tools import (
@@ -186,13 +186,16 @@ def measure(
     log_name: str = "child.log",
     kill_when: Callable[[], bool] | None = None,
     quiet_check: bool = True,
+    helper_pgid: int | None = None,
 ) -> ChildResult:
     if quiet_check:
         wait_for_quiet(st.max_background, st.idle_wait)
+    helper0 = group_cpu_seconds(helper_pgid) if helper_pgid else 0.0
     az0, sys0, me0 = azurite.cpu_seconds(), system_busy_seconds(), _own_cpu()
     res = run_measured(cmd, env, tmp, tmp / log_name, st.timeout, kill_when)
     run.azurite_cpu_s = azurite.cpu_seconds() - az0
-    mine = _own_cpu() - me0  # the harness itself (the resume workload's relay thread): not background noise
+    # The harness itself (the resume workload's relay thread, the slow link's relay process) is not background noise.
+    mine = _own_cpu() - me0 + (group_cpu_seconds(helper_pgid) - helper0 if helper_pgid else 0.0)
     if mine > 0.05:
         run.extra["harness_cpu_s"] = mine
     run.other_cpu_s = max(0.0, system_busy_seconds() - sys0 - run.azurite_cpu_s - res.user_s - res.sys_s - mine)
@@ -606,7 +609,8 @@ class SlowLinkUpload(Upload):
                 target = Target(self.link.endpoint, netns=self.link.cli)
                 mkcontainer(target, self.container, st)
                 cmd = upload_cmd(tool, self.src, self.recursive, self.container, target, tmp, st)
-                res = measure(run, cmd, env_for(target, tmp), tmp, azurite, st)
+                relay = self.link.relay.pid if self.link.relay is not None else None
+                res = measure(run, cmd, env_for(target, tmp), tmp, azurite, st, helper_pgid=relay)
                 problems = exit_problems(res, st) + check_listing(target, self.container, st, self.expect(tool))
                 if run.wall_s == run.wall_s:
                     run.extra["mbit_s"] = self.total_bytes * 8 / run.wall_s / 1e6
