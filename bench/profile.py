@@ -22,7 +22,7 @@ from pathlib import Path
 
 from harness.azurite import REPO, Azurite
 from harness.tools import BLOBSYNC_BIN, Settings, Target, env_for
-from harness.workloads import DEFAULT_CACHE, Download, MiB, large_file, mkcontainer, warm
+from harness.workloads import DEFAULT_CACHE, Download, MiB, large_file, mkcontainer, small_tree, warm
 
 PY_SPY = REPO / ".venv/bin/py-spy"
 
@@ -60,7 +60,8 @@ def summarise(raw: Path, top: int) -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("direction", choices=("upload", "download"))
+    p.add_argument("direction", choices=("upload", "download", "upload-small"))
+    p.add_argument("--files", type=int, default=2000, help="upload-small: files of 16 KiB (default 2000)")
     p.add_argument("--size-mib", type=int, default=1024)
     p.add_argument("--rate", type=int, default=250, help="samples per second (default 250)")
     p.add_argument("--native", action="store_true", help="also sample C frames (hashlib, ssl, socket)")
@@ -73,23 +74,27 @@ def main() -> int:
         print(f"py-spy not found at {PY_SPY}: pip install py-spy into .venv", file=sys.stderr)
         return 2
     a.out.mkdir(parents=True, exist_ok=True)
-    src = large_file(DEFAULT_CACHE, a.size_mib)
+    src = small_tree(DEFAULT_CACHE, a.files, 16 * 1024) if a.direction == "upload-small" else large_file(
+        DEFAULT_CACHE, a.size_mib
+    )
     warm(src)
     tmp = Path(tempfile.mkdtemp(prefix="blobsync-profile-"))
     az = Azurite(tmp)
     try:
         az.start()
         target = Target(az.blob_endpoint)
-        if a.direction == "upload":
+        if a.direction.startswith("upload"):
             mkcontainer(target, "prof", Settings())
             cmd = [str(BLOBSYNC_BIN), "cp", str(src), f"{az.blob_endpoint}/prof/"]
+            cmd += ["-r"] if a.direction == "upload-small" else []
         else:
             dl = Download(DEFAULT_CACHE, a.size_mib)
             dl.prepare()
             dl.seed(target)
             cmd = [str(BLOBSYNC_BIN), "cp", f"{az.blob_endpoint}/{dl.container}/{src.name}", str(tmp / "out.bin")]
         cmd += [*a.blobsync_args.split(), "--quiet", "--journal", str(tmp / "j.db")]
-        raw = a.out / f"{a.direction}-{a.size_mib}MiB{'-gil' if a.gil else ''}.txt"
+        what = f"{a.files}files" if a.direction == "upload-small" else f"{a.size_mib}MiB"
+        raw = a.out / f"{a.direction}-{what}{'-gil' if a.gil else ''}.txt"
         spy = [str(PY_SPY), "record", "--format", "raw", "--threads", "--rate", str(a.rate), "-o", str(raw)]
         spy += ["--native"] if a.native else []
         spy += ["--gil"] if a.gil else []
@@ -97,7 +102,8 @@ def main() -> int:
         if r.returncode != 0:
             print(r.stdout[-2000:], r.stderr[-2000:], file=sys.stderr)
             return 1
-        print(f"### py-spy: blobsync {a.direction} of {a.size_mib * MiB / 2**30:g} GiB\n")
+        what = f"{a.files:,} files of 16 KiB" if a.direction == "upload-small" else f"{a.size_mib * MiB / 2**30:g} GiB"
+        print(f"### py-spy: blobsync {a.direction} of {what}\n")
         print(f"```\n{' '.join(spy)} -- blobsync {' '.join(cmd[1:])}\n```\n")
         print(summarise(raw, a.top))
         print(f"\n(raw collapsed stacks: {raw})")
