@@ -12,7 +12,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from bench_upload import DEFAULT_CACHE, REPO, Azurite, large_workload, run_measured, wait_for_quiet
+from harness.azurite import REPO, Azurite
+from harness.measure import run_measured, wait_for_quiet
+from harness.workloads import DEFAULT_CACHE, large_file
 
 from support.proxy import FaultProxy, Rule, respond  # type: ignore[import-not-found]
 
@@ -54,7 +56,7 @@ def main() -> int:
     parser.add_argument("--pct", type=float, default=10.0, help="share of Put Blocks answered 503 (default 10)")
     parser.add_argument("--retry-after", type=float, default=1.0, help="Retry-After sent with each 503 (s)")
     args = parser.parse_args()
-    src = large_workload(DEFAULT_CACHE, 1024).src
+    src = large_file(DEFAULT_CACHE, 1024)
     runs: dict[bool, list[dict[str, float]]] = {False: [], True: []}
     for rnd in range(args.repeat):
         for with_faults in ((False, True) if rnd % 2 == 0 else (True, False)):

@@ -1,0 +1,1 @@
+"""Shared machinery of the benchmark harness (bench/run.py): Azurite, measurement, peers, workloads, reports."""

@@ -1,0 +1,201 @@
+"""One adapter per tool and direction: the command line that uploads, downloads or syncs, and its environment."""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.azurite import REPO, connection_string
+
+VENV_PYTHON = REPO / ".venv/bin/python"
+BLOBSYNC_BIN = REPO / ".venv/bin/blobsync"
+CHILD = Path(__file__).resolve().parent / "child.py"
+
+# Which tools exist for which direction. Peers that are not installed are skipped, with a note in the report.
+UPLOAD_TOOLS = ("blobsync", "blobsync-nomd5", "sdk", "sdk-validate", "obstore", "rclone")
+DOWNLOAD_TOOLS = ("blobsync", "blobsync-nocheck", "sdk", "sdk-validate", "obstore", "rclone", "rclone-1stream")
+SYNC_TOOLS = ("blobsync", "rclone")
+
+DESCRIPTIONS = {
+    "blobsync": "`blobsync cp` / `blobsync sync`, defaults (16 requests in flight, 8 MiB blocks, per-block MD5 and "
+    "the whole-file MD5 on upload, the whole-file MD5 checked on download)",
+    "blobsync-nomd5": "`blobsync cp --no-put-md5` (blocks still carry their own Content-MD5)",
+    "blobsync-nocheck": "`blobsync cp --check-md5 NoCheck`",
+    "blobsync-cap": "`blobsync cp --cap-mbps N`",
+    "sdk": "azure-storage-blob: one blob `upload_blob`/`download_blob(max_concurrency=8)`; many files: aio "
+    "`upload_blob` under a semaphore of 8; `validate_content=False` (the SDK's default)",
+    "sdk-validate": "the same with `validate_content=True` (an MD5 per request, checked by the service / client)",
+    "obstore": "obstore `put_async(max_concurrency=12)` (5 MiB parts) for one file, 16 files in flight for many; "
+    "download: one `get_async` stream",
+    "rclone": "Debian rclone, `--transfers 16` (`--checkers 16` for sync; `--multi-thread-streams 8` for a "
+    "download), `--retries 1 --low-level-retries 1`, remote `type = azureblob`, `use_emulator = true`, `endpoint`",
+    "rclone-1stream": "rclone download with `--multi-thread-streams 0`: one GET, MD5 checked as it arrives",
+}
+
+
+@dataclass
+class Settings:
+    python: Path = VENV_PYTHON
+    timeout: float = 900.0
+    blobsync_args: list[str] = field(default_factory=list)
+    memory_mb: float | None = None
+    rclone: str = "rclone"
+    rclone_streams: int = 8
+    cap_mbps: float = 50.0
+    max_background: float = 0.25
+    noisy_pct: float = 20.0
+    noisy_retries: int = 2
+    idle_wait: float = 900.0
+    keep_temp: bool = False
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where the tool finds Azurite, as the tool sees it (a namespace's address in the slow-link workload)."""
+
+    blob_endpoint: str  # http://HOST:PORT/devstoreaccount1
+    netns: str | None = None  # the namespace the tool runs in
+
+    @property
+    def base_url(self) -> str:
+        return self.blob_endpoint.rsplit("/", 1)[0]
+
+    @property
+    def connection_string(self) -> str:
+        return connection_string(self.blob_endpoint)
+
+    @property
+    def host(self) -> str:
+        return self.base_url.split("//", 1)[1].rsplit(":", 1)[0]
+
+
+def base_tool(tool: str) -> str:
+    """blobsync-nomd5 -> blobsync, sdk-validate -> sdk, blobsync@20GiB -> blobsync."""
+    return tool.split("@", 1)[0].split("-", 1)[0]
+
+
+@functools.cache
+def available(tool: str, python: Path = VENV_PYTHON, rclone: str = "rclone") -> str:
+    """Empty if the tool can run here, else why not (the harness skips it and says so)."""
+    kind = base_tool(tool)
+    if kind == "blobsync":
+        return "" if os.access(BLOBSYNC_BIN, os.X_OK) else f"blobsync CLI not found at {BLOBSYNC_BIN}"
+    if kind in ("sdk", "obstore"):
+        module = "azure.storage.blob" if kind == "sdk" else "obstore"
+        ok = subprocess.run([str(python), "-c", f"import {module}"], capture_output=True, timeout=120).returncode == 0
+        return "" if ok else f"{module} is not importable by {python} (pip install {kind if kind != 'sdk' else ''})"
+    if kind == "rclone":
+        return "" if shutil.which(rclone) else "rclone not installed (apt-get install -y rclone)"
+    return f"unknown tool {tool}"
+
+
+def tool_version(tool: str, st: Settings) -> str:
+    kind = base_tool(tool)
+    try:
+        if kind == "rclone":
+            out = subprocess.run([st.rclone, "version"], capture_output=True, text=True, timeout=60).stdout
+            return out.splitlines()[0] if out else "unknown"
+        dist = {"blobsync": "blobsync", "sdk": "azure-storage-blob", "obstore": "obstore"}[kind]
+        code = f"import importlib.metadata as m; print(m.version({dist!r}))"
+        return subprocess.run([str(st.python), "-c", code], capture_output=True, text=True, timeout=60).stdout.strip()
+    except (OSError, subprocess.SubprocessError, KeyError):
+        return "unknown"
+
+
+def env_for(target: Target, tmp: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    src = str(REPO / "src")  # the worktree's blobsync wins over whatever the venv has installed
+    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.update(
+        AZURE_STORAGE_CONNECTION_STRING=target.connection_string,
+        AZURITE_BLOB_STORAGE_URL=target.base_url,  # obstore's emulator address
+        XDG_STATE_HOME=str(tmp / "state"),  # nothing lands in the user's real state dir
+        NO_PROXY=target.host,  # a proxy from the environment must never sit between client and Azurite
+        no_proxy=target.host,
+    )
+    return env
+
+
+def in_netns(target: Target, cmd: list[str]) -> list[str]:
+    return ["ip", "netns", "exec", target.netns, *cmd] if target.netns else cmd
+
+
+def rclone_config(target: Target, tmp: Path) -> Path:
+    # Both settings are needed: use_emulator alone goes to 127.0.0.1:10000, endpoint alone asks for a key.
+    cfg = tmp / "rclone.conf"
+    cfg.write_text(f"[az]\ntype = azureblob\nuse_emulator = true\nendpoint = {target.blob_endpoint}\n")
+    return cfg
+
+
+def _rclone(st: Settings, target: Target, tmp: Path, *args: str) -> list[str]:
+    cfg = rclone_config(target, tmp)
+    return [st.rclone, "--config", str(cfg), "--cache-dir", str(tmp / "rclone-cache"), *args,
+            "--retries", "1", "--low-level-retries", "1"]  # fmt: skip
+
+
+def _blobsync_tail(tool: str, tmp: Path, st: Settings, journal: Path | None = None) -> list[str]:
+    extra: list[str] = []
+    tool = tool.split("@", 1)[0]
+    if tool == "blobsync-nomd5":
+        extra.append("--no-put-md5")
+    elif tool == "blobsync-nocheck":
+        extra += ["--check-md5", "NoCheck"]
+    elif tool == "blobsync-cap":
+        extra += ["--cap-mbps", f"{st.cap_mbps:g}"]
+    if st.memory_mb is not None:
+        extra += ["--memory-mb", f"{st.memory_mb:g}"]
+    # A private journal per run: runs never see each other's jobs (the resume workload reuses one on purpose).
+    return [*extra, *st.blobsync_args, "--quiet", "--journal", str(journal or tmp / "journal.db")]
+
+
+def upload_cmd(
+    tool: str, src: Path, recursive: bool, container: str, target: Target, tmp: Path, st: Settings
+) -> list[str]:
+    kind = base_tool(tool)
+    if kind == "blobsync":
+        url = f"{target.blob_endpoint}/{container}/"  # trailing slash: the blob keeps the file's name
+        cmd = [str(BLOBSYNC_BIN), "cp", str(src), url, *(["-r"] if recursive else []), *_blobsync_tail(tool, tmp, st)]
+    elif kind in ("sdk", "obstore"):
+        cmd = [str(st.python), str(CHILD), f"{kind}-upload", str(src), container]
+        cmd += ["--recursive"] if recursive else []
+        cmd += ["--validate"] if tool == "sdk-validate" else []
+    elif tool == "rclone":
+        dest = f"az:{container}" if recursive else f"az:{container}/{src.name}"
+        cmd = _rclone(st, target, tmp, "copy" if recursive else "copyto", str(src), dest, "--transfers", "16")
+    else:
+        raise ValueError(f"{tool} cannot upload")
+    return in_netns(target, cmd)
+
+
+def download_cmd(tool: str, container: str, blob: str, out: Path, target: Target, tmp: Path, st: Settings) -> list[str]:
+    kind = base_tool(tool)
+    if kind == "blobsync":
+        cmd = [str(BLOBSYNC_BIN), "cp", f"{target.blob_endpoint}/{container}/{blob}", str(out),
+               *_blobsync_tail(tool, tmp, st)]  # fmt: skip
+    elif kind in ("sdk", "obstore"):
+        cmd = [str(st.python), str(CHILD), f"{kind}-download", container, blob, str(out)]
+        cmd += ["--validate"] if tool == "sdk-validate" else []
+    elif kind == "rclone":
+        # rclone 1.60 skips its MD5 check after a multi-thread download ("Src hash empty - aborting Dst hash
+        # check"); rclone-1stream turns multi-thread off: one GET, hashed as it arrives and checked.
+        streams = 0 if tool == "rclone-1stream" else st.rclone_streams
+        cmd = _rclone(st, target, tmp, "copyto", f"az:{container}/{blob}", str(out), "--transfers", "16",
+                      "--multi-thread-streams", str(streams))  # fmt: skip
+    else:
+        raise ValueError(f"{tool} cannot download")
+    return in_netns(target, cmd)
+
+
+def sync_cmd(tool: str, tree: Path, container: str, target: Target, tmp: Path, st: Settings) -> list[str]:
+    if tool == "blobsync":
+        cmd = [str(BLOBSYNC_BIN), "sync", str(tree), f"{target.blob_endpoint}/{container}", "--create-container",
+               *_blobsync_tail(tool, tmp, st)]  # fmt: skip
+    elif tool == "rclone":
+        cmd = _rclone(st, target, tmp, "sync", str(tree), f"az:{container}", "--transfers", "16", "--checkers", "16")
+    else:
+        raise ValueError(f"{tool} cannot sync")
+    return in_netns(target, cmd)
