@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from blobsync.backends.base import ContainerStore
 from blobsync.config import TransferConfig
 from blobsync.engine.context import Progress
+from blobsync.engine.enumerate import index_in_thread
 from blobsync.engine.retry import Retrier
 from blobsync.engine.runner import JobRunner, WorkItem
 from blobsync.engine.upload import FileUploader
 from blobsync.errors import ExitCode
 from blobsync.journal import JobRow, Journal
+from blobsync.journal.index import Entry, SyncIndex
 from blobsync.local.files import SkippedEntry, SourceFile, check_source, stat_file, walk
 from blobsync.location import BlobLocation
 from blobsync.report import FileResult, FileStatus, Report
@@ -37,18 +41,6 @@ def blob_name_for(spec: UploadSpec, rel: str, single: bool) -> str:
         return path if path and not path.endswith("/") else f"{path}{rel}"
     prefix = path if not path or path.endswith("/") else path + "/"
     return prefix + rel
-
-
-def enumerate_source(spec: UploadSpec) -> tuple[list[SourceFile], list[SkippedEntry], bool]:
-    check_source(spec.source, spec.config.recursive)
-    if spec.source.is_dir():
-        files: list[SourceFile] = []
-        skipped: list[SkippedEntry] = []
-        for entry in walk(spec.source, follow_symlinks=spec.config.follow_symlinks):
-            (files if isinstance(entry, SourceFile) else skipped).append(entry)  # type: ignore[arg-type]
-        return files, skipped, False
-    identity = stat_file(spec.source)
-    return [SourceFile(spec.source, spec.source.name, identity)], [], True
 
 
 def _skipped_result(entry: SkippedEntry) -> FileResult:
@@ -75,30 +67,58 @@ class UploadJob:
 
     async def run(self) -> Report:
         spec = self.spec
-        journal = self.runner.journal
-        files, skipped, single = enumerate_source(spec)
+        check_source(spec.source, spec.config.recursive)
         job = self.runner.open_job(str(spec.source), spec.dest.display)
         report = Report(job.id, str(spec.source), spec.dest.display, listener=self.runner.progress.finished)
-        for entry in skipped:
-            report.add(_skipped_result(entry))
-        rows = journal.add_files(
-            job.id,
-            ((f.rel, blob_name_for(spec, f.rel, single), f.identity.size, f.identity.mtime_ns, f.identity.inode)
-             for f in files),
-        )
         if spec.config.create_container and await Retrier(self.runner.retry_policy()).call(
                 self.store.create_container):
             log.info("created container %s", spec.dest.container)
         ctx = self.runner.new_context()
         uploader = FileUploader(ctx)
-        items: list[WorkItem] = []
-        for f in files:
-            row = rows[f.rel]
-            unchanged = (row.size, row.mtime_ns, row.inode) == (f.identity.size, f.identity.mtime_ns, f.identity.inode)
-            if row.state == "committed" and unchanged:
-                report.add(FileResult(f.rel, row.blob, f.identity.size, FileStatus.SKIPPED,
+        if not spec.source.is_dir():
+            identity = stat_file(spec.source)
+            entry = Entry(spec.source.name, identity.size, identity.mtime_ns, inode=identity.inode)
+            await self.runner.run(ctx, report, self._items([entry], uploader, report, single=True))
+            return report
+        # A folder is walked into a scratch index first (in a worker thread): the totals are known before
+        # the first byte moves, and however many files there are, only a batch of them is in memory at once.
+        index = SyncIndex(self.runner.journal.path.parent)
+        try:
+            skipped: list[SkippedEntry] = []
+            await index_in_thread(index, "src", lambda: self._walk(skipped))
+            for item in skipped:
+                report.add(_skipped_result(item))
+            await self.runner.run(ctx, report, self._batches(index, uploader, report), index.totals("src"))
+        finally:
+            index.close()
+        return report
+
+    def _walk(self, skipped: list[SkippedEntry]) -> Iterator[Entry]:
+        """The folder's files as index entries (runs in a worker thread); skipped ones are set aside."""
+        for item in walk(self.spec.source, follow_symlinks=self.spec.config.follow_symlinks):
+            if isinstance(item, SkippedEntry):
+                skipped.append(item)
+                continue
+            f: SourceFile = item
+            yield Entry(f.rel, f.identity.size, f.identity.mtime_ns, inode=f.identity.inode)
+
+    def _batches(self, index: SyncIndex, uploader: FileUploader, report: Report) -> Iterator[WorkItem]:
+        entries = index.entries("src")
+        while batch := list(itertools.islice(entries, 2000)):
+            yield from self._items(batch, uploader, report, single=False)
+
+    def _items(self, entries: list[Entry], uploader: FileUploader, report: Report, *, single: bool
+               ) -> Iterator[WorkItem]:
+        """Journal rows for these files (a resumed job's own included), and work for those not done yet."""
+        spec = self.spec
+        assert self.runner.job is not None
+        rows = self.runner.journal.add_files(self.runner.job.id, (
+            (e.rel, blob_name_for(spec, e.rel, single), e.size, e.mtime_ns, e.inode) for e in entries))
+        for e in entries:
+            row = rows[e.rel]
+            path = spec.source if single else spec.source / e.rel
+            if row.state == "committed" and (row.size, row.mtime_ns, row.inode) == (e.size, e.mtime_ns, e.inode):
+                report.add(FileResult(e.rel, row.blob, e.size, FileStatus.SKIPPED,
                                       reason="already uploaded by this job"))
                 continue
-            items.append(WorkItem(row, f.identity.size, functools.partial(uploader.upload, row, f.path)))
-        await self.runner.run(ctx, report, items)
-        return report
+            yield WorkItem(row, e.size, functools.partial(uploader.upload, row, path))

@@ -86,6 +86,20 @@ class SyncIndex:
             assert src is not None
             yield src, _entry(row, 8)
 
+    def entries(self, side: str) -> Iterator[Entry]:
+        """Every entry of one side, in path order."""
+        assert side in ("src", "dst")
+        for row in self.db.execute(f"select * from {side} order by rel"):
+            entry = _entry(row)
+            assert entry is not None
+            yield entry
+
+    def totals(self, side: str) -> tuple[int, int]:
+        """How many entries one side has, and their total size."""
+        assert side in ("src", "dst")
+        count, size = self.db.execute(f"select count(*), coalesce(sum(size), 0) from {side}").fetchone()
+        return int(count), int(size)
+
     def orphans(self) -> Iterator[Entry]:
         """Destination entries with no source entry: the candidates for deletion, in path order."""
         cur = self.db.execute("select d.* from dst d where not exists (select 1 from src s where s.rel = d.rel) "

@@ -7,7 +7,6 @@ import functools
 import hashlib
 import itertools
 import logging
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -17,6 +16,7 @@ from blobsync.backends.base import BlobProperties, ContainerStore
 from blobsync.config import FlagEnum, TransferConfig
 from blobsync.engine.context import EngineContext, Progress
 from blobsync.engine.download import FileDownloader
+from blobsync.engine.enumerate import index_in_thread
 from blobsync.engine.retry import Retrier
 from blobsync.engine.runner import JobRunner, WorkItem
 from blobsync.engine.upload import MTIME_KEY, FileUploader, format_mtime, parse_mtime
@@ -154,38 +154,8 @@ class SyncJob:
                 yield Entry(f.rel, f.identity.size, f.identity.mtime_ns, True, inode=f.identity.inode)
 
     async def _index_local(self, index: SyncIndex, side: str) -> None:
-        """Walk the local tree in a worker thread; insert its batches here, on the loop's thread."""
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[list[Entry] | None] = asyncio.Queue()
-        stop = threading.Event()
-        slots = threading.Semaphore(4)  # batches in hand at once: memory stays bounded on huge trees
-
-        def produce() -> None:
-            try:
-                batch: list[Entry] = []
-                for entry in self._local_entries():
-                    batch.append(entry)
-                    if len(batch) >= 5000:
-                        slots.acquire()
-                        if stop.is_set():
-                            return
-                        loop.call_soon_threadsafe(queue.put_nowait, batch)
-                        batch = []
-                loop.call_soon_threadsafe(queue.put_nowait, batch)
-            finally:
-                loop.call_soon_threadsafe(queue.put_nowait, None)
-
-        walking = loop.run_in_executor(None, produce)
-        try:
-            while (batch := await queue.get()) is not None:
-                index.add(side, batch)
-                slots.release()
-        finally:
-            stop.set()
-            for _ in range(4):
-                slots.release()
-            await asyncio.wait([walking])
-        walking.result()  # the walk's own errors (a missing source folder) surface here
+        """Walk the local tree in a worker thread while the listing waits on the service."""
+        await index_in_thread(index, side, self._local_entries)
 
     async def _index_remote(self, index: SyncIndex, side: str) -> None:
         """List the remote side into the index page by page (memory stays flat however many blobs)."""
