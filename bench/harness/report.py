@@ -202,8 +202,11 @@ def _out(cmd: list[str]) -> str:
 
 
 def src_state() -> str:
-    """Which blobsync code ran: the commit, plus a digest of uncommitted changes under src/ (read-only git)."""
-    commit = _out(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"])
+    """Which blobsync code ran: the last commit that changed src/, plus a digest of uncommitted changes under src/.
+
+    Commits that only touch bench/ or tests/ (made while a long run goes on) do not count as a code change.
+    """
+    commit = _out(["git", "-C", str(REPO), "log", "-1", "--format=%h", "--", "src"])
     diff = _out(["git", "-C", str(REPO), "diff", "HEAD", "--", "src"])
     untracked = _out(["git", "-C", str(REPO), "ls-files", "--others", "--exclude-standard", "--", "src"])
     if not diff and not untracked:
@@ -226,12 +229,12 @@ def machine_lines(st: Settings, tools: Sequence[str], code: tuple[str, str]) -> 
     py = _out([str(st.python), "-c", "import platform; print(platform.python_version())"])
     code_s = code[0] if code[0] == code[1] else f"{code[0]}, CHANGED during the runs to {code[1]}"
     kinds = sorted({base_tool(t) for t in tools})
-    versions = ", ".join(f"{k} {tool_version(k, st)}" for k in kinds if k != "blobsync")
+    names = {"sdk": "azure-storage-blob ", "obstore": "obstore ", "rclone": ""}  # rclone's version names itself
+    versions = ", ".join(f"{names[k]}{tool_version(k, st)}" for k in kinds if k in names)
     return [
         f"- Machine: nproc={len(os.sched_getaffinity(0))}, CPU: {model}, RAM {mem}, Linux {platform.release()}",
-        f"- Python {py}; blobsync {tool_version('blobsync', st)} at commit {code_s} (src/ last changed in "
-        f"{_out(['git', '-C', str(REPO), 'log', '-1', '--format=%h', '--', 'src'])})"
-        + (f"; {versions}" if versions else ""),
+        f"- Python {py}; blobsync {tool_version('blobsync', st)}, src/ at commit {code_s} (checkout "
+        f"{_out(['git', '-C', str(REPO), 'rev-parse', '--short', 'HEAD'])})" + (f"; {versions}" if versions else ""),
         f"- Azurite {azurite_version()} (fresh per run unless noted), Node.js {_out(['node', '-v'])}",
     ]
 
