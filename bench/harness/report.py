@@ -117,6 +117,8 @@ Med = dict[str, dict[str, float] | None]
 
 
 def ratio_row(med: Med, a: str, b: str, key: str, unit: str, target: float | None, label: str = "") -> list[str]:
+    if a not in med or b not in med:
+        return []  # a tool that was not asked for (or is not installed: the report says so) gets no ratio row
     ma, mb = med.get(a), med.get(b)
     label = label or f"{a} / {b}, {unit}"
     tgt = f">= {target:.2f}x" if target is not None else "(info)"
@@ -191,7 +193,7 @@ def target_rows(wl: Workload, med: Med, runs: Sequence[Run], st: Settings) -> li
             rows.append([f"peak RSS {last} / {first} (worst runs)", f"{ratio:.2f}x", f"<= {TARGET_RSS_FLAT:.2f}x",
                          verdict(ratio <= TARGET_RSS_FLAT),
                          f"{fmt(rss[last], 1)} vs {fmt(rss[first], 1)} MiB"])  # fmt: skip
-    return rows
+    return [r for r in rows if r]
 
 
 def _out(cmd: list[str]) -> str:
