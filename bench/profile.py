@@ -60,7 +60,7 @@ def summarise(raw: Path, top: int) -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("direction", choices=("upload", "download", "upload-small"))
+    p.add_argument("direction", choices=("upload", "download", "upload-small", "noop-sync"))
     p.add_argument("--files", type=int, default=2000, help="upload-small: files of 16 KiB (default 2000)")
     p.add_argument("--size-mib", type=int, default=1024)
     p.add_argument("--rate", type=int, default=250, help="samples per second (default 250)")
@@ -74,16 +74,23 @@ def main() -> int:
         print(f"py-spy not found at {PY_SPY}: pip install py-spy into .venv", file=sys.stderr)
         return 2
     a.out.mkdir(parents=True, exist_ok=True)
-    src = small_tree(DEFAULT_CACHE, a.files, 16 * 1024) if a.direction == "upload-small" else large_file(
-        DEFAULT_CACHE, a.size_mib
-    )
+    if a.direction == "noop-sync":
+        src = small_tree(DEFAULT_CACHE, 10_000, 64, vary=True)
+    elif a.direction == "upload-small":
+        src = small_tree(DEFAULT_CACHE, a.files, 16 * 1024)
+    else:
+        src = large_file(DEFAULT_CACHE, a.size_mib)
     warm(src)
     tmp = Path(tempfile.mkdtemp(prefix="blobsync-profile-"))
     az = Azurite(tmp)
     try:
         az.start()
         target = Target(az.blob_endpoint)
-        if a.direction.startswith("upload"):
+        if a.direction == "noop-sync":
+            cmd = [str(BLOBSYNC_BIN), "sync", str(src), f"{az.blob_endpoint}/prof", "--create-container"]
+            seed = [*cmd, "--quiet", "--journal", str(tmp / "j.db")]
+            subprocess.run(seed, env=env_for(target, tmp), check=True, capture_output=True)  # not profiled
+        elif a.direction.startswith("upload"):
             mkcontainer(target, "prof", Settings())
             cmd = [str(BLOBSYNC_BIN), "cp", str(src), f"{az.blob_endpoint}/prof/"]
             cmd += ["-r"] if a.direction == "upload-small" else []
@@ -93,7 +100,7 @@ def main() -> int:
             dl.seed(target)
             cmd = [str(BLOBSYNC_BIN), "cp", f"{az.blob_endpoint}/{dl.container}/{src.name}", str(tmp / "out.bin")]
         cmd += [*a.blobsync_args.split(), "--quiet", "--journal", str(tmp / "j.db")]
-        what = f"{a.files}files" if a.direction == "upload-small" else f"{a.size_mib}MiB"
+        what = {"upload-small": f"{a.files}files", "noop-sync": "10000files"}.get(a.direction, f"{a.size_mib}MiB")
         raw = a.out / f"{a.direction}-{what}{'-gil' if a.gil else ''}.txt"
         spy = [str(PY_SPY), "record", "--format", "raw", "--threads", "--rate", str(a.rate), "-o", str(raw)]
         spy += ["--native"] if a.native else []
@@ -102,7 +109,9 @@ def main() -> int:
         if r.returncode != 0:
             print(r.stdout[-2000:], r.stderr[-2000:], file=sys.stderr)
             return 1
-        what = f"{a.files:,} files of 16 KiB" if a.direction == "upload-small" else f"{a.size_mib * MiB / 2**30:g} GiB"
+        what = {"upload-small": f"{a.files:,} files of 16 KiB", "noop-sync": "10,000 files (nothing to do)"}.get(
+            a.direction, f"{a.size_mib * MiB / 2**30:g} GiB"
+        )
         print(f"### py-spy: blobsync {a.direction} of {what}\n")
         print(f"```\n{' '.join(spy)} -- blobsync {' '.join(cmd[1:])}\n```\n")
         print(summarise(raw, a.top))

@@ -79,6 +79,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     g = p.add_argument_group("tools")
     g.add_argument("--blobsync-args", default="", help="extra blobsync options, one shell-quoted string")
     g.add_argument("--memory-mb", type=float, help="pass --memory-mb to blobsync (default: its own, 256)")
+    g.add_argument("--base-src", type=Path,
+                   help="add the tool blobsync-base: blobsync run from this src/ (e.g. an older commit's, from "
+                   "`git archive COMMIT src | tar -x -C DIR`), for an A/B in the same run")  # fmt: skip
     g.add_argument("--python", type=Path, default=VENV_PYTHON, help="interpreter for the SDK/obstore children")
     g.add_argument("--rclone", default="rclone", help="rclone binary (default: from PATH)")
     g.add_argument("--rclone-streams", type=int, default=8, help="rclone --multi-thread-streams (default 8)")
@@ -145,7 +148,8 @@ def _sigterm(signum: int, frame: object) -> NoReturn:
 
 
 def run_workload(wl: Workload, a: argparse.Namespace, st: Settings) -> tuple[list[Run], list[str], dict[str, str]]:
-    wanted = [t for t in wl.tools if not a.tools or t in a.tools or t.split("@")[0] in a.tools]
+    all_tools = (*wl.tools, "blobsync-base") if a.base_src and "blobsync" in wl.tools else wl.tools
+    wanted = [t for t in all_tools if not a.tools or t in a.tools or t.split("@")[0] in a.tools]
     skipped: dict[str, str] = {}
     if wl.name.startswith("slow") and (why := netns_available()):
         return [], [], dict.fromkeys(wanted, f"slow link unavailable: {why}")
@@ -201,6 +205,7 @@ def main(argv: Sequence[str]) -> int:
         noisy_retries=0 if a.quick else a.noisy_retries,
         idle_wait=0.0 if a.quick else a.idle_wait,
         keep_temp=a.keep_temp,
+        base_src=a.base_src.resolve() if a.base_src else None,
     )
     argv_list = shlex.split(os.environ.get(ORIG_ARGV_ENV) or shlex.join(sys.orig_argv))
     command = shlex.join(["python", *argv_list[1:]])  # the interpreter by name: its install path is noise

@@ -117,6 +117,8 @@ Med = dict[str, dict[str, float] | None]
 
 
 def ratio_row(med: Med, a: str, b: str, key: str, unit: str, target: float | None, label: str = "") -> list[str]:
+    if a not in med or b not in med:
+        return []  # a tool that was not asked for (or is not installed: the report says so) gets no ratio row
     ma, mb = med.get(a), med.get(b)
     label = label or f"{a} / {b}, {unit}"
     tgt = f">= {target:.2f}x" if target is not None else "(info)"
@@ -191,7 +193,7 @@ def target_rows(wl: Workload, med: Med, runs: Sequence[Run], st: Settings) -> li
             rows.append([f"peak RSS {last} / {first} (worst runs)", f"{ratio:.2f}x", f"<= {TARGET_RSS_FLAT:.2f}x",
                          verdict(ratio <= TARGET_RSS_FLAT),
                          f"{fmt(rss[last], 1)} vs {fmt(rss[first], 1)} MiB"])  # fmt: skip
-    return rows
+    return [r for r in rows if r]
 
 
 def _out(cmd: list[str]) -> str:
@@ -202,8 +204,11 @@ def _out(cmd: list[str]) -> str:
 
 
 def src_state() -> str:
-    """Which blobsync code ran: the commit, plus a digest of uncommitted changes under src/ (read-only git)."""
-    commit = _out(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"])
+    """Which blobsync code ran: the last commit that changed src/, plus a digest of uncommitted changes under src/.
+
+    Commits that only touch bench/ or tests/ (made while a long run goes on) do not count as a code change.
+    """
+    commit = _out(["git", "-C", str(REPO), "log", "-1", "--format=%h", "--", "src"])
     diff = _out(["git", "-C", str(REPO), "diff", "HEAD", "--", "src"])
     untracked = _out(["git", "-C", str(REPO), "ls-files", "--others", "--exclude-standard", "--", "src"])
     if not diff and not untracked:
@@ -226,12 +231,12 @@ def machine_lines(st: Settings, tools: Sequence[str], code: tuple[str, str]) -> 
     py = _out([str(st.python), "-c", "import platform; print(platform.python_version())"])
     code_s = code[0] if code[0] == code[1] else f"{code[0]}, CHANGED during the runs to {code[1]}"
     kinds = sorted({base_tool(t) for t in tools})
-    versions = ", ".join(f"{k} {tool_version(k, st)}" for k in kinds if k != "blobsync")
+    names = {"sdk": "azure-storage-blob ", "obstore": "obstore ", "rclone": ""}  # rclone's version names itself
+    versions = ", ".join(f"{names[k]}{tool_version(k, st)}" for k in kinds if k in names)
     return [
         f"- Machine: nproc={len(os.sched_getaffinity(0))}, CPU: {model}, RAM {mem}, Linux {platform.release()}",
-        f"- Python {py}; blobsync {tool_version('blobsync', st)} at commit {code_s} (src/ last changed in "
-        f"{_out(['git', '-C', str(REPO), 'log', '-1', '--format=%h', '--', 'src'])})"
-        + (f"; {versions}" if versions else ""),
+        f"- Python {py}; blobsync {tool_version('blobsync', st)}, src/ at commit {code_s} (checkout "
+        f"{_out(['git', '-C', str(REPO), 'rev-parse', '--short', 'HEAD'])})" + (f"; {versions}" if versions else ""),
         f"- Azurite {azurite_version()} (fresh per run unless noted), Node.js {_out(['node', '-v'])}",
     ]
 

@@ -26,6 +26,7 @@ DESCRIPTIONS = {
     "blobsync-nomd5": "`blobsync cp --no-put-md5` (blocks still carry their own Content-MD5)",
     "blobsync-nocheck": "`blobsync cp --check-md5 NoCheck`",
     "blobsync-cap": "`blobsync cp --cap-mbps N`",
+    "blobsync-base": "blobsync, defaults, run from another checkout's `src/` (`--base-src`: A/B of two commits)",
     "sdk": "azure-storage-blob: one blob `upload_blob`/`download_blob(max_concurrency=8)`; many files: aio "
     "`upload_blob` under a semaphore of 8; `validate_content=False` (the SDK's default)",
     "sdk-validate": "the same with `validate_content=True` (an MD5 per request, checked by the service / client)",
@@ -51,6 +52,7 @@ class Settings:
     noisy_retries: int = 2
     idle_wait: float = 900.0
     keep_temp: bool = False
+    base_src: Path | None = None  # blobsync-base runs the blobsync of this src/ (A/B against another commit)
 
 
 @dataclass(frozen=True)
@@ -152,13 +154,22 @@ def _blobsync_tail(tool: str, tmp: Path, st: Settings, journal: Path | None = No
     return [*extra, *st.blobsync_args, "--quiet", "--journal", str(journal or tmp / "journal.db")]
 
 
+def _blobsync(tool: str, st: Settings) -> list[str]:
+    if tool == "blobsync-base":
+        if st.base_src is None:
+            raise ValueError("blobsync-base needs --base-src")
+        return ["env", f"PYTHONPATH={st.base_src}", str(BLOBSYNC_BIN)]  # env execs: rusage stays blobsync's
+    return [str(BLOBSYNC_BIN)]
+
+
 def upload_cmd(
     tool: str, src: Path, recursive: bool, container: str, target: Target, tmp: Path, st: Settings
 ) -> list[str]:
     kind = base_tool(tool)
     if kind == "blobsync":
         url = f"{target.blob_endpoint}/{container}/"  # trailing slash: the blob keeps the file's name
-        cmd = [str(BLOBSYNC_BIN), "cp", str(src), url, *(["-r"] if recursive else []), *_blobsync_tail(tool, tmp, st)]
+        cmd = [*_blobsync(tool, st), "cp", str(src), url, *(["-r"] if recursive else []),
+               *_blobsync_tail(tool, tmp, st)]  # fmt: skip
     elif kind in ("sdk", "obstore"):
         cmd = [str(st.python), str(CHILD), f"{kind}-upload", str(src), container]
         cmd += ["--recursive"] if recursive else []
@@ -174,7 +185,7 @@ def upload_cmd(
 def download_cmd(tool: str, container: str, blob: str, out: Path, target: Target, tmp: Path, st: Settings) -> list[str]:
     kind = base_tool(tool)
     if kind == "blobsync":
-        cmd = [str(BLOBSYNC_BIN), "cp", f"{target.blob_endpoint}/{container}/{blob}", str(out),
+        cmd = [*_blobsync(tool, st), "cp", f"{target.blob_endpoint}/{container}/{blob}", str(out),
                *_blobsync_tail(tool, tmp, st)]  # fmt: skip
     elif kind in ("sdk", "obstore"):
         cmd = [str(st.python), str(CHILD), f"{kind}-download", container, blob, str(out)]
@@ -191,8 +202,8 @@ def download_cmd(tool: str, container: str, blob: str, out: Path, target: Target
 
 
 def sync_cmd(tool: str, tree: Path, container: str, target: Target, tmp: Path, st: Settings) -> list[str]:
-    if tool == "blobsync":
-        cmd = [str(BLOBSYNC_BIN), "sync", str(tree), f"{target.blob_endpoint}/{container}", "--create-container",
+    if base_tool(tool) == "blobsync":
+        cmd = [*_blobsync(tool, st), "sync", str(tree), f"{target.blob_endpoint}/{container}", "--create-container",
                *_blobsync_tail(tool, tmp, st)]  # fmt: skip
     elif tool == "rclone":
         cmd = _rclone(st, target, tmp, "sync", str(tree), f"az:{container}", "--transfers", "16", "--checkers", "16")
