@@ -115,11 +115,13 @@ class OpenFile:
     def identity(self) -> FileIdentity:
         return FileIdentity.of(os.fstat(self.fd))
 
-    def read_into(self, buf: memoryview, offset: int, unchanged: bytes | None = None) -> tuple[bytes | None, bytes]:
+    def read_into(self, buf: memoryview, offset: int, unchanged: bytes | None = None,
+                  need_md5: bool = True) -> tuple[bytes | None, bytes]:
         """Fill `buf` from `offset`; return its MD5 and xxh3-128 digests (all off the event loop, in one thread).
 
         The xxh3-128 digest is what a delta upload compares blocks by; it costs ~1/70 of the MD5. When it equals
-        `unchanged` (the committed block's), the block is not sent, so its MD5 is skipped (None)."""
+        `unchanged` (the committed block's), or `need_md5` is False (the service holds the block already), the
+        block is not sent, so its MD5 is skipped (None)."""
         done = 0
         size = len(buf)
         try:
@@ -131,7 +133,7 @@ class OpenFile:
         except OSError as exc:
             raise SourceError(f"{self.path}: {_os_error_text(exc)}") from exc
         digest = xxhash.xxh3_128_digest(buf)
-        return (None if digest == unchanged else hashlib.md5(buf).digest()), digest
+        return (None if digest == unchanged or not need_md5 else hashlib.md5(buf).digest()), digest
 
     def read_all(self, size: int) -> tuple[bytes, bytes]:
         """Read a small file whole; return its bytes and MD5. A size change is reported as SourceError."""
