@@ -193,3 +193,36 @@ class RequestLimiter:
                 self._account(now)
                 self._active -= 1
                 self._cond.notify()
+
+
+class Window:
+    """Blocks of one file read (or ranges fetched) ahead of their requests: the current request limit plus two.
+
+    A fixed window sized for the largest limit (`--concurrency auto` may climb to 64) would fill the memory budget
+    with blocks that wait for a request slot: more RSS and more page faults for no speed. This one follows the
+    limiter's current limit (checked on every acquire; a higher limit takes effect at the next release)."""
+
+    def __init__(self, limit: Callable[[], int], extra: int = 2) -> None:
+        self._limit = limit
+        self._extra = extra
+        self._held = 0
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    async def acquire(self) -> None:
+        while self._held >= self._limit() + self._extra:
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            finally:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+        self._held += 1
+
+    def release(self) -> None:
+        self._held -= 1
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                break

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from blobsync.backends.base import BlobProperties
 from blobsync.config import CheckMd5, Overwrite
+from blobsync.engine.budget import Window
 from blobsync.engine.context import EngineContext
 from blobsync.engine.plan import block_count, block_ranges
 from blobsync.engine.upload import destination_mtime_ns
@@ -149,7 +150,7 @@ class FileDownloader:
         ranges = list(block_ranges(props.size, block_size))
         # A fetched range waits here (its buffer) until hashed in order; None: it was on disk already.
         results: dict[int, asyncio.Future[bytearray | None]] = {idx: loop.create_future() for idx, _, _ in ranges}
-        window = asyncio.Semaphore(ctx.config.max_concurrency + 2)
+        window = Window(lambda: ctx.limiter.limit)
         tasks: set[asyncio.Task[None]] = set()
         sent = 0
         boot = current_boot_id()

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from blobsync.backends.base import BlobHeaders, BlobProperties, BlockList, BlockState, Conditions, PutResult
 from blobsync.config import Overwrite
+from blobsync.engine.budget import Window
 from blobsync.engine.context import EngineContext
 from blobsync.engine.delta import DeltaBase, committed_record, find_base
 from blobsync.engine.plan import (
@@ -225,7 +226,7 @@ class FileUploader:
         reading: asyncio.Future[tuple[bytes | None, bytes]] | None = None
         # Reading further ahead than the requests that can be in flight only fills memory (and costs page
         # faults): a file keeps at most concurrency + 2 blocks read and not yet sent.
-        window = asyncio.Semaphore(ctx.config.max_concurrency + 2)
+        window = Window(lambda: ctx.limiter.limit)
         try:
             for idx, offset, length in block_ranges(size, block_size):
                 for task in [t for t in tasks if t.done()]:
@@ -331,7 +332,7 @@ class FileUploader:
         buf: bytearray,
         md5: bytes,
         hashing: asyncio.Future[None] | None,
-        window: asyncio.Semaphore,
+        window: Window,
     ) -> int:
         ctx = self.ctx
         try:
