@@ -13,6 +13,7 @@ from enum import Enum
 from urllib.parse import unquote
 
 from blobsync.backends.azure_auth import AnonymousCredential, SasCredential, resolve_credential
+from blobsync.backends.azure_errors import parse_sas_time
 from blobsync.backends.azure_rest import AzureContainerStore
 from blobsync.backends.base import BlobHeaders
 from blobsync.errors import AuthError, BlobsyncError, ContainerNotFoundError, ExitCode, TransientError
@@ -76,16 +77,6 @@ class Diagnosis:
         return ExitCode.AUTH if any(f.auth for f in failures) else ExitCode.PARTIAL
 
 
-def _sas_time(value: str) -> datetime | None:
-    value = unquote(value)
-    for fmt in ("%Y-%m-%dT%H:%M:%SZ", "%Y-%m-%dT%H:%MZ", "%Y-%m-%d", "%Y-%m-%dT%H:%M:%S.%fZ"):
-        try:
-            return datetime.strptime(value, fmt).replace(tzinfo=UTC)
-        except ValueError:
-            continue
-    return None
-
-
 def _span(delta: timedelta) -> str:
     seconds = abs(delta.total_seconds())
     if seconds >= 2 * 86400:
@@ -114,7 +105,7 @@ def read_sas(loc: BlobLocation, diagnosis: Diagnosis, now: datetime | None = Non
         if lacking:
             diagnosis.missing[operation] = ", ".join(lacking)
 
-    expiry = _sas_time(fields["se"]) if "se" in fields else None
+    expiry = parse_sas_time(fields["se"]) if "se" in fields else None
     if "se" in fields and expiry is None:
         diagnosis.add(Level.WARN, "expiry", f"cannot read the expiry se={unquote(fields['se'])!r}")
     elif expiry is None:
@@ -129,7 +120,7 @@ def read_sas(loc: BlobLocation, diagnosis: Diagnosis, now: datetime | None = Non
     else:
         diagnosis.add(Level.OK, "expiry", f"valid until {expiry:%Y-%m-%d %H:%M:%S}Z (in {_span(expiry - now)})")
 
-    start = _sas_time(fields["st"]) if "st" in fields else None
+    start = parse_sas_time(fields["st"]) if "st" in fields else None
     if start is not None and start > now:
         skew = " (or this machine's clock is behind)" if start - now < timedelta(minutes=15) else ""
         diagnosis.add(Level.FAIL, "start", f"the SAS is not valid before {start:%Y-%m-%d %H:%M:%S}Z, "

@@ -57,7 +57,7 @@ def parse_retry_after(value: str | None, now: datetime | None = None) -> float |
     return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
 
 
-def _parse_sas_time(value: str) -> datetime | None:
+def parse_sas_time(value: str) -> datetime | None:
     value = unquote(value)
     for fmt in ("%Y-%m-%dT%H:%M:%SZ", "%Y-%m-%dT%H:%MZ", "%Y-%m-%d", "%Y-%m-%dT%H:%M:%S.%fZ"):
         try:
@@ -73,10 +73,10 @@ def explain_sas(loc: BlobLocation, method: str, now: datetime | None = None) -> 
     if not fields:
         return None
     now = now or datetime.now(UTC)
-    expiry = _parse_sas_time(fields.get("se", "")) if "se" in fields else None
+    expiry = parse_sas_time(fields.get("se", "")) if "se" in fields else None
     if expiry is not None and expiry <= now:
         return f"the SAS expired at {expiry:%Y-%m-%d %H:%M:%S}Z: generate a new one"
-    start = _parse_sas_time(fields.get("st", "")) if "st" in fields else None
+    start = parse_sas_time(fields.get("st", "")) if "st" in fields else None
     if start is not None and start > now:
         return f"the SAS is not valid before {start:%Y-%m-%d %H:%M:%S}Z (check the clock, or the 'st' field)"
     if fields.get("spr") == "https" and loc.scheme == "http":

@@ -6,7 +6,7 @@ import contextlib
 import errno
 import hashlib
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
 from blobsync.errors import DiskFullError, LocalWriteError, UnsafeNameError
@@ -85,19 +85,6 @@ class PartFile:
                 os.ftruncate(self.fd, size)
         except OSError as exc:
             os.close(self.fd)
-            raise _write_error(self.path, exc) from exc
-
-    def write(self, chunks: Sequence[bytes], offset: int) -> None:
-        """Write `chunks` contiguously at `offset` (called in a worker thread)."""
-        try:
-            pos = offset
-            for chunk in chunks:
-                view = memoryview(chunk)
-                while view:
-                    n = os.pwrite(self.fd, view, pos)
-                    pos += n
-                    view = view[n:]
-        except OSError as exc:
             raise _write_error(self.path, exc) from exc
 
     def write_view(self, view: memoryview, offset: int) -> None:

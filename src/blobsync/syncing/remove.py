@@ -74,7 +74,6 @@ class RemoveJob:
     async def run(self) -> Report:
         spec = self.spec
         report = Report("-", spec.target.display, "", kind="remove", listener=self.progress.finished)
-        self.report = report
         try:
             if spec.recursive or spec.list_of_files:
                 await self._many(report)
@@ -102,7 +101,7 @@ class RemoveJob:
         workers = max(1, self.spec.concurrency)
 
         async def produce() -> None:
-            source = self._listed() if self.spec.list_of_files else blobs_at(self.store, self.spec.target.path,
+            source = self._listed(report) if self.spec.list_of_files else blobs_at(self.store, self.spec.target.path,
                                                                              self.retrier)
             try:
                 async for rel, props in source:
@@ -126,7 +125,7 @@ class RemoveJob:
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
 
-    async def _listed(self) -> AsyncIterator[tuple[str, BlobProperties]]:
+    async def _listed(self, report: Report) -> AsyncIterator[tuple[str, BlobProperties]]:
         """The blobs --list-of-files names (relative to the URL), each looked up: a missing one is reported."""
         assert self.spec.list_of_files is not None
         prefix = folder_prefix(self.spec.target.path)
@@ -143,7 +142,7 @@ class RemoveJob:
             props = await self.retrier.call(functools.partial(self.store.get_properties, name))
             if props is None:
                 self.progress.queued(rel, name, 0)
-                self.report.add(FileResult(rel, name, 0, FileStatus.SKIPPED, reason="not found"))
+                report.add(FileResult(rel, name, 0, FileStatus.SKIPPED, reason="not found"))
                 continue
             yield rel, props
 
