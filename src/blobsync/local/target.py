@@ -13,6 +13,7 @@ from blobsync.errors import DiskFullError, LocalWriteError, UnsafeNameError
 
 PART_SUFFIX = ".blobsync-part"
 _MAX_NAME_BYTES = 255
+WRITE_SLICE = 256 * 1024  # bytes per pwrite of a downloaded block; see PartFile.write_view
 
 
 def current_boot_id(env: Mapping[str, str] | None = None) -> str | None:
@@ -91,7 +92,12 @@ class PartFile:
         """Write one buffer at `offset` (called in a worker thread)."""
         try:
             while view:
-                n = os.pwrite(self.fd, view, offset)
+                # Slices of WRITE_SLICE, not one big pwrite: a multi-MiB write makes the page cache allocate large
+                # folios, and on VMs whose balloon reports free memory to the host (Firecracker, some KVM setups)
+                # high-order free blocks are exactly the ones the host took back, so every page of them faults on
+                # the host. Measured here: 1 GiB in 8 MiB writes cost 1.4-2.9 s of kernel time, in 256 KiB writes
+                # 0.27 s. Elsewhere the extra syscalls (4 per MiB) cost nothing measurable.
+                n = os.pwrite(self.fd, view[:WRITE_SLICE], offset)
                 offset += n
                 view = view[n:]
         except OSError as exc:
