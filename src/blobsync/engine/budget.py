@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import mmap
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -10,6 +11,18 @@ from contextlib import asynccontextmanager
 from typing import TypeVar
 
 T = TypeVar("T")
+
+# A pooled buffer. Block-sized ones are anonymous mmaps: page-aligned (direct I/O can write them as they are) and
+# returned to the OS whole when dropped, where a large bytearray comes from malloc at an odd address.
+BlockBuffer = bytearray | mmap.mmap
+_MMAP_FROM = 1024 * 1024
+
+
+def new_buffer(capacity: int) -> BlockBuffer:
+    """A zero-filled buffer of exactly `capacity` bytes (page-aligned from 1 MiB up)."""
+    if capacity >= _MMAP_FROM:
+        return mmap.mmap(-1, capacity)
+    return bytearray(capacity)
 
 
 class MemoryBudget:
@@ -23,7 +36,7 @@ class MemoryBudget:
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self._counted = 0  # allocated buffers (in use or idle) + reservations
-        self._idle: dict[int, list[bytearray]] = {}
+        self._idle: dict[int, list[BlockBuffer]] = {}
         self._queue: deque[object] = deque()
         self._futures: dict[object, asyncio.Future[None]] = {}
 
@@ -44,13 +57,13 @@ class MemoryBudget:
                 del self._idle[cap]
         return self._counted + size <= self.limit or self._counted == 0
 
-    def _try_buffer(self, capacity: int) -> bytearray | None:
+    def _try_buffer(self, capacity: int) -> BlockBuffer | None:
         idle = self._idle.get(capacity)
         if idle:
             return idle.pop()
         if self._fits(capacity):
             self._counted += capacity
-            return bytearray(capacity)
+            return new_buffer(capacity)
         return None
 
     def _try_reserve(self, size: int) -> int | None:
@@ -85,11 +98,11 @@ class MemoryBudget:
             if not fut.done():
                 fut.set_result(None)
 
-    async def buffer(self, capacity: int) -> bytearray:
+    async def buffer(self, capacity: int) -> BlockBuffer:
         """A buffer of exactly `capacity` bytes, counted against the budget until `release`."""
         return await self._acquire(lambda: self._try_buffer(capacity))
 
-    def release(self, buf: bytearray) -> None:
+    def release(self, buf: BlockBuffer) -> None:
         self._idle.setdefault(len(buf), []).append(buf)
         self._wake()
 

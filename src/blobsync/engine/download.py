@@ -12,7 +12,7 @@ from pathlib import Path
 
 from blobsync.backends.base import BlobProperties
 from blobsync.config import CheckMd5, Overwrite
-from blobsync.engine.budget import Window
+from blobsync.engine.budget import BlockBuffer, Window
 from blobsync.engine.context import EngineContext
 from blobsync.engine.plan import block_count, block_ranges
 from blobsync.engine.upload import destination_mtime_ns
@@ -149,7 +149,7 @@ class FileDownloader:
         loop = asyncio.get_running_loop()
         ranges = list(block_ranges(props.size, block_size))
         # A fetched range waits here (its buffer) until hashed in order; None: it was on disk already.
-        results: dict[int, asyncio.Future[bytearray | None]] = {idx: loop.create_future() for idx, _, _ in ranges}
+        results: dict[int, asyncio.Future[BlockBuffer | None]] = {idx: loop.create_future() for idx, _, _ in ranges}
         window = Window(lambda: ctx.limiter.limit)
         tasks: set[asyncio.Task[None]] = set()
         sent = 0
@@ -165,7 +165,7 @@ class FileDownloader:
             await _in_thread(loop, ctx.io_pool, part.sync)
             ctx.journal.ranges_synced(row.id, indexes)
 
-        async def fetch(idx: int, offset: int, length: int, buf: bytearray) -> None:
+        async def fetch(idx: int, offset: int, length: int, buf: BlockBuffer) -> None:
             nonlocal sent, last_sync
             view = memoryview(buf)[:length]
             try:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from blobsync.backends.base import BlobHeaders, BlobProperties, BlockList, BlockState, Conditions, PutResult
 from blobsync.config import Overwrite
-from blobsync.engine.budget import Window
+from blobsync.engine.budget import BlockBuffer, Window
 from blobsync.engine.context import EngineContext
 from blobsync.engine.delta import DeltaBase, committed_record, find_base
 from blobsync.engine.plan import (
@@ -316,7 +316,7 @@ class FileUploader:
         return FileResult(row.rel, plan.blob, size, FileStatus.TRANSFERRED, bytes_sent=sent,
                           reason="; ".join(notes), bytes_delta=delta)
 
-    def _release_after(self, buf: bytearray, hashing: asyncio.Future[None] | None) -> None:
+    def _release_after(self, buf: BlockBuffer, hashing: asyncio.Future[None] | None) -> None:
         if hashing is None or hashing.done():
             self.ctx.memory.release(buf)
         else:
@@ -329,7 +329,7 @@ class FileUploader:
         idx: int,
         bid: str,
         view: memoryview,
-        buf: bytearray,
+        buf: BlockBuffer,
         md5: bytes,
         hashing: asyncio.Future[None] | None,
         window: Window,
