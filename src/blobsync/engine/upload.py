@@ -118,9 +118,12 @@ class FileUploader:
         before = plan.identity
         reserved = await ctx.memory.reserve(before.size)
         try:
-            if before.size <= _INLINE_READ:
-                # A small read and hash cost less than the hand-off to a worker thread and back.
-                data, md5 = src.read_all(before.size)
+            # A small file already in the page cache is read and hashed on the loop: cheaper than the hand-off to
+            # a worker thread and back. One that would wait for the disk goes to a thread like the big ones.
+            cached = src.read_all_cached(before.size) if before.size <= _INLINE_READ else None
+            data: bytes | bytearray
+            if cached is not None:
+                data, md5 = cached
             else:
                 reading = loop.run_in_executor(ctx.io_pool, src.read_all, before.size)
                 try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import stat
@@ -12,6 +13,8 @@ from pathlib import Path
 import xxhash
 
 from blobsync.errors import SourceChangedError, SourceError, UsageError
+
+_NOWAIT: int | None = getattr(os, "RWF_NOWAIT", None)  # Linux: fail a read that would wait for the disk
 
 
 @dataclass(frozen=True)
@@ -144,6 +147,26 @@ class OpenFile:
         if len(data) != size:
             raise SourceChangedError(f"{self.path}: file changed size while it was being read")
         return data, hashlib.md5(data).digest()
+
+    def read_all_cached(self, size: int) -> tuple[bytearray, bytes] | None:
+        """Like read_all, but only if the whole file is in the page cache: a read that would wait for the disk
+        is refused (RWF_NOWAIT) and this returns None, so the caller can do it in a worker thread instead of
+        stalling the event loop. None also where the OS cannot read without waiting."""
+        if _NOWAIT is None:
+            return None
+        buf = bytearray(size + 1)
+        try:
+            n = os.preadv(self.fd, [buf], 0, _NOWAIT)
+        except BlockingIOError:
+            return None
+        except OSError as exc:
+            if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):
+                return None
+            raise SourceError(f"{self.path}: {_os_error_text(exc)}") from exc
+        if n != size:  # partly cached, or the size changed: read_all tells which
+            return None
+        del buf[size:]
+        return buf, hashlib.md5(buf).digest()
 
     def close(self) -> None:
         os.close(self.fd)
