@@ -188,11 +188,14 @@ class FileDownloader:
                 last_sync = loop.time()
                 syncing.append(asyncio.create_task(sync_part(unsynced[:])))
                 unsynced.clear()
-            window.release()
             if whole is None:
+                window.release()
                 ctx.memory.release(buf)
                 results[idx].set_result(None)
             else:
+                # The window slot stays taken until the range is hashed: fetching may run at most a window ahead
+                # of the in-order MD5, so the hash (the serial part) is never left with a long backlog to work
+                # through alone once the last byte has arrived, and fewer buffers are needed.
                 results[idx].set_result(buf)
 
         async def hash_in_order() -> None:
@@ -209,6 +212,7 @@ class FileDownloader:
                         await _in_thread(loop, ctx.hash_pool, whole.update, view)
                 finally:
                     ctx.memory.release(buf)
+                    window.release()
 
         hasher = asyncio.create_task(hash_in_order()) if whole is not None else None
         try:
