@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import sys
 import time
 from pathlib import Path
@@ -339,4 +340,10 @@ cli.add_command(doctor)
 
 
 def main() -> None:
+    # A transfer allocates many short-lived objects (requests, futures, listing entries) and little cyclic
+    # garbage; at the default gen-0 threshold (700) the collector ran every few files and rescanned what the imports
+    # had built. Measured: 2,000 small files, 1.08-1.30 -> 0.98 s of CPU. Only the command does this; the library
+    # leaves its host's collector alone.
+    gc.freeze()
+    gc.set_threshold(20_000, 20, 20)
     cli(prog_name="blobsync")
