@@ -462,6 +462,9 @@ class AzureContainerStore:
                 guess = _next_marker_guess(body)
                 if guess:
                     ahead = asyncio.ensure_future(self._list_body(prefix, guess))
+                    # A task runs only once the loop gets control, and parsing (and the consumer of this page)
+                    # never gives it: without this yield the request left only after the page was consumed.
+                    await asyncio.sleep(0)
                 page, marker = _parse_listing(body)
                 if marker != guess:  # an escaping the quick scan got wrong: ask again, properly
                     ahead.cancel()
