@@ -27,7 +27,7 @@ from blobsync.local.files import SkippedEntry, SourceFile, walk
 from blobsync.local.target import safe_join
 from blobsync.location import BlobLocation
 from blobsync.report import FileResult, FileStatus, Report
-from blobsync.syncing.compare import CompareMode, decide
+from blobsync.syncing.compare import MTIME_WINDOWS, CompareMode, decide
 from blobsync.syncing.filters import Filters
 
 log = logging.getLogger("blobsync")
@@ -247,7 +247,15 @@ class SyncJob:
         ready = self.spec.ready if self.spec.upload else None
         marked = 0
         batch: list[tuple[str, str]] = []
-        for src, dst in index.pairs():
+        # Pairs decide() would skip are left out by SQLite: a no-op sync of many files builds no Entry. Not with
+        # `ready`, which must see every source file (held files are counted).
+        if ready is None and mode is CompareMode.SIZE_ONLY:
+            pairs = index.pairs(skip_same_size=True)
+        elif ready is None and mode is CompareMode.SIZE_AND_MTIME:
+            pairs = index.pairs(skip_same_size=True, newer_than=MTIME_WINDOWS)
+        else:
+            pairs = index.pairs()
+        for src, dst in pairs:
             if ready is not None and not ready(src.rel, src.mtime_ns):
                 self.held += 1
                 continue
