@@ -153,3 +153,10 @@ def test_scanner_matches_elementtree(entries: list[tuple[str, dict[str, str], bo
              for name, meta, flag in entries]
     body = page(blobs, next_marker=entries[-1][0] if entries else "")
     assert scanned(body)[0] == _parse_listing_tree(body)[0]
+
+
+def test_request_dates_match_email_utils() -> None:
+    from email.utils import formatdate
+
+    for second in (0, 951_782_400, 1_796_025_605, 4_102_444_799, *range(1_700_000_000, 1_800_000_000, 86_399_999)):
+        assert azure_rest._http_date(second) == formatdate(second, usegmt=True)

@@ -15,10 +15,8 @@ import time
 from binascii import a2b_base64
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from email.utils import formatdate, parsedate_to_datetime
 from typing import TYPE_CHECKING
 from urllib.parse import quote, urlsplit
-from xml.etree import ElementTree
 
 from blobsync._version import __version__
 from blobsync.backends.azure_auth import Credential, Request
@@ -40,6 +38,8 @@ from blobsync.location import BlobLocation
 from blobsync.redact import redact
 
 if TYPE_CHECKING:
+    from xml.etree import ElementTree
+
     import aiohttp
 
 log = logging.getLogger("blobsync.http")
@@ -50,6 +50,17 @@ _META_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 Throttle = Callable[[int], Awaitable[None]]  # takes bandwidth tokens for n bytes (the --cap-mbps bucket)
+
+
+_MONTH_NAMES = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+_DAY_NAMES = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+
+
+def _http_date(second: int) -> str:
+    """RFC 1123 in GMT, as email.utils.formatdate(usegmt=True) writes it (not loading email.* saves start-up)."""
+    t = time.gmtime(second)
+    return (f"{_DAY_NAMES[t.tm_wday]}, {t.tm_mday:02d} {_MONTH_NAMES[t.tm_mon - 1]} {t.tm_year:04d} "
+            f"{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d} GMT")
 
 
 class _DateCache:
@@ -63,7 +74,7 @@ class _DateCache:
         second = int(time.time())
         if second != self._second:
             self._second = second
-            self._value = formatdate(second, usegmt=True)
+            self._value = _http_date(second)
         return self._value
 
 
@@ -71,8 +82,7 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
 
-_MONTHS = {m: i for i, m in enumerate(("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov",
-                                        "Dec"), 1)}
+_MONTHS = {m: i for i, m in enumerate(_MONTH_NAMES, 1)}
 
 
 def _parse_http_date(value: str | None) -> datetime | None:
@@ -87,6 +97,8 @@ def _parse_http_date(value: str | None) -> datetime | None:
             return datetime(int(parts[3]), _MONTHS[parts[2]], int(parts[1]), hh, mm, ss, tzinfo=UTC)
         except ValueError:
             pass
+    from email.utils import parsedate_to_datetime  # other forms are rare: its import is not paid up front
+
     try:
         return parsedate_to_datetime(value)
     except (TypeError, ValueError):
@@ -153,6 +165,8 @@ def _listed_date(value: str | None) -> datetime:
 
 def _parse_listing_tree(body: bytes) -> tuple[list[BlobProperties], str]:
     """The reference reading of a page (ElementTree), for every page the scanner below does not vouch for."""
+    from xml.etree import ElementTree
+
     root = ElementTree.fromstring(body)
     return [_listed_properties(blob) for blob in root.iterfind("Blobs/Blob")], root.findtext("NextMarker") or ""
 
@@ -609,6 +623,8 @@ class AzureContainerStore:
             )
         except BlobNotFoundError:
             return BlockList((), (), None, None)
+        from xml.etree import ElementTree
+
         root = ElementTree.fromstring(body)
 
         def blocks(tag: str) -> tuple[Block, ...]:

@@ -15,16 +15,14 @@ from pathlib import Path
 from blobsync.backends.base import BlobProperties, ContainerStore
 from blobsync.config import FlagEnum, TransferConfig
 from blobsync.engine.context import EngineContext, Progress
-from blobsync.engine.download import FileDownloader
 from blobsync.engine.enumerate import index_in_thread
+from blobsync.engine.mtime import MTIME_KEY, format_mtime, parse_mtime
 from blobsync.engine.retry import Retrier
 from blobsync.engine.runner import JobRunner, WorkItem
-from blobsync.engine.upload import MTIME_KEY, FileUploader, format_mtime, parse_mtime
 from blobsync.errors import ExitCode, UnsafeNameError, UsageError
 from blobsync.journal import Journal
 from blobsync.journal.index import Entry, SyncIndex
 from blobsync.local.files import SkippedEntry, SourceFile, walk
-from blobsync.local.target import safe_join
 from blobsync.location import BlobLocation
 from blobsync.report import FileResult, FileStatus, Report
 from blobsync.syncing.compare import MTIME_WINDOWS, CompareMode, decide
@@ -290,6 +288,11 @@ class SyncJob:
 
     def _work(self, index: SyncIndex, ctx: EngineContext, report: Report) -> Iterator[WorkItem]:
         """The transfers, built batch by batch as the workers take them: memory stays flat however many."""
+        # Imported here, with the first transfer: a no-op sync never loads them (start-up time).
+        from blobsync.engine.download import FileDownloader
+        from blobsync.engine.upload import FileUploader
+        from blobsync.local.target import safe_join
+
         spec = self.spec
         assert self.runner.job is not None
         job_id = self.runner.job.id
@@ -356,6 +359,8 @@ class SyncJob:
         await self._delete_all(candidates, report)
 
     async def _delete_all(self, candidates: list[Entry], report: Report) -> None:
+        from blobsync.local.target import safe_join
+
         spec = self.spec
         assert self.runner.job is not None
         rows = self.journal.add_files(self.runner.job.id, (
