@@ -118,6 +118,7 @@ class SyncJob:
         self.on_action = on_action or (lambda action: None)
         self.confirm = confirm
         self.complete = True  # both sides enumerated without error
+        self.local_count: int | None = None  # entries of the local side, once its walk is complete
         self.held = 0  # source files not ready this run (spec.ready)
         self.problems: list[FileResult] = []
 
@@ -154,6 +155,7 @@ class SyncJob:
     async def _index_local(self, index: SyncIndex, side: str) -> None:
         """Walk the local tree in a worker thread while the listing waits on the service."""
         await index_in_thread(index, side, self._local_entries)
+        self.local_count = index.count(side)
 
     async def _index_remote(self, index: SyncIndex, side: str) -> None:
         """List the remote side into the index page by page (memory stays flat however many blobs)."""
@@ -162,13 +164,15 @@ class SyncJob:
 
         async def listing() -> None:
             batch: list[Entry] = []
-            async for props in self.store.list_blobs(prefix):
+            # The local count predicts the remote one (a sync makes them match): the store then keeps the last
+            # page small. Batches of 1,000 leave little to insert after the last page, which nothing overlaps.
+            async for props in self.store.list_blobs(prefix, expected=lambda: self.local_count):
                 if props.name.endswith("/"):
                     continue  # folder markers of hierarchical tools
                 entry = _remote_entry(prefix, props)
                 if filters.matches(entry.rel, entry.mtime_ns / 1e9):
                     batch.append(entry)
-                if len(batch) >= 5000:
+                if len(batch) >= 1000:
                     index.add(side, batch)
                     batch = []
             index.add(side, batch)
