@@ -277,6 +277,77 @@ def test_multi_page_listing_is_complete_and_in_order(container: ContainerHandle,
     assert report.files_in_sync == len(names) and report.files_transferred == 0
 
 
+def test_sync_asks_for_the_next_page_before_parsing_this_one(container: ContainerHandle, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The service prepares page n+1 while page n is parsed: its request must have left by then."""
+    import blobsync
+    from blobsync.backends import azure_rest
+    from blobsync.backends.azure_rest import AzureContainerStore
+
+    monkeypatch.setattr(AzureContainerStore, "page_size", 3)
+    for i in range(7):
+        container.client.upload_blob(f"b{i}", b"x")
+        random_file(tmp_path / "src" / f"b{i}", 1)
+    requested: list[str] = []
+    list_body, parse = AzureContainerStore._list_body, azure_rest._parse_listing
+
+    async def spy_list_body(self: AzureContainerStore, prefix: str, marker: str, size: int | None = None) -> bytes:
+        requested.append(marker)
+        return await list_body(self, prefix, marker, size)
+
+    requested_at_parse: list[int] = []
+
+    def spy_parse(body: bytes) -> tuple[list[blobsync.BlobProperties], str]:
+        requested_at_parse.append(len(requested))
+        return parse(body)
+
+    monkeypatch.setattr(AzureContainerStore, "_list_body", spy_list_body)
+    monkeypatch.setattr(azure_rest, "_parse_listing", spy_parse)
+    report = blobsync.sync(tmp_path / "src", container.url,
+                           blobsync.TransferConfig(journal_path=tmp_path / "j.db"),
+                           compare=blobsync.CompareMode.SIZE_ONLY)
+    assert report.files_in_sync == 7
+    assert requested_at_parse == [2, 3, 3]  # pages of 3, 3 and 1 blobs: no fourth request
+
+
+def test_listing_keeps_the_expected_last_page_small(container: ContainerHandle, monkeypatch: pytest.MonkeyPatch
+                                                    ) -> None:
+    """When the caller's estimate says the rest fits in one page, it comes as a page and a small last page; an
+    estimate that was short costs one more page, never a missing blob."""
+    import asyncio
+
+    from blobsync import TransferConfig
+    from blobsync.api import _store
+    from blobsync.backends.azure_rest import AzureContainerStore
+    from blobsync.location import parse_location
+
+    monkeypatch.setattr(AzureContainerStore, "page_size", 16)
+    names = [f"n{i:02d}" for i in range(40)]
+    for name in names:
+        container.client.upload_blob(name, b"x")
+    sizes: list[int | None] = []
+    list_body = AzureContainerStore._list_body
+
+    async def spy(self: AzureContainerStore, prefix: str, marker: str, size: int | None = None) -> bytes:
+        sizes.append(size)
+        return await list_body(self, prefix, marker, size)
+
+    monkeypatch.setattr(AzureContainerStore, "_list_body", spy)
+
+    async def listed(expected: int | None) -> list[str]:
+        store = _store(parse_location(container.url), TransferConfig(), os.environ)
+        try:
+            return [p.name async for p in store.list_blobs(expected=lambda: expected)]
+        finally:
+            await store.close()
+
+    assert asyncio.run(listed(40)) == names and sizes == [16, 16, 7, 16]  # 40 - 32 = 8 left: 7, then 1
+    sizes.clear()
+    assert asyncio.run(listed(30)) == names and sizes == [16, 13, 16]  # 14 left by the estimate: 13, then 11
+    sizes.clear()
+    assert asyncio.run(listed(None)) == names and sizes == [16, 16, 16]
+
+
 def test_noop_sync_never_opens_the_journal(container: ContainerHandle, tmp_path: Path) -> None:
     import blobsync
     from blobsync import TransferConfig

@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 from blobsync.backends.azure_errors import error_from_response, explain_sas, parse_retry_after
 from blobsync.config import MAX_BLOCKS, MiB, TransferConfig, parse_metadata
 from blobsync.engine.budget import MemoryBudget
+from blobsync.engine.mtime import format_mtime, parse_mtime
 from blobsync.engine.plan import BLOCK_ID_LENGTH, block_count, block_id, block_ranges, choose_block_size, new_nonce
 from blobsync.engine.retry import RetryPolicy, backoff_delay
-from blobsync.engine.upload import format_mtime, parse_mtime
 from blobsync.errors import AuthError, ContainerNotFoundError, CorruptedInTransitError, ThrottledError, UsageError
 from blobsync.location import parse_location
 from blobsync.redact import redact

@@ -6,6 +6,7 @@ import functools
 import os
 import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from harness.azurite import REPO, connection_string
 VENV_PYTHON = REPO / ".venv/bin/python"
 BLOBSYNC_BIN = REPO / ".venv/bin/blobsync"
 CHILD = Path(__file__).resolve().parent / "child.py"
+PYCACHE = Path(tempfile.gettempdir()) / "blobsync-bench-pycache"  # the children's .pyc files (see env_for)
 
 # Which tools exist for which direction. Peers that are not installed are skipped, with a note in the report.
 UPLOAD_TOOLS = ("blobsync", "blobsync-nomd5", "sdk", "sdk-validate", "obstore", "rclone")
@@ -112,6 +114,12 @@ def env_for(target: Target, tmp: Path) -> dict[str, str]:
     env = dict(os.environ)
     src = str(REPO / "src")  # the worktree's blobsync wins over whatever the venv has installed
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    # Bytecode as an installed blobsync has it (pip compiles at install; site-packages here has its .pyc files),
+    # kept outside the checkout. Without this, a caller's PYTHONDONTWRITEBYTECODE=1 (set on the machine these
+    # figures come from) made every run compile all of src/ again: ~50 ms of CPU per blobsync start, paid by no
+    # other tool, as every library the peers load was compiled once at install time.
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env["PYTHONPYCACHEPREFIX"] = str(PYCACHE)
     env.update(
         AZURE_STORAGE_CONNECTION_STRING=target.connection_string,
         AZURITE_BLOB_STORAGE_URL=target.base_url,  # obstore's emulator address

@@ -1,44 +1,91 @@
 """blobsync: fast, resumable, verified transfers between local disks and Azure Blob Storage."""
 
-from blobsync import aio
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from blobsync._version import __version__
-from blobsync.api import (
-    JobSummary,
-    clean_jobs,
-    copy,
-    copy_async,
-    diagnose,
-    list_blobs,
-    list_jobs,
-    remove,
-    resume,
-    resume_async,
-    show_job,
-    sync,
-    sync_async,
-    watch,
-    watch_async,
-)
-from blobsync.backends.base import BlobProperties
-from blobsync.config import CheckMd5, Overwrite, TransferConfig
-from blobsync.doctor import Diagnosis, Finding
-from blobsync.engine.context import Progress
-from blobsync.errors import (
-    AuthError,
-    BlobNotFoundError,
-    BlobsyncError,
-    ContainerNotFoundError,
-    ExitCode,
-    IntegrityError,
-    SourceError,
-    TransferFailedError,
-    UsageError,
-)
-from blobsync.events import BaseSubscriber, QueuedFile, Subscriber
-from blobsync.report import FileResult, FileStatus, Report
-from blobsync.syncing.compare import CompareMode
-from blobsync.syncing.filters import Filters
-from blobsync.syncing.job import Action, DeleteMode
+
+if TYPE_CHECKING:
+    from blobsync import aio
+    from blobsync.api import (
+        JobSummary,
+        clean_jobs,
+        copy,
+        copy_async,
+        diagnose,
+        list_blobs,
+        list_jobs,
+        remove,
+        resume,
+        resume_async,
+        show_job,
+        sync,
+        sync_async,
+        watch,
+        watch_async,
+    )
+    from blobsync.backends.base import BlobProperties
+    from blobsync.config import CheckMd5, Overwrite, TransferConfig
+    from blobsync.doctor import Diagnosis, Finding
+    from blobsync.engine.context import Progress
+    from blobsync.errors import (
+        AuthError,
+        BlobNotFoundError,
+        BlobsyncError,
+        ContainerNotFoundError,
+        ExitCode,
+        IntegrityError,
+        SourceError,
+        TransferFailedError,
+        UsageError,
+    )
+    from blobsync.events import BaseSubscriber, QueuedFile, Subscriber
+    from blobsync.report import FileResult, FileStatus, Report
+    from blobsync.syncing.compare import CompareMode
+    from blobsync.syncing.filters import Filters
+    from blobsync.syncing.job import Action, DeleteMode
+
+# The public names load on first use (PEP 562): `import blobsync` and the CLI's start-up pay only for the modules a
+# command needs (a no-op sync never loads the doctor, watch, remove or download code, nor watchfiles). Type
+# checkers read the imports above.
+_HOMES = {
+    "aio": "blobsync.aio",
+    "JobSummary": "blobsync.api", "clean_jobs": "blobsync.api", "copy": "blobsync.api", "copy_async": "blobsync.api",
+    "diagnose": "blobsync.api", "list_blobs": "blobsync.api", "list_jobs": "blobsync.api", "remove": "blobsync.api",
+    "resume": "blobsync.api", "resume_async": "blobsync.api", "show_job": "blobsync.api", "sync": "blobsync.api",
+    "sync_async": "blobsync.api", "watch": "blobsync.api", "watch_async": "blobsync.api",
+    "BlobProperties": "blobsync.backends.base",
+    "CheckMd5": "blobsync.config", "Overwrite": "blobsync.config", "TransferConfig": "blobsync.config",
+    "Diagnosis": "blobsync.doctor", "Finding": "blobsync.doctor",
+    "Progress": "blobsync.engine.context",
+    "AuthError": "blobsync.errors", "BlobNotFoundError": "blobsync.errors", "BlobsyncError": "blobsync.errors",
+    "ContainerNotFoundError": "blobsync.errors", "ExitCode": "blobsync.errors", "IntegrityError": "blobsync.errors",
+    "SourceError": "blobsync.errors", "TransferFailedError": "blobsync.errors", "UsageError": "blobsync.errors",
+    "BaseSubscriber": "blobsync.events", "QueuedFile": "blobsync.events", "Subscriber": "blobsync.events",
+    "FileResult": "blobsync.report", "FileStatus": "blobsync.report", "Report": "blobsync.report",
+    "CompareMode": "blobsync.syncing.compare",
+    "Filters": "blobsync.syncing.filters",
+    "Action": "blobsync.syncing.job", "DeleteMode": "blobsync.syncing.job",
+}
+
+
+if not TYPE_CHECKING:  # hidden from type checkers, which would otherwise take any misspelt name as Any
+
+    def __getattr__(name: str) -> Any:
+        home = _HOMES.get(name)
+        if home is None:
+            raise AttributeError(f"module 'blobsync' has no attribute {name!r}")
+        module = importlib.import_module(home)
+        value = module if name == "aio" else getattr(module, name)
+        globals()[name] = value  # once loaded, a plain module attribute
+        return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
 
 __all__ = [
     "Action",

@@ -9,18 +9,14 @@ import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from blobsync.backends.azure_auth import resolve_credential
 from blobsync.backends.azure_rest import AzureContainerStore
 from blobsync.backends.base import BlobProperties
 from blobsync.config import TransferConfig
-from blobsync.doctor import Diagnosis
-from blobsync.doctor import diagnose as diagnose_async
 from blobsync.engine.bandwidth import TokenBucket, mbps_to_bytes
 from blobsync.engine.context import Progress
-from blobsync.engine.download_job import DownloadJob, DownloadSpec
-from blobsync.engine.job import UploadJob, UploadSpec
 from blobsync.engine.retry import Retrier, RetryPolicy
 from blobsync.errors import BlobsyncError, TransferFailedError, UsageError
 from blobsync.events import Subscriber
@@ -30,8 +26,12 @@ from blobsync.report import Report
 from blobsync.syncing.compare import CompareMode
 from blobsync.syncing.filters import Filters
 from blobsync.syncing.job import Action, DeleteMode, SyncJob, SyncSpec
-from blobsync.syncing.remove import RemoveJob, RemoveSpec, blobs_at
-from blobsync.syncing.watch import Ready, Watcher
+
+# Imported where used: `blobsync sync` (and `import blobsync`) then never load the doctor, the download and
+# upload jobs, remove or watch (and watchfiles), which is a good part of a no-op sync's start-up.
+if TYPE_CHECKING:
+    from blobsync.doctor import Diagnosis
+    from blobsync.syncing.watch import Ready
 
 T = TypeVar("T")
 StopSignal = threading.Event | asyncio.Event | Callable[[], bool] | None
@@ -84,6 +84,8 @@ async def _run_download(
     loc: BlobLocation, dest: Path, config: TransferConfig, env: Mapping[str, str],
     progress: Progress | None, job: JobRow | None, journal: Journal, folder: bool = False,
 ) -> Report:
+    from blobsync.engine.download_job import DownloadJob, DownloadSpec
+
     bucket = _bucket(config)
     store = _store(loc, config, env, bucket)
     try:
@@ -99,6 +101,8 @@ async def _run_upload(
     source: Path, loc: BlobLocation, config: TransferConfig, env: Mapping[str, str],
     progress: Progress | None, job: JobRow | None, journal: Journal,
 ) -> Report:
+    from blobsync.engine.job import UploadJob, UploadSpec
+
     bucket = _bucket(config)
     store = _store(loc, config, env, bucket)
     try:
@@ -239,6 +243,8 @@ async def watch_async(
     (network gone) is retried with backoff and resumes what was staged; auth and usage errors raise.
     `stop` is a threading.Event, asyncio.Event or callable, checked between rounds (a running round finishes);
     cancelling the task stops at once, leaving partial files resumable. Returns the number of rounds run."""
+    from blobsync.syncing.watch import Watcher
+
     src_text = os.fspath(source)
     if is_url(src_text) or not is_url(dest):
         raise UsageError("watch needs a local folder as the source and a container URL as the destination")
@@ -376,6 +382,8 @@ async def list_blobs_async(
 ) -> AsyncIterator[BlobProperties]:
     """Every blob the URL names: the blob itself, or all blobs under the container or folder, page by page
     (memory stays flat on huge containers). Each item has name, size, tier, Content-MD5, last modified."""
+    from blobsync.syncing.remove import blobs_at
+
     env = os.environ if env is None else env
     loc = parse_location(url)
     store = AzureContainerStore(loc, resolve_credential(loc, env))
@@ -413,6 +421,8 @@ async def remove_async(
     """Delete the blob the URL names or, with `recursive`, every blob under it that `filters` admit
     (snapshots go with their blob); or the blobs `list_of_files` names (one relative name per line).
     `dry_run` lists what would go and deletes nothing."""
+    from blobsync.syncing.remove import RemoveJob, RemoveSpec
+
     config = config or TransferConfig()
     env = os.environ if env is None else env
     loc = parse_location(url)
@@ -434,4 +444,6 @@ def remove(url: str, config: TransferConfig | None = None, **kwargs: Any) -> Rep
 
 def diagnose(url: str, **kwargs: Any) -> Diagnosis:
     """Blocking form of `blobsync.aio.diagnose`: what `blobsync doctor` checks, as a Diagnosis."""
+    from blobsync.doctor import diagnose as diagnose_async
+
     return _blocking(diagnose_async(url, **kwargs))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
 from urllib.parse import unquote
 
 from blobsync.errors import (
@@ -48,6 +47,8 @@ def parse_retry_after(value: str | None, now: datetime | None = None) -> float |
         return max(0.0, float(value))
     except ValueError:
         pass
+    from email.utils import parsedate_to_datetime  # an HTTP date here is rare: not loaded at start-up
+
     try:
         when = parsedate_to_datetime(value)
     except (TypeError, ValueError):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import Enum
@@ -112,7 +112,8 @@ class ContainerStore(Protocol):
         self, name: str, offset: int, buf: memoryview, if_match: str | None = None
     ) -> BlobProperties: ...
 
-    def list_blobs(self, prefix: str = "") -> AsyncIterator[BlobProperties]: ...
+    def list_blobs(self, prefix: str = "", *, expected: Callable[[], int | None] | None = None
+                   ) -> AsyncIterator[BlobProperties]: ...
 
     async def list_page(self, prefix: str = "", marker: str = "") -> tuple[list[BlobProperties], str]: ...
 

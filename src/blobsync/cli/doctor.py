@@ -10,7 +10,6 @@ import click
 
 from blobsync.cli.common import handle_errors, logging_options, setup_logging
 from blobsync.cli.output import JsonLines
-from blobsync.doctor import Level, diagnose
 
 
 @click.command()
@@ -29,6 +28,8 @@ def doctor(url: str, write_test: bool, timeout: float, output_type: str, log_lev
 
     Exit code 0 when nothing failed, 3 for a credential or permission problem, 1 otherwise.
     """
+    from blobsync.doctor import Level, diagnose  # here: every other command starts without it
+
     setup_logging(log_level, log_file)
     d = asyncio.run(diagnose(url, write_test=write_test, timeout=timeout))
     if output_type.lower() == "json":

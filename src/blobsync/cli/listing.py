@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from blobsync import aio, api
+from blobsync import api
 from blobsync.backends.base import BlobProperties
 from blobsync.cli.common import handle_errors, logging_options, output_options, run_job, setup_logging, start_output
 from blobsync.cli.output import JsonLines, human_bytes
@@ -52,7 +52,7 @@ def ls(url: str, output_type: str, max_retries: int, log_level: str, log_file: P
 
     async def show() -> tuple[int, int]:
         count = total = 0
-        async for props in aio.list_blobs(url, max_retries=max_retries):
+        async for props in api.list_blobs_async(url, max_retries=max_retries):
             count += 1
             total += props.size
             if json_out is not None:

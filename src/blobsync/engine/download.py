@@ -14,8 +14,8 @@ from blobsync.backends.base import BlobProperties
 from blobsync.config import CheckMd5, Overwrite
 from blobsync.engine.budget import BlockBuffer, Window
 from blobsync.engine.context import EngineContext
+from blobsync.engine.mtime import destination_mtime_ns
 from blobsync.engine.plan import block_count, block_ranges
-from blobsync.engine.upload import destination_mtime_ns
 from blobsync.errors import ConflictError, IntegrityError
 from blobsync.journal import FileRow
 from blobsync.local.target import PartFile, current_boot_id, part_path

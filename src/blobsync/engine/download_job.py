@@ -11,9 +11,9 @@ from blobsync.backends.base import BlobProperties, ContainerStore
 from blobsync.config import TransferConfig
 from blobsync.engine.context import Progress
 from blobsync.engine.download import FileDownloader
+from blobsync.engine.mtime import destination_mtime_ns
 from blobsync.engine.retry import Retrier
 from blobsync.engine.runner import JobRunner, WorkItem
-from blobsync.engine.upload import destination_mtime_ns
 from blobsync.errors import BlobNotFoundError, ExitCode, UnsafeNameError, UsageError
 from blobsync.journal import JobRow, Journal
 from blobsync.local.target import safe_join

@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-import calendar
 import hashlib
 import logging
 import mimetypes
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from blobsync.backends.base import BlobHeaders, BlobProperties, BlockList, BlockState, Conditions, PutResult
+from blobsync.backends.base import BlobHeaders, BlockList, BlockState, Conditions, PutResult
 from blobsync.config import Overwrite
 from blobsync.engine.budget import BlockBuffer, Window
 from blobsync.engine.context import EngineContext
 from blobsync.engine.delta import DeltaBase, committed_record, find_base
+from blobsync.engine.mtime import MTIME_KEY, destination_mtime_ns, format_mtime
 from blobsync.engine.plan import (
     BLOCK_ID_LENGTH,
     block_count,
@@ -33,33 +32,6 @@ from blobsync.report import FileResult, FileStatus
 log = logging.getLogger("blobsync")
 
 _INLINE_READ = 64 * 1024  # files up to this size are read and hashed on the event loop itself
-MTIME_KEY = "mtime"  # same key and RFC 3339 format as rclone, so either tool reads the other's mtime
-
-
-def format_mtime(mtime_ns: int) -> str:
-    seconds, nanos = divmod(mtime_ns, 1_000_000_000)
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{nanos:09d}Z"
-
-
-def parse_mtime(text: str) -> int | None:
-    """Nanoseconds since the epoch from an RFC 3339 UTC time (as written by blobsync or rclone)."""
-    # Parsed by hand: a sync compares one per blob, and strptime costs ~20 µs each.
-    head, _, frac = text.rstrip("Z").partition(".")
-    if len(head) != 19 or head[4] != "-" or head[7] != "-" or head[10] != "T" or head[13] != ":" \
-            or head[16] != ":" or (not frac.isdigit() and frac):
-        return None
-    try:
-        seconds = calendar.timegm((int(head[0:4]), int(head[5:7]), int(head[8:10]), int(head[11:13]),
-                                   int(head[14:16]), int(head[17:19]), 0, 0, 0))
-    except ValueError:
-        return None
-    return seconds * 1_000_000_000 + (int((frac + "000000000")[:9]) if frac else 0)
-
-
-def destination_mtime_ns(props: BlobProperties) -> int:
-    stored = props.metadata.get(MTIME_KEY)
-    parsed = parse_mtime(stored) if stored else None
-    return parsed if parsed is not None else int(props.last_modified.timestamp() * 1e9)
 
 
 @dataclass

@@ -78,9 +78,22 @@ class SyncIndex:
             self.db.execute("commit")
         return len(rows)
 
-    def pairs(self) -> Iterator[tuple[Entry, Entry | None]]:
-        """Every source entry with the destination entry of the same path, if any, in path order."""
-        cur = self.db.execute("select s.*, d.* from src s left join dst d on d.rel = s.rel order by s.rel")
+    def pairs(self, *, skip_same_size: bool = False, newer_than: tuple[int, int] | None = None
+              ) -> Iterator[tuple[Entry, Entry | None]]:
+        """Every source entry with the destination entry of the same path, if any, in path order.
+
+        With `skip_same_size`, SQLite leaves out the pairs whose sizes match, except, with `newer_than` =
+        (exact_ns, coarse_ns), those whose source mtime is later than the destination's by more than exact_ns (both
+        times exact) or coarse_ns (otherwise). A no-op sync of many files then builds no Entry at all."""
+        where = ""
+        params: tuple[int, ...] = ()
+        if skip_same_size:
+            where = " where d.rel is null or s.size != d.size"
+            if newer_than is not None:
+                where += " or s.mtime_ns - d.mtime_ns > (case when s.exact and d.exact then ? else ? end)"
+                params = newer_than
+        cur = self.db.execute(f"select s.*, d.* from src s left join dst d on d.rel = s.rel{where} order by s.rel",
+                              params)
         for row in cur:
             src = _entry(row)
             assert src is not None

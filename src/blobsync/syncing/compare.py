@@ -11,6 +11,7 @@ from blobsync.journal.index import Entry
 # and is the upload time. Differences inside these windows are not "newer".
 _EXACT_WINDOW_NS = 1_000_000
 _COARSE_WINDOW_NS = 1_000_000_000
+MTIME_WINDOWS = (_EXACT_WINDOW_NS, _COARSE_WINDOW_NS)  # for SyncIndex.pairs(newer_than=...): the same rule in SQL
 
 
 class CompareMode(Enum):

@@ -15,19 +15,17 @@ from pathlib import Path
 from blobsync.backends.base import BlobProperties, ContainerStore
 from blobsync.config import FlagEnum, TransferConfig
 from blobsync.engine.context import EngineContext, Progress
-from blobsync.engine.download import FileDownloader
 from blobsync.engine.enumerate import index_in_thread
+from blobsync.engine.mtime import MTIME_KEY, format_mtime, parse_mtime
 from blobsync.engine.retry import Retrier
 from blobsync.engine.runner import JobRunner, WorkItem
-from blobsync.engine.upload import MTIME_KEY, FileUploader, format_mtime, parse_mtime
 from blobsync.errors import ExitCode, UnsafeNameError, UsageError
 from blobsync.journal import Journal
 from blobsync.journal.index import Entry, SyncIndex
 from blobsync.local.files import SkippedEntry, SourceFile, walk
-from blobsync.local.target import safe_join
 from blobsync.location import BlobLocation
 from blobsync.report import FileResult, FileStatus, Report
-from blobsync.syncing.compare import CompareMode, decide
+from blobsync.syncing.compare import MTIME_WINDOWS, CompareMode, decide
 from blobsync.syncing.filters import Filters
 
 log = logging.getLogger("blobsync")
@@ -120,6 +118,7 @@ class SyncJob:
         self.on_action = on_action or (lambda action: None)
         self.confirm = confirm
         self.complete = True  # both sides enumerated without error
+        self.local_count: int | None = None  # entries of the local side, once its walk is complete
         self.held = 0  # source files not ready this run (spec.ready)
         self.problems: list[FileResult] = []
 
@@ -156,6 +155,7 @@ class SyncJob:
     async def _index_local(self, index: SyncIndex, side: str) -> None:
         """Walk the local tree in a worker thread while the listing waits on the service."""
         await index_in_thread(index, side, self._local_entries)
+        self.local_count = index.count(side)
 
     async def _index_remote(self, index: SyncIndex, side: str) -> None:
         """List the remote side into the index page by page (memory stays flat however many blobs)."""
@@ -164,13 +164,15 @@ class SyncJob:
 
         async def listing() -> None:
             batch: list[Entry] = []
-            async for props in self.store.list_blobs(prefix):
+            # The local count predicts the remote one (a sync makes them match): the store then keeps the last
+            # page small. Batches of 1,000 leave little to insert after the last page, which nothing overlaps.
+            async for props in self.store.list_blobs(prefix, expected=lambda: self.local_count):
                 if props.name.endswith("/"):
                     continue  # folder markers of hierarchical tools
                 entry = _remote_entry(prefix, props)
                 if filters.matches(entry.rel, entry.mtime_ns / 1e9):
                     batch.append(entry)
-                if len(batch) >= 5000:
+                if len(batch) >= 1000:
                     index.add(side, batch)
                     batch = []
             index.add(side, batch)
@@ -247,7 +249,15 @@ class SyncJob:
         ready = self.spec.ready if self.spec.upload else None
         marked = 0
         batch: list[tuple[str, str]] = []
-        for src, dst in index.pairs():
+        # Pairs decide() would skip are left out by SQLite: a no-op sync of many files builds no Entry. Not with
+        # `ready`, which must see every source file (held files are counted).
+        if ready is None and mode is CompareMode.SIZE_ONLY:
+            pairs = index.pairs(skip_same_size=True)
+        elif ready is None and mode is CompareMode.SIZE_AND_MTIME:
+            pairs = index.pairs(skip_same_size=True, newer_than=MTIME_WINDOWS)
+        else:
+            pairs = index.pairs()
+        for src, dst in pairs:
             if ready is not None and not ready(src.rel, src.mtime_ns):
                 self.held += 1
                 continue
@@ -282,6 +292,11 @@ class SyncJob:
 
     def _work(self, index: SyncIndex, ctx: EngineContext, report: Report) -> Iterator[WorkItem]:
         """The transfers, built batch by batch as the workers take them: memory stays flat however many."""
+        # Imported here, with the first transfer: a no-op sync never loads them (start-up time).
+        from blobsync.engine.download import FileDownloader
+        from blobsync.engine.upload import FileUploader
+        from blobsync.local.target import safe_join
+
         spec = self.spec
         assert self.runner.job is not None
         job_id = self.runner.job.id
@@ -348,6 +363,8 @@ class SyncJob:
         await self._delete_all(candidates, report)
 
     async def _delete_all(self, candidates: list[Entry], report: Report) -> None:
+        from blobsync.local.target import safe_join
+
         spec = self.spec
         assert self.runner.job is not None
         rows = self.journal.add_files(self.runner.job.id, (

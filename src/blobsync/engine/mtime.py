@@ -1,0 +1,46 @@
+"""A file's mtime as blob metadata: the key and RFC 3339 text rclone also uses, so either tool reads the other's."""
+
+from __future__ import annotations
+
+import calendar
+import time
+
+from blobsync.backends.base import BlobProperties
+
+MTIME_KEY = "mtime"
+
+_SECONDS: dict[str, int] = {}  # "YYYY-MM-DDTHH:MM:SS" -> seconds since the epoch
+
+
+def format_mtime(mtime_ns: int) -> str:
+    seconds, nanos = divmod(mtime_ns, 1_000_000_000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{nanos:09d}Z"
+
+
+def parse_mtime(text: str) -> int | None:
+    """Nanoseconds since the epoch from an RFC 3339 UTC time (as written by blobsync or rclone)."""
+    # Parsed by hand: a sync compares one per blob, and strptime costs ~20 µs each. Files written together share
+    # their second, so the calendar arithmetic is done once per distinct second.
+    head, _, frac = text.rstrip("Z").partition(".")
+    if frac and not frac.isdigit():
+        return None
+    seconds = _SECONDS.get(head)
+    if seconds is None:
+        if len(head) != 19 or head[4] != "-" or head[7] != "-" or head[10] != "T" or head[13] != ":" \
+                or head[16] != ":":
+            return None
+        try:
+            seconds = calendar.timegm((int(head[0:4]), int(head[5:7]), int(head[8:10]), int(head[11:13]),
+                                       int(head[14:16]), int(head[17:19]), 0, 0, 0))
+        except ValueError:
+            return None
+        if len(_SECONDS) >= 4096:  # bounded: a tree written over years must not grow it forever
+            _SECONDS.clear()
+        _SECONDS[head] = seconds
+    return seconds * 1_000_000_000 + (int((frac + "000000000")[:9]) if frac else 0)
+
+
+def destination_mtime_ns(props: BlobProperties) -> int:
+    stored = props.metadata.get(MTIME_KEY)
+    parsed = parse_mtime(stored) if stored else None
+    return parsed if parsed is not None else int(props.last_modified.timestamp() * 1e9)

@@ -1,0 +1,36 @@
+"""Start-up stays light: the CLI (and `import blobsync`) load only what a sync needs before its first request."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import blobsync
+
+# Loaded on first use only: a no-op sync never needs them (see blobsync/__init__.py and api.py).
+NOT_AT_START = ("blobsync.doctor", "blobsync.syncing.watch", "watchfiles", "blobsync.syncing.remove",
+                "blobsync.engine.download", "blobsync.engine.upload", "blobsync.engine.job",
+                "blobsync.engine.download_job", "xml.etree.ElementTree", "email.utils", "aiohttp")
+
+
+def _loaded_after(statement: str) -> set[str]:
+    src = str(Path(blobsync.__file__).resolve().parents[1])  # the blobsync under test, wherever it lives
+    code = f"import sys\n{statement}\nprint('\\n'.join(sys.modules))"
+    env = {**os.environ, "PYTHONPATH": src}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    return set(out.split())
+
+
+def test_cli_import_leaves_the_rest_for_later() -> None:
+    loaded = _loaded_after("import blobsync.cli.main")
+    assert "blobsync.syncing.job" in loaded  # sanity: the check sees blobsync's own modules
+    assert loaded.isdisjoint(NOT_AT_START), sorted(loaded & set(NOT_AT_START))
+
+
+def test_public_names_still_load_on_use() -> None:
+    loaded = _loaded_after("import blobsync\nassert blobsync.Diagnosis.__name__ == 'Diagnosis'\n"
+                           "from blobsync import aio, sync, watch\nassert aio.diagnose and sync and watch")
+    assert {"blobsync.doctor", "blobsync.api", "blobsync.aio"} <= loaded
+    assert sorted(dir(blobsync)) == sorted(blobsync.__all__)
