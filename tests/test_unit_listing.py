@@ -160,3 +160,11 @@ def test_request_dates_match_email_utils() -> None:
 
     for second in (0, 951_782_400, 1_796_025_605, 4_102_444_799, *range(1_700_000_000, 1_800_000_000, 86_399_999)):
         assert azure_rest._http_date(second) == formatdate(second, usegmt=True)
+
+
+def test_percent_encoded_names_are_decoded() -> None:
+    # Azure percent-encodes names holding characters XML 1.0 cannot carry, and flags them Encoded="true".
+    body = page([blob("a").replace("<Name>a</Name>", '<Name Encoded="true">bad%EF%BF%BFname%25.bin</Name>'),
+                 blob("plain%41")])
+    blobs, _ = _parse_listing(body)
+    assert [b.name for b in blobs] == ["bad\uffffname%.bin", "plain%41"]  # only the flagged name is decoded

@@ -16,7 +16,7 @@ from binascii import a2b_base64
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 from blobsync._version import __version__
 from blobsync.backends.azure_auth import Credential, Request
@@ -130,7 +130,12 @@ def _listed_properties(blob: ElementTree.Element) -> BlobProperties:
         return props.findtext(tag) if props is not None else None
 
     meta = blob.find("Metadata")
-    return _record(blob.findtext("Name") or "", get, {m.tag: m.text or "" for m in meta} if meta is not None else {})
+    node = blob.find("Name")
+    name = node.text or "" if node is not None else ""
+    if node is not None and node.get("Encoded", "").lower() == "true":
+        # Names holding characters XML 1.0 cannot carry come percent-encoded, flagged Encoded="true".
+        name = unquote(name)
+    return _record(name, get, {m.tag: m.text or "" for m in meta} if meta is not None else {})
 
 
 def _record(name: str, get: Callable[[str], str | None], metadata: dict[str, str]) -> BlobProperties:
