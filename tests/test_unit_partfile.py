@@ -16,14 +16,20 @@ MiB = 1024 * 1024
 
 
 def _direct_io_works_here(folder: Path) -> bool:
+    """Whether this file system takes an aligned O_DIRECT write (some refuse at open, some only at write)."""
     probe = folder / "probe"
     try:
         fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o644)
     except (OSError, AttributeError):
         return False
-    os.close(fd)
-    probe.unlink()
-    return True
+    try:
+        os.pwrite(fd, memoryview(new_buffer(MiB)), 0)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+        probe.unlink()
 
 
 def _filled(size: int, seed: int) -> memoryview:
