@@ -103,9 +103,14 @@ class PartFile:
         # Whole aligned blocks are written with O_DIRECT where the file system takes it: straight from our buffer
         # to the device, with no copy into the page cache and no page cache to allocate (which, on VMs whose
         # balloon hands free memory back to the host, costs more than the copy), and a big download does not
-        # evict everything else from the cache. Opened on first use; any refusal turns it off for this file.
+        # evict everything else from the cache. Any refusal (at open or at a write) turns it off for this file.
         self._direct = direct_io_wanted()
         self._direct_fd = -1
+        if self._direct:  # opened here, not on first use: several worker threads write one file at once
+            try:
+                self._direct_fd = os.open(self.path, os.O_WRONLY | os.O_DIRECT)
+            except OSError:
+                self._direct = False
 
     def write_view(self, view: memoryview, offset: int) -> None:
         """Write one buffer at `offset` (called in a worker thread)."""
@@ -133,8 +138,6 @@ class PartFile:
             return 0
         done = 0
         try:
-            if self._direct_fd < 0:
-                self._direct_fd = os.open(self.path, os.O_WRONLY | os.O_DIRECT)
             while done < len(view):
                 n = os.pwrite(self._direct_fd, view[done:], offset + done)
                 done += n
