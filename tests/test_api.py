@@ -175,3 +175,29 @@ def test_list_and_remove_from_the_library(container: ContainerHandle, tmp_path: 
         blobsync.remove(container.url + "/tmpfile")
     with pytest.raises(blobsync.UsageError, match="-r"):
         blobsync.remove(container.url + "/tmp")
+
+
+def test_listing_pages_ahead_and_stopping_early_leaves_nothing_running(container: ContainerHandle,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """ls/rm/list_blobs ask for page n+1 before handing out page n; a caller that stops early drops it cleanly."""
+    from blobsync.backends.azure_rest import AzureContainerStore
+
+    monkeypatch.setattr(AzureContainerStore, "page_size", 2)
+    names = [f"d/{i:02d}.txt" for i in range(7)]  # 4 pages
+    for name in names:
+        container.client.upload_blob(name, name.encode())
+
+    async def first_three() -> tuple[list[str], set[asyncio.Task[object]]]:
+        got: list[str] = []
+        async for props in blobsync.aio.list_blobs(container.url + "/d"):
+            got.append(props.name)
+            if len(got) == 3:
+                break
+        await asyncio.sleep(0.2)  # the abandoned generator's clean-up runs
+        return got, {t for t in asyncio.all_tasks() if t is not asyncio.current_task()}
+
+    got, left = asyncio.run(first_three())
+    assert got == names[:3] and not left
+    assert [p.name for p in blobsync.list_blobs(container.url + "/d")] == names
+    report = blobsync.remove(container.url + "/d", recursive=True)
+    assert report.files_deleted == 7 and container.blob_names() == []

@@ -42,18 +42,33 @@ async def blobs_at(store: ContainerStore, path: str, retrier: Retrier) -> AsyncI
     """(relative name, properties) of the blob named `path` and of every blob under `path/`.
 
     One listing with `path` as its prefix answers both; names that only share the prefix ('a/bc' for 'a/b')
-    are left out. Each page is one request under the retry policy."""
+    are left out. Each page is one request under the retry policy; the next page is asked for before this one's
+    blobs are handed out, so the service prepares it while the caller prints or deletes them."""
     prefix = folder_prefix(path)
-    marker = ""
-    while True:
-        page, marker = await retrier.call(functools.partial(store.list_page, path, marker))
-        for props in page:
-            if props.name == path and path and not path.endswith("/"):
-                yield props.name.rsplit("/", 1)[-1], props
-            elif props.name.startswith(prefix) and not props.name.endswith("/"):
-                yield props.name[len(prefix):], props
-        if not marker:
-            return
+
+    def fetch(marker: str) -> asyncio.Future[tuple[list[BlobProperties], str]]:
+        return asyncio.ensure_future(retrier.call(functools.partial(store.list_page, path, marker)))
+
+    ahead = fetch("")
+    try:
+        while True:
+            page, marker = await ahead
+            if marker:
+                ahead = fetch(marker)
+                await asyncio.sleep(0)  # let the request leave now, not when the caller next awaits
+            for props in page:
+                if props.name == path and path and not path.endswith("/"):
+                    yield props.name.rsplit("/", 1)[-1], props
+                elif props.name.startswith(prefix) and not props.name.endswith("/"):
+                    yield props.name[len(prefix):], props
+            if not marker:
+                return
+    finally:
+        if not ahead.done():  # the caller stopped early: drop the page nobody will read
+            ahead.cancel()
+            await asyncio.wait([ahead])
+            if not ahead.cancelled():
+                ahead.exception()  # retrieved: a failure of a page nobody asked for is not an error
 
 
 class RemoveJob:
