@@ -127,6 +127,9 @@ def parse_location(url: str) -> BlobLocation:
     return BlobLocation(scheme, netloc, account, container, path, path_style, sas)
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # control characters: Azure refuses them in names
+
+
 def check_blob_name(name: str) -> None:
     """Refuse names Azure rejects or silently changes, with the reason (raises UnsafeNameError)."""
     if not name or len(name) > 1024:
@@ -135,5 +138,5 @@ def check_blob_name(name: str) -> None:
         raise UnsafeNameError(f"{name[:80]!r}: a blob name has at most 254 path segments")
     if name.endswith((".", "/")):
         raise UnsafeNameError(f"{name!r}: blob names ending in '.' or '/' are changed or refused by Azure")
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
+    if _CONTROL.search(name):
         raise UnsafeNameError(f"{name!r}: control characters are not valid in blob names")
