@@ -19,7 +19,7 @@ from blobsync.engine.upload import FileUploader
 from blobsync.errors import ExitCode
 from blobsync.journal import JobRow, Journal
 from blobsync.journal.index import Entry, SyncIndex
-from blobsync.local.files import SkippedEntry, SourceFile, check_source, stat_file, walk
+from blobsync.local.files import SkippedEntry, SourceFile, check_source, stat_file, walk, warm_if_cold
 from blobsync.location import BlobLocation
 from blobsync.report import FileResult, FileStatus, Report
 
@@ -104,7 +104,9 @@ class UploadJob:
 
     def _batches(self, index: SyncIndex, uploader: FileUploader, report: Report) -> Iterator[WorkItem]:
         entries = index.entries("src")
+        pool = uploader.ctx.io_pool
         while batch := list(itertools.islice(entries, 2000)):
+            warm_if_cold([(self.spec.source / e.rel, e.size) for e in batch], pool.submit)
             yield from self._items(batch, uploader, report, single=False)
 
     def _items(self, entries: list[Entry], uploader: FileUploader, report: Report, *, single: bool

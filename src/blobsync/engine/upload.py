@@ -25,13 +25,12 @@ from blobsync.engine.plan import (
 )
 from blobsync.errors import ConflictError, IntegrityError, InvalidBlockListError, ServiceError, SourceChangedError
 from blobsync.journal import FileRow
-from blobsync.local.files import FileIdentity, OpenFile
+from blobsync.local.files import INLINE_READ_MAX, FileIdentity, OpenFile
 from blobsync.location import check_blob_name
 from blobsync.report import FileResult, FileStatus
 
 log = logging.getLogger("blobsync")
 
-_INLINE_READ = 64 * 1024  # files up to this size are read and hashed on the event loop itself
 
 
 @dataclass
@@ -92,7 +91,7 @@ class FileUploader:
         try:
             # A small file already in the page cache is read and hashed on the loop: cheaper than the hand-off to
             # a worker thread and back. One that would wait for the disk goes to a thread like the big ones.
-            cached = src.read_all_cached(before.size) if before.size <= _INLINE_READ else None
+            cached = src.read_all_cached(before.size) if before.size <= INLINE_READ_MAX else None
             data: bytes | bytearray
             if cached is not None:
                 data, md5 = cached

@@ -6,7 +6,7 @@ import errno
 import hashlib
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +15,7 @@ import xxhash
 from blobsync.errors import SourceChangedError, SourceError, UsageError
 
 _NOWAIT: int | None = getattr(os, "RWF_NOWAIT", None)  # Linux: fail a read that would wait for the disk
+INLINE_READ_MAX = 64 * 1024  # files up to this size are read and hashed on the event loop when cached
 
 
 @dataclass(frozen=True)
@@ -176,3 +177,54 @@ class OpenFile:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def looks_cold(path: Path) -> bool:
+    """Whether the start of this file is not in the page cache (a one-byte read that refuses to wait)."""
+    if _NOWAIT is None:
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        os.preadv(fd, [bytearray(1)], 0, _NOWAIT)
+        return False
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def will_need(paths: Sequence[Path]) -> None:
+    """Ask the kernel to start reading these files into the page cache, without waiting for it (WILLNEED)."""
+    advise = getattr(os, "posix_fadvise", None)
+    if advise is None:
+        return
+    for path in paths:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            advise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
+def warm_if_cold(batch: Sequence[tuple[Path, int]], submit: Callable[[Callable[[], None]], object]) -> bool:
+    """Before a batch of (path, size) is uploaded: if a sample of its small files is not in the page cache, have
+    a worker thread ask the kernel to read all of them ahead (`submit` runs a function in one).
+
+    A small file in the cache is read on the event loop; one that is not costs a hop to a worker thread and
+    back, ~0.2 ms of CPU each (2,000 cold 16 KiB files: 1.1-1.3 s of CPU against 0.85 warm). Read ahead, they
+    are in the cache by the time their turn comes. A warm tree pays three one-byte reads per batch."""
+    small = [path for path, size in batch if 0 < size <= INLINE_READ_MAX]
+    if not small or not any(looks_cold(p) for p in {small[0], small[len(small) // 2], small[-1]}):
+        return False
+    submit(lambda: will_need(small))
+    return True

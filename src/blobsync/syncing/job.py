@@ -22,7 +22,7 @@ from blobsync.engine.runner import JobRunner, WorkItem
 from blobsync.errors import ExitCode, UnsafeNameError, UsageError
 from blobsync.journal import Journal
 from blobsync.journal.index import Entry, SyncIndex
-from blobsync.local.files import SkippedEntry, SourceFile, walk
+from blobsync.local.files import SkippedEntry, SourceFile, walk, warm_if_cold
 from blobsync.location import BlobLocation
 from blobsync.report import FileResult, FileStatus, Report
 from blobsync.syncing.compare import MTIME_WINDOWS, CompareMode, decide
@@ -305,6 +305,8 @@ class SyncJob:
         downloader = None if spec.upload else FileDownloader(ctx)
         todo = index.todo()
         while batch := list(itertools.islice(todo, 2000)):
+            if uploader is not None:
+                warm_if_cold([(spec.local / e.rel, e.size) for e, _ in batch], ctx.io_pool.submit)
             rows = self.journal.add_files(job_id, (
                 (e.rel, prefix + e.rel if spec.upload else e.name or e.rel, e.size, e.mtime_ns, e.inode)
                 for e, _ in batch))
