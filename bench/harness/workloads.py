@@ -226,6 +226,18 @@ def finish(run: Run, problems: list[str], tmp: Path, log_name: str = "child.log"
 
 
 @contextlib.contextmanager
+def recorded(run: Run) -> Iterator[None]:
+    """A failure of the harness itself (not of the tool) is recorded on the run, which then counts as invalid;
+    BenchError (the harness cannot go on at all) propagates."""
+    try:
+        yield
+    except BenchError:
+        raise
+    except Exception as exc:
+        run.error = f"benchmark harness error: {exc!r}"
+
+
+@contextlib.contextmanager
 def run_dir(tool: str, st: Settings) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f"blobsync-bench-{tool}-"))
     try:
@@ -290,23 +302,14 @@ class Upload(Workload):
 
     def one(self, rnd: int, tool: str, st: Settings) -> Run:
         run = Run(rnd, tool)
-        with run_dir(tool, st) as tmp:
-            azurite = Azurite(tmp, in_memory=self.in_memory)
-            try:
-                azurite.start()
-                target = Target(azurite.blob_endpoint)
-                mkcontainer(target, self.container, st)
-                cmd = upload_cmd(tool, self.src_for(tool), self.recursive, self.container, target, tmp, st)
-                res = measure(run, cmd, env_for(target, tmp), tmp, azurite, st)
-                problems = exit_problems(res, st)
-                problems += check_listing(target, self.container, st, self.expect(tool))
-                finish(run, problems, tmp)
-            except BenchError:
-                raise
-            except Exception as exc:
-                run.error = f"benchmark harness error: {exc!r}"
-            finally:
-                azurite.stop()
+        with run_dir(tool, st) as tmp, recorded(run), Azurite(tmp, in_memory=self.in_memory) as azurite:
+            target = Target(azurite.blob_endpoint)
+            mkcontainer(target, self.container, st)
+            cmd = upload_cmd(tool, self.src_for(tool), self.recursive, self.container, target, tmp, st)
+            res = measure(run, cmd, env_for(target, tmp), tmp, azurite, st)
+            problems = exit_problems(res, st)
+            problems += check_listing(target, self.container, st, self.expect(tool))
+            finish(run, problems, tmp)
         return run
 
     def expect(self, tool: str) -> tuple[int, int]:
@@ -376,9 +379,7 @@ class Download(Workload):
         with run_dir(tool, st) as tmp:
             (tmp / "dl").mkdir()
             out = tmp / "dl" / "out.bin"
-            azurite = Azurite(tmp)
-            try:
-                azurite.start()
+            with recorded(run), Azurite(tmp) as azurite:
                 target = Target(azurite.blob_endpoint)
                 self.seed(target)
                 cmd = download_cmd(tool, self.container, self.src.name, out, target, tmp, st)
@@ -387,12 +388,6 @@ class Download(Workload):
                 if bad := self.check(out):
                     problems.append(bad)
                 finish(run, problems, tmp)
-            except BenchError:
-                raise
-            except Exception as exc:
-                run.error = f"benchmark harness error: {exc!r}"
-            finally:
-                azurite.stop()
         return run
 
     def notes(self) -> list[str]:
@@ -458,15 +453,11 @@ class NoopSync(Workload):
         target = Target(self.azurite.blob_endpoint)
         container = f"noop-{tool}"
         log = f"{tool}-{rnd}-{os.urandom(3).hex()}.log"
-        try:
+        with recorded(run):
             res = measure(run, sync_cmd(tool, self.tree, container, target, self.tmp, st), env_for(target, self.tmp),
                           self.tmp, self.azurite, st, log_name=log)  # fmt: skip
             problems = exit_problems(res, st) + check_listing(target, container, st, (self.files, self.total_bytes))
             finish(run, problems, self.tmp, log)
-        except BenchError:
-            raise
-        except Exception as exc:
-            run.error = f"benchmark harness error: {exc!r}"
         return run
 
     def notes(self) -> list[str]:
@@ -511,57 +502,51 @@ class Resume(Workload):
     def one(self, rnd: int, tool: str, st: Settings) -> Run:
         run = Run(rnd, tool)
         with run_dir(tool, st) as tmp:
-            azurite = Azurite(tmp)
             relay: DelayRelay | None = None
             try:
-                azurite.start()
-                relay = DelayRelay("127.0.0.1", 0, "127.0.0.1", azurite.port, 0.0).start_thread()
-                target = Target(f"http://127.0.0.1:{relay.port}/devstoreaccount1")
-                mkcontainer(Target(azurite.blob_endpoint), self.container, st)
-                cmd = upload_cmd(tool, self.src, False, self.container, target, tmp, st)
-                env = env_for(target, tmp)
-                half = self.kill_at * self.total_bytes
-                first = Run(rnd, tool)
-                res1 = measure(first, cmd, env, tmp, azurite, st, log_name="first.log",
-                               kill_when=lambda: relay is not None and relay.bytes_up >= half)  # fmt: skip
-                sent1 = relay.bytes_up
-                # Let what the relay still holds reach Azurite (as bytes in flight on a network would), then ask
-                # the service what it has, until two answers agree.
-                deadline = time.monotonic() + 30
-                while relay.active and time.monotonic() < deadline:
-                    time.sleep(0.05)  # polling the relay's open connections
-                staged = self.staged_bytes(Target(azurite.blob_endpoint))
-                while time.monotonic() < deadline:
-                    time.sleep(0.5)  # settle interval for requests Azurite is still finishing
-                    again = self.staged_bytes(Target(azurite.blob_endpoint))
-                    if again == staged:
-                        break
-                    staged = again
-                uncommitted, committed = staged
-                relay.bytes_up = 0
-                res = measure(run, cmd, env, tmp, azurite, st, quiet_check=False)
-                sent2 = relay.bytes_up
-                remainder = self.total_bytes - uncommitted - committed
-                run.extra |= {
-                    "sent_before_kill_mib": sent1 / MiB,
-                    "staged_mib": (uncommitted + committed) / MiB,
-                    "resent_mib": sent2 / MiB,
-                    "remainder_mib": remainder / MiB,
-                    "excess_mib": (sent2 - remainder) / MiB,
-                    "first_wall_s": first.wall_s,
-                }
-                problems = [] if res1.killed_by_us else ["the first run was not killed mid-transfer"]
-                problems += exit_problems(res, st)
-                problems += check_listing(Target(azurite.blob_endpoint), self.container, st, (1, self.total_bytes))
-                finish(run, problems, tmp)
-            except BenchError:
-                raise
-            except Exception as exc:
-                run.error = f"benchmark harness error: {exc!r}"
+                with recorded(run), Azurite(tmp) as azurite:
+                    relay = DelayRelay("127.0.0.1", 0, "127.0.0.1", azurite.port, 0.0).start_thread()
+                    target = Target(f"http://127.0.0.1:{relay.port}/devstoreaccount1")
+                    mkcontainer(Target(azurite.blob_endpoint), self.container, st)
+                    cmd = upload_cmd(tool, self.src, False, self.container, target, tmp, st)
+                    env = env_for(target, tmp)
+                    half = self.kill_at * self.total_bytes
+                    first = Run(rnd, tool)
+                    res1 = measure(first, cmd, env, tmp, azurite, st, log_name="first.log",
+                                   kill_when=lambda: relay is not None and relay.bytes_up >= half)  # fmt: skip
+                    sent1 = relay.bytes_up
+                    # Let what the relay still holds reach Azurite (as bytes in flight on a network would), then ask
+                    # the service what it has, until two answers agree.
+                    deadline = time.monotonic() + 30
+                    while relay.active and time.monotonic() < deadline:
+                        time.sleep(0.05)  # polling the relay's open connections
+                    staged = self.staged_bytes(Target(azurite.blob_endpoint))
+                    while time.monotonic() < deadline:
+                        time.sleep(0.5)  # settle interval for requests Azurite is still finishing
+                        again = self.staged_bytes(Target(azurite.blob_endpoint))
+                        if again == staged:
+                            break
+                        staged = again
+                    uncommitted, committed = staged
+                    relay.bytes_up = 0
+                    res = measure(run, cmd, env, tmp, azurite, st, quiet_check=False)
+                    sent2 = relay.bytes_up
+                    remainder = self.total_bytes - uncommitted - committed
+                    run.extra |= {
+                        "sent_before_kill_mib": sent1 / MiB,
+                        "staged_mib": (uncommitted + committed) / MiB,
+                        "resent_mib": sent2 / MiB,
+                        "remainder_mib": remainder / MiB,
+                        "excess_mib": (sent2 - remainder) / MiB,
+                        "first_wall_s": first.wall_s,
+                    }
+                    problems = [] if res1.killed_by_us else ["the first run was not killed mid-transfer"]
+                    problems += exit_problems(res, st)
+                    problems += check_listing(Target(azurite.blob_endpoint), self.container, st, (1, self.total_bytes))
+                    finish(run, problems, tmp)
             finally:
                 if relay is not None:
                     relay.stop_thread()
-                azurite.stop()
         return run
 
     def notes(self) -> list[str]:
@@ -602,27 +587,18 @@ class SlowLinkUpload(Upload):
     def one(self, rnd: int, tool: str, st: Settings) -> Run:
         assert self.link is not None
         run = Run(rnd, tool)
-        with run_dir(tool, st) as tmp:
-            azurite = Azurite(tmp, netns=self.link.srv)
-            try:
-                azurite.start()
-                target = Target(self.link.endpoint, netns=self.link.cli)
-                mkcontainer(target, self.container, st)
-                cmd = upload_cmd(tool, self.src, self.recursive, self.container, target, tmp, st)
-                relay = self.link.relay.pid if self.link.relay is not None else None
-                res = measure(run, cmd, env_for(target, tmp), tmp, azurite, st, helper_pgid=relay)
-                problems = exit_problems(res, st) + check_listing(target, self.container, st, self.expect(tool))
-                if run.wall_s == run.wall_s:
-                    run.extra["mbit_s"] = self.total_bytes * 8 / run.wall_s / 1e6
-                    if tool == "blobsync-cap":
-                        run.extra["cap_accuracy"] = run.extra["mbit_s"] / st.cap_mbps
-                finish(run, problems, tmp)
-            except BenchError:
-                raise
-            except Exception as exc:
-                run.error = f"benchmark harness error: {exc!r}"
-            finally:
-                azurite.stop()
+        with run_dir(tool, st) as tmp, recorded(run), Azurite(tmp, netns=self.link.srv) as azurite:
+            target = Target(self.link.endpoint, netns=self.link.cli)
+            mkcontainer(target, self.container, st)
+            cmd = upload_cmd(tool, self.src, self.recursive, self.container, target, tmp, st)
+            relay = self.link.relay.pid if self.link.relay is not None else None
+            res = measure(run, cmd, env_for(target, tmp), tmp, azurite, st, helper_pgid=relay)
+            problems = exit_problems(res, st) + check_listing(target, self.container, st, self.expect(tool))
+            if run.wall_s == run.wall_s:
+                run.extra["mbit_s"] = self.total_bytes * 8 / run.wall_s / 1e6
+                if tool == "blobsync-cap":
+                    run.extra["cap_accuracy"] = run.extra["mbit_s"] / st.cap_mbps
+            finish(run, problems, tmp)
         return run
 
     def notes(self) -> list[str]:
