@@ -186,18 +186,30 @@ def test_listing_pages_ahead_and_stopping_early_leaves_nothing_running(container
     names = [f"d/{i:02d}.txt" for i in range(7)]  # 4 pages
     for name in names:
         container.client.upload_blob(name, name.encode())
+    asked: list[str] = []  # the marker of every page requested
+    real_list_page = AzureContainerStore.list_page
 
-    async def first_three() -> tuple[list[str], set[asyncio.Task[object]]]:
+    async def recording_list_page(self: AzureContainerStore, prefix: str = "", marker: str = ""
+                                  ) -> tuple[list[object], str]:
+        asked.append(marker)
+        return await real_list_page(self, prefix, marker)  # type: ignore[return-value]
+
+    monkeypatch.setattr(AzureContainerStore, "list_page", recording_list_page)
+
+    async def first_three() -> tuple[list[str], int, set[asyncio.Task[object]]]:
         got: list[str] = []
+        requested = 0
         async for props in blobsync.aio.list_blobs(container.url + "/d"):
             got.append(props.name)
-            if len(got) == 3:
+            if len(got) == 3:  # the first blob of page 2: page 3 has been asked for already
+                requested = len(asked)
                 break
         await asyncio.sleep(0.2)  # the abandoned generator's clean-up runs
-        return got, {t for t in asyncio.all_tasks() if t is not asyncio.current_task()}
+        return got, requested, {t for t in asyncio.all_tasks() if t is not asyncio.current_task()}
 
-    got, left = asyncio.run(first_three())
-    assert got == names[:3] and not left
+    got, requested, left = asyncio.run(first_three())
+    assert got == names[:3] and requested == 3 and not left
+    monkeypatch.setattr(AzureContainerStore, "list_page", real_list_page)
     assert [p.name for p in blobsync.list_blobs(container.url + "/d")] == names
     report = blobsync.remove(container.url + "/d", recursive=True)
     assert report.files_deleted == 7 and container.blob_names() == []

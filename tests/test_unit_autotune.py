@@ -1,11 +1,15 @@
-"""--concurrency auto: the tuner, fed synthetic goodput samples (no clock, no I/O), and its config."""
+"""--concurrency auto: the tuner, fed synthetic goodput samples (no I/O, a hand-moved clock), and its config."""
 
 from __future__ import annotations
+
+import asyncio
 
 import pytest
 
 from blobsync.config import AUTO_CEILING, AUTO_START, TransferConfig, parse_concurrency
-from blobsync.engine.autotune import ConcurrencyTuner, Sample
+from blobsync.engine.autotune import ConcurrencyTuner, Sample, autotune
+from blobsync.engine.budget import RequestLimiter
+from blobsync.engine.context import Progress
 from blobsync.errors import UsageError
 
 
@@ -97,3 +101,31 @@ def test_concurrency_option_and_journal_round_trip() -> None:
     old = {k: v for k, v in fixed.journal_options().items()}
     old["concurrency"] = 12
     assert TransferConfig.from_journal(old).max_concurrency == 12
+
+
+def test_the_first_sampling_period_is_a_warm_up_the_tuner_never_sees() -> None:
+    """Connection set-up and TCP slow start fill the first period: judged, it made the first doubling always pay."""
+    seen: list[Sample] = []
+
+    class Recording(ConcurrencyTuner):
+        def observe(self, sample: Sample) -> int:
+            seen.append(sample)
+            return self.level  # hold the level: this test is about which periods are judged
+
+    now = [0.0]  # the tuner's clock, moved by hand: each period lasts exactly one second
+
+    async def main() -> None:
+        limiter, progress = RequestLimiter(16, 64), Progress()
+        task = asyncio.create_task(autotune(Recording(16, 64), limiter, progress, period=0.005,
+                                            clock=lambda: now[0]))
+        await asyncio.sleep(0.02)  # autotune takes its starting marks
+        for period in range(4):  # period 0 (the warm-up) moves 1 MB, each later one 10 MB
+            progress.bytes_sent += 1_000_000 if period == 0 else 10_000_000
+            limiter.finished += 16  # a limit's worth of requests finished: the period counts
+            now[0] += 1.0
+            await asyncio.sleep(0.03)  # autotune wakes, samples this period once
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(main())
+    assert [x.rate for x in seen] == [10_000_000.0] * 3  # three judged periods; the 1 MB warm-up is not one

@@ -39,17 +39,28 @@ def _filled(size: int, seed: int) -> memoryview:
     return view
 
 
-def test_aligned_blocks_go_direct_and_the_file_is_exact(tmp_path: Path) -> None:
+def test_aligned_blocks_go_direct_and_the_file_is_exact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     direct_here = _direct_io_works_here(tmp_path)
     target = tmp_path / "out.bin"
     size = 3 * MiB + 123  # two whole blocks, then a last block with a tail that is not a multiple of 4096
     part = PartFile(target, size, keep=False)
+    writes: list[tuple[int, int]] = []  # (descriptor, bytes) of every pwrite
+    real_pwrite = os.pwrite
+
+    def recording_pwrite(fd: int, data: memoryview, offset: int) -> int:
+        writes.append((fd, len(data)))
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(target_mod.os, "pwrite", recording_pwrite)
     first, second, last = _filled(MiB, 1), _filled(MiB, 2), _filled(MiB + 123, 3)
     part.write_view(second, MiB)  # out of order, as ranges finish
     part.write_view(first, 0)
     part.write_view(last, 2 * MiB)
     if direct_here:
-        assert part._direct and part._direct_fd >= 0, "aligned blocks should have been written with O_DIRECT"
+        direct = sum(n for fd, n in writes if fd == part._direct_fd)
+        assert direct == 3 * MiB, "every whole 4 KiB run should have been written with O_DIRECT"
+        assert [n for fd, n in writes if fd == part.fd] == [123]  # only the tail goes through the page cache
+    monkeypatch.undo()
     part.finish(None)
     assert target.read_bytes() == bytes(first) + bytes(second) + bytes(last)
     assert not target.with_name("out.bin.blobsync-part").exists()

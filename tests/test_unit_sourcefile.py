@@ -13,6 +13,16 @@ import pytest
 from blobsync.local.files import INLINE_READ_MAX, OpenFile, looks_cold, warm_if_cold
 
 
+def _evict(path: Path) -> None:
+    """Drop a file from the page cache (dirty pages cannot be dropped, hence the fsync)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
 def test_a_cached_small_file_is_read_without_a_thread(tmp_path: Path) -> None:
     path = tmp_path / "small.bin"
     data = os.urandom(16 * 1024)
@@ -32,9 +42,8 @@ def test_a_small_file_not_in_the_page_cache_is_left_to_a_worker_thread(tmp_path:
     path = tmp_path / "cold.bin"
     data = os.urandom(16 * 1024)
     path.write_bytes(data)
+    _evict(path)
     with OpenFile(path) as src:
-        os.fsync(src.fd)  # dirty pages cannot be dropped
-        os.posix_fadvise(src.fd, 0, 0, os.POSIX_FADV_DONTNEED)
         if src.read_all_cached(len(data)) is not None:
             pytest.skip("this file system served the read without waiting anyway")
         assert src.read_all(len(data)) == (data, hashlib.md5(data).digest())
@@ -45,15 +54,6 @@ def test_a_size_change_is_left_to_the_blocking_read_which_reports_it(tmp_path: P
     path.write_bytes(b"x" * 100)
     with OpenFile(path) as src:
         assert src.read_all_cached(50) is None
-
-
-def _evict(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def test_a_cold_batch_of_small_files_is_read_ahead_and_a_warm_one_is_left_alone(tmp_path: Path) -> None:
