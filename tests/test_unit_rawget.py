@@ -152,3 +152,41 @@ def test_a_body_larger_than_the_range_is_refused() -> None:
 
     with pytest.raises(RawHttpError, match="does not fit"):
         _run(handler, call)
+
+
+def test_a_small_body_goes_out_with_its_head_in_one_write(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Sent apart, the head leaves as a segment of its own and the server pays a read and a parser pass for each
+    # half (Azurite spent ~9% more CPU per small-file upload that way).
+    body = bytes(range(256)) * 64
+    writes: list[int] = []
+    real_connect = RawClient._connect
+
+    async def counting_connect(self: RawClient):  # type: ignore[no-untyped-def]
+        protocol = await real_connect(self)
+        transport = protocol.transport
+        real_write = transport.write
+
+        def write(data: bytes) -> None:
+            writes.append(len(data))
+            real_write(data)
+
+        transport.write = write
+        return protocol
+
+    monkeypatch.setattr(RawClient, "_connect", counting_connect)
+    received: list[bytes] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await _read_request(reader)
+        received.append(await reader.readexactly(len(body)))
+        assert b"content-length: 16384" in head.lower()
+        writer.write(b"HTTP/1.1 201 Created\r\nContent-Length: 0\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    async def call(client: RawClient) -> int:
+        return (await client.request("PUT", "/c/b", {"Content-Length": str(len(body))}, body=memoryview(body))).status
+
+    assert _run(handler, call) == 201
+    assert received == [body]
+    assert len(writes) == 1 and writes[0] > len(body)
