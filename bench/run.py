@@ -31,7 +31,7 @@ from typing import NoReturn
 from harness.azurite import BenchError
 from harness.netns import netns_available
 from harness.report import derived, fmt, report, src_state
-from harness.tools import VENV_PYTHON, Settings, available
+from harness.tools import REFERENCE_TOOLS, UPLOAD_TOOLS, VENV_PYTHON, Settings, available
 from harness.workloads import (
     DEFAULT_CACHE,
     Download,
@@ -108,7 +108,8 @@ def make_workload(name: str, a: argparse.Namespace) -> Workload:
     cache = a.cache_dir
     if name == "upload-large":
         return Upload(name, lambda: large_file(cache, a.large_mib), False,
-                      f"one {size_label(a.large_mib)} file of random bytes up")  # fmt: skip
+                      f"one {size_label(a.large_mib)} file of random bytes up",
+                      tools=(*UPLOAD_TOOLS, *(t for t in REFERENCE_TOOLS if t in a.tools)))  # fmt: skip
     if name == "upload-small":
         return Upload(name, lambda: small_tree(cache, a.small_files, a.small_kib * 1024), True,
                       f"{a.small_files:,} files of {a.small_kib} KiB (random bytes) up, 20 nested folders")  # fmt: skip

@@ -34,3 +34,20 @@ def test_public_names_still_load_on_use() -> None:
                            "from blobsync import aio, sync, watch\nassert aio.diagnose and sync and watch")
     assert {"blobsync.doctor", "blobsync.api", "blobsync.aio"} <= loaded
     assert sorted(dir(blobsync)) == sorted(blobsync.__all__)
+
+
+def test_a_transfer_journals_without_sqlite_utils(tmp_path: Path) -> None:
+    # Its import costs ~45 ms of every transfer's start-up; only the `jobs` commands need its query helpers.
+    statement = (
+        "from blobsync.journal import Journal\n"
+        f"j = Journal({str(tmp_path / 'journal.db')!r})\n"
+        "job = j.create_job('upload', 'src', 'dst', {})\n"
+        "rows = j.add_files(job.id, [('a', 'a', 1, 2, 3)])\n"
+        "j.block_done(rows['a'].id, 0, 1, '00')\n"
+        "j.flush()\n"
+        "assert [b.idx for b in j.blocks(rows['a'].id)] == [0]\n"
+        "assert j.find_unfinished_job('upload', 'src', 'dst') == j.get_job(job.id[:6]) and j.job_cap(job.id) is None\n"
+        "assert 'sqlite_utils' not in sys.modules\n"
+        "assert [s.id for s in j.list_jobs()] == [job.id] and j.job_totals(job.id)['pending']['files'] == 1\n"
+    )
+    assert "sqlite_utils" in _loaded_after(statement)

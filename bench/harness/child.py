@@ -7,6 +7,7 @@ RSS are the client library's own:
     child.py sdk-download CONTAINER BLOB OUT [--validate]
     child.py obstore-upload SRC CONTAINER [--recursive]
     child.py obstore-download CONTAINER BLOB OUT
+    child.py minimal-upload SRC CONTAINER    (a reference ceiling, not a peer: see minimal_upload)
     child.py mkcontainer CONTAINER
     child.py list CONTAINER                  -> {"count": N, "bytes": N} on stdout
 
@@ -122,6 +123,75 @@ def obstore_download(a: argparse.Namespace) -> None:
     asyncio.run(main())
 
 
+MINIMAL_BLOCK = 8 * 1024 * 1024  # blobsync's default block size
+MINIMAL_CONCURRENCY = 16  # blobsync's usual level here (its auto concurrency settles at 16-32)
+
+
+def minimal_upload(a: argparse.Namespace) -> None:
+    """The least work any client can do for one file: read each block, MD5 it, PUT it, commit the list.
+
+    No journal, no whole-file MD5, no verification, no retries, no pacing: a ceiling for what this Azurite
+    allows a client (the issue's "minimal aiohttp client"), against which blobsync's own overhead shows.
+    Shared Key signing by hand, so that the SDK's import is not part of its cost.
+    """
+    import base64
+    import hashlib
+    import hmac
+    from email.utils import formatdate
+    from urllib.parse import urlsplit
+
+    import aiohttp
+
+    if a.recursive:
+        raise SystemExit("minimal-upload sends one file")
+    settings = dict(part.split("=", 1) for part in conn().split(";") if part)
+    account, key = settings["AccountName"], base64.b64decode(settings["AccountKey"])
+    endpoint = settings["BlobEndpoint"].rstrip("/")
+    path = f"{urlsplit(endpoint).path}/{a.container}/{a.src.name}"
+    url = f"{endpoint}/{a.container}/{a.src.name}"
+
+    def signed(length: int, md5: str, query: dict[str, str]) -> dict[str, str]:
+        headers = {"x-ms-date": formatdate(usegmt=True), "x-ms-version": "2023-11-03"}
+        canonical_query = "".join(f"\n{k}:{v}" for k, v in sorted(query.items()))
+        to_sign = (f"PUT\n\n\n{length or ''}\n{md5}\n\n\n\n\n\n\n\n"
+                   + "".join(f"{k}:{v}\n" for k, v in sorted(headers.items()))
+                   + f"/{account}{path}{canonical_query}")
+        signature = base64.b64encode(hmac.new(key, to_sign.encode(), hashlib.sha256).digest()).decode()
+        return {**headers, "Authorization": f"SharedKey {account}:{signature}",
+                **({"Content-MD5": md5} if md5 else {})}
+
+    fd = os.open(a.src, os.O_RDONLY)
+    size = os.fstat(fd).st_size
+    ids = [base64.b64encode(f"{i:08d}".encode()).decode() for i in range(-(-size // MINIMAL_BLOCK))]
+
+    def read(index: int) -> tuple[bytes, str]:
+        data = os.pread(fd, MINIMAL_BLOCK, index * MINIMAL_BLOCK)
+        return data, base64.b64encode(hashlib.md5(data).digest()).decode()
+
+    async def main() -> None:
+        sem = asyncio.Semaphore(MINIMAL_CONCURRENCY)
+        connector = aiohttp.TCPConnector(limit=MINIMAL_CONCURRENCY)
+        async with aiohttp.ClientSession(connector=connector, skip_auto_headers=("Content-Type",)) as session:
+
+            async def put(query: dict[str, str], body: bytes, md5: str = "") -> None:
+                headers = signed(len(body), md5, query)
+                async with session.put(url, params=query, data=body, headers=headers) as resp:
+                    if resp.status != 201:
+                        raise SystemExit(f"{resp.status}: {await resp.text()}")
+
+            async def block(index: int) -> None:
+                async with sem:
+                    data, md5 = await asyncio.to_thread(read, index)
+                    await put({"comp": "block", "blockid": ids[index]}, data, md5)
+
+            await asyncio.gather(*(block(i) for i in range(len(ids))))
+            latest = "".join(f"<Latest>{i}</Latest>" for i in ids)
+            xml = f"<?xml version='1.0' encoding='utf-8'?><BlockList>{latest}</BlockList>"
+            await put({"comp": "blocklist"}, xml.encode())
+
+    asyncio.run(main())
+
+
 def mkcontainer(a: argparse.Namespace) -> None:
     from azure.storage.blob import BlobServiceClient
 
@@ -141,7 +211,7 @@ def list_container(a: argparse.Namespace) -> None:
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="child.py")
     sub = p.add_subparsers(dest="mode", required=True)
-    for mode in ("sdk-upload", "obstore-upload"):
+    for mode in ("sdk-upload", "obstore-upload", "minimal-upload"):
         s = sub.add_parser(mode)
         s.add_argument("src", type=Path)
         s.add_argument("container")
@@ -161,6 +231,7 @@ def main(argv: list[str]) -> int:
         "sdk-download": sdk_download,
         "obstore-upload": obstore_upload,
         "obstore-download": obstore_download,
+        "minimal-upload": minimal_upload,
         "mkcontainer": mkcontainer,
         "list": list_container,
     }[a.mode](a)

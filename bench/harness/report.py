@@ -142,6 +142,8 @@ def target_rows(wl: Workload, med: Med, runs: Sequence[Run], st: Settings) -> li
             rows.append(["blobsync (whole-file MD5) client CPU s/GiB", fmt(m["cpu_s_gib"]),
                          f"<= {TARGET_CPU_S_GIB:.1f}", verdict(ok), f"client {m['client_pct']:.0f}% of a core, "
                          f"Azurite {m['az_pct']:.0f}%"])  # fmt: skip
+        rows.append(ratio_row(med, "blobsync-nomd5", "minimal", "mb_s", "MB/s", None,
+                              "blobsync-nomd5 / minimal (the reference ceiling, same work), MB/s"))  # fmt: skip
         rows += [ratio_row(med, "blobsync", p, "mb_s", "MB/s", None) for p in peers if p != "sdk-validate"]
     elif wl.name == "upload-small":
         rows.append(ratio_row(med, "blobsync", "obstore", "files_s", "files/s", TARGET_SMALL_OBSTORE))

@@ -19,6 +19,7 @@ PYCACHE = Path(tempfile.gettempdir()) / "blobsync-bench-pycache"  # the children
 
 # Which tools exist for which direction. Peers that are not installed are skipped, with a note in the report.
 UPLOAD_TOOLS = ("blobsync", "blobsync-nomd5", "sdk", "sdk-validate", "obstore", "rclone")
+REFERENCE_TOOLS = ("minimal",)  # not peers: run only when named in --tools
 DOWNLOAD_TOOLS = ("blobsync", "blobsync-nocheck", "sdk", "sdk-validate", "obstore", "rclone", "rclone-1stream")
 SYNC_TOOLS = ("blobsync", "rclone")
 
@@ -36,6 +37,9 @@ DESCRIPTIONS = {
     "download: one `get_async` stream",
     "rclone": "Debian rclone, `--transfers 16` (`--checkers 16` for sync; `--multi-thread-streams 8` for a "
     "download), `--retries 1 --low-level-retries 1`, remote `type = azureblob`, `use_emulator = true`, `endpoint`",
+    "minimal": "reference, not a peer: a ~40-line aiohttp client (`child.py minimal-upload`) that reads each 8 MiB "
+    "block, MD5s it and PUTs it, 16 in flight, then commits; no journal, whole-file MD5, checks or retries: the "
+    "ceiling this Azurite allows a client (one file up only)",
     "rclone-1stream": "rclone download with `--multi-thread-streams 0`: one GET, MD5 checked as it arrives",
 }
 
@@ -88,8 +92,8 @@ def available(tool: str, python: Path = VENV_PYTHON, rclone: str = "rclone") -> 
     kind = base_tool(tool)
     if kind == "blobsync":
         return "" if os.access(BLOBSYNC_BIN, os.X_OK) else f"blobsync CLI not found at {BLOBSYNC_BIN}"
-    if kind in ("sdk", "obstore"):
-        module = "azure.storage.blob" if kind == "sdk" else "obstore"
+    if kind in ("sdk", "obstore", "minimal"):
+        module = {"sdk": "azure.storage.blob", "obstore": "obstore", "minimal": "aiohttp"}[kind]
         ok = subprocess.run([str(python), "-c", f"import {module}"], capture_output=True, timeout=120).returncode == 0
         return "" if ok else f"{module} is not importable by {python} (pip install {kind if kind != 'sdk' else ''})"
     if kind == "rclone":
@@ -103,7 +107,7 @@ def tool_version(tool: str, st: Settings) -> str:
         if kind == "rclone":
             out = subprocess.run([st.rclone, "version"], capture_output=True, text=True, timeout=60).stdout
             return out.splitlines()[0] if out else "unknown"
-        dist = {"blobsync": "blobsync", "sdk": "azure-storage-blob", "obstore": "obstore"}[kind]
+        dist = {"blobsync": "blobsync", "sdk": "azure-storage-blob", "obstore": "obstore", "minimal": "aiohttp"}[kind]
         code = f"import importlib.metadata as m; print(m.version({dist!r}))"
         return subprocess.run([str(st.python), "-c", code], capture_output=True, text=True, timeout=60).stdout.strip()
     except (OSError, subprocess.SubprocessError, KeyError):
@@ -178,7 +182,7 @@ def upload_cmd(
         url = f"{target.blob_endpoint}/{container}/"  # trailing slash: the blob keeps the file's name
         cmd = [*_blobsync(tool, st), "cp", str(src), url, *(["-r"] if recursive else []),
                *_blobsync_tail(tool, tmp, st)]  # fmt: skip
-    elif kind in ("sdk", "obstore"):
+    elif kind in ("sdk", "obstore") or (kind == "minimal" and not recursive):
         cmd = [str(st.python), str(CHILD), f"{kind}-upload", str(src), container]
         cmd += ["--recursive"] if recursive else []
         cmd += ["--validate"] if tool == "sdk-validate" else []

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import itertools
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -14,7 +13,7 @@ from blobsync.config import TransferConfig
 from blobsync.engine.context import Progress
 from blobsync.engine.enumerate import index_in_thread
 from blobsync.engine.retry import Retrier
-from blobsync.engine.runner import JobRunner, WorkItem
+from blobsync.engine.runner import JobRunner, WorkItem, batches
 from blobsync.engine.upload import FileUploader
 from blobsync.errors import ExitCode
 from blobsync.journal import JobRow, Journal
@@ -105,7 +104,7 @@ class UploadJob:
     def _batches(self, index: SyncIndex, uploader: FileUploader, report: Report) -> Iterator[WorkItem]:
         entries = index.entries("src")
         pool = uploader.ctx.io_pool
-        while batch := list(itertools.islice(entries, 2000)):
+        for batch in batches(entries):
             warm_if_cold([(self.spec.source / e.rel, e.size) for e in batch], pool.submit)
             yield from self._items(batch, uploader, report, single=False)
 

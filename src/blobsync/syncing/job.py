@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
-import itertools
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -18,7 +17,7 @@ from blobsync.engine.context import EngineContext, Progress
 from blobsync.engine.enumerate import index_in_thread
 from blobsync.engine.mtime import MTIME_KEY, format_mtime, parse_mtime
 from blobsync.engine.retry import Retrier
-from blobsync.engine.runner import JobRunner, WorkItem
+from blobsync.engine.runner import JobRunner, WorkItem, batches
 from blobsync.errors import ExitCode, UnsafeNameError, UsageError
 from blobsync.journal import Journal
 from blobsync.journal.index import Entry, SyncIndex
@@ -304,7 +303,7 @@ class SyncJob:
         uploader = FileUploader(ctx) if spec.upload else None
         downloader = None if spec.upload else FileDownloader(ctx)
         todo = index.todo()
-        while batch := list(itertools.islice(todo, 2000)):
+        for batch in batches(todo):
             if uploader is not None:
                 warm_if_cold([(spec.local / e.rel, e.size) for e, _ in batch], ctx.io_pool.submit)
             rows = self.journal.add_files(job_id, (
