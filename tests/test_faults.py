@@ -70,8 +70,8 @@ def test_transient_faults_are_retried_to_a_verified_blob(
     assert injected >= 1 and (faults is None or injected == faults)
     if "reset" not in getattr(rule.action, "name", ""):
         assert f"; {injected} retries" in out
-    # A reset on a reused keep-alive connection may be retried once inside aiohttp itself, before our policy
-    # sees it, so for resets only the outcome is asserted.
+    # A reset on a reused keep-alive connection looks like one the server dropped while idle, which the HTTP
+    # client retries once by itself before our policy sees it, so for resets only the outcome is asserted.
     assert container.download("f.bin") == data
 
 

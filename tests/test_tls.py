@@ -1,6 +1,6 @@
 """HTTPS end to end (real Azure is HTTPS only): Azurite serving TLS with a self-signed certificate that the
-blobsync process trusts through SSL_CERT_FILE. Both data paths (aiohttp for block bodies, the lean client for
-GETs, listings and small bodies) must verify the certificate and move the bytes intact."""
+blobsync process trusts through SSL_CERT_FILE. Every kind of request (block bodies sent in slices, small bodies in
+one write, ranged GETs into the block buffers, listings) must verify the certificate and move the bytes intact."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def test_upload_download_sync_and_ls_over_https(tls_azurite: tuple[Azurite, Path
     trust = {"SSL_CERT_FILE": str(cert)}
     url = f"{azurite.blob_endpoint}/tls"
     src = tmp_path / "src"
-    big = random_file(src / "big.bin", 5 * MiB + 3, seed=1)  # blocks: aiohttp
+    big = random_file(src / "big.bin", 5 * MiB + 3, seed=1)  # 1 MiB blocks: bodies sent in slices
     small = random_file(src / "small.bin", 1000, seed=2)  # one Put Blob: the lean client
     journal = ["--journal", str(tmp_path / "j.db"), "--block-size-mb", "1", "--quiet"]
 

@@ -133,8 +133,8 @@ def test_cli_watch_rides_out_a_network_outage_and_stops_on_ctrl_c(
         assert next_busy_round()["files_transferred"] == 1  # a.bin, once it settled
         proxy.add_rule(Rule(None, reset_before))  # the network goes away
         data = random_file(src / "b.bin", 3 * MiB, seed=4)
-        # Rounds keep trying. A round makes 2 attempts (--max-retries 1) and aiohttp may retry a reset pooled
-        # connection once more: 6 refused listings mean at least one round failed and a later one tried again.
+        # Rounds keep trying. A round makes 2 attempts (--max-retries 1) and the HTTP client may retry a reset
+        # pooled connection once more: 6 refused listings mean at least one round failed and a later one tried again.
         proxy.wait_until(lambda: proxy.stats.faults["list_blobs"] >= 6, timeout=120)
         proxy.clear_rules()  # and comes back
         back = next_busy_round()

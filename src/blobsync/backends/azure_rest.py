@@ -1,7 +1,7 @@
 """The Azure Blob data path: signs and sends each Blob REST call, maps answers to records and errors.
 
-Bodiless calls (ranged GETs, listings, HEADs, deletes) go through the lean client in rawget.py; calls with a body
-(Put Block, Put Blob, Put Block List) through aiohttp (aiohttp_body.py), loaded on first use."""
+Every call goes through the HTTP/1.1 client in rawget.py: ranged GETs land in the caller's buffer, bodies leave
+from it."""
 
 from __future__ import annotations
 
@@ -32,15 +32,13 @@ from blobsync.backends.base import (
     Conditions,
     PutResult,
 )
-from blobsync.backends.rawget import MAX_BODY, RawClient, RawHttpError
+from blobsync.backends.rawget import RawClient, RawHttpError
 from blobsync.errors import BlobNotFoundError, ContainerNotFoundError, NetworkError, ServiceError
 from blobsync.location import BlobLocation
 from blobsync.redact import redact
 
 if TYPE_CHECKING:
     from xml.etree import ElementTree
-
-    import aiohttp
 
 log = logging.getLogger("blobsync.http")
 
@@ -316,23 +314,15 @@ class AzureContainerStore:
         connections: int = 64,
         connect_timeout: float = 30.0,
         read_timeout: float = 120.0,
-        session: aiohttp.ClientSession | None = None,  # tests may pass their own
         throttle: Throttle | None = None,
     ) -> None:
         self._loc = loc
-        self._throttle = throttle
-        self._stall_timeout = read_timeout
         self._cred = credential
         self._base = loc.container_url
         self._base_path = urlsplit(self._base).path
         self._dates = _DateCache()
-        self._own_session = session is None
-        self._raw = RawClient(loc.scheme, loc.netloc, connect_timeout=connect_timeout,
-                                 stall_timeout=read_timeout, throttle=throttle, max_idle=connections)
-        self._session = session  # aiohttp, made on the first request with a body (see _with_body)
-        self._connections = connections
-        self._connect_timeout = connect_timeout
-        self._read_timeout = read_timeout
+        self._raw = RawClient(loc.scheme, loc.netloc, connect_timeout=connect_timeout, stall_timeout=read_timeout,
+                              throttle=throttle, max_idle=connections)
 
     @property
     def display_url(self) -> str:
@@ -348,8 +338,6 @@ class AzureContainerStore:
 
     async def close(self) -> None:
         self._raw.close()
-        if self._own_session and self._session is not None:
-            await self._session.close()
 
     # --- transport ----------------------------------------------------------------------------------------
 
@@ -385,15 +373,16 @@ class AzureContainerStore:
     ) -> tuple[int, Mapping[str, str], bytes]:
         """One request. With `chunks`, a successful response body is appended there as received (no join)."""
         target, request = await self._sign(method, name, query, headers, body)
-        url = f"{self._loc.scheme}://{self._loc.netloc}{target}"
-        if body is None or (len(body) <= MAX_BODY and self._throttle is None):
-            status, resp_headers, data = await self._lean(method, target, request.headers, body, what)
-            if chunks is not None and status in expect:
-                chunks.append(data)
-                data = b""
-        else:
-            status, resp_headers, data = await self._with_body(method, url, request.headers, body, what)
+        try:
+            raw = await self._raw.request(method, target, request.headers, body=body)
+        except RawHttpError as exc:
+            raise NetworkError(f"{what}: {exc}") from exc
+        status, resp_headers, data = raw.status, raw.headers, raw.body
+        if chunks is not None and status in expect:
+            chunks.append(data)
+            data = b""
         if log.isEnabledFor(logging.DEBUG):  # checked first: this is the hot path
+            url = f"{self._loc.scheme}://{self._loc.netloc}{target}"
             log.debug("%s %s -> %d %s", method, redact(url), status, resp_headers.get("x-ms-error-code", ""))
         if status not in expect:
             raise error_from_response(
@@ -406,23 +395,6 @@ class AzureContainerStore:
                 credential_description=self._cred.description,
             )
         return status, resp_headers, data
-
-    async def _lean(self, method: str, target: str, headers: Mapping[str, str], body: Buffer | None, what: str
-                    ) -> tuple[int, Mapping[str, str], bytes]:
-        try:
-            raw = await self._raw.request(method, target, headers, body=None if body is None else memoryview(body))
-        except RawHttpError as exc:
-            raise NetworkError(f"{what}: {exc}") from exc
-        return raw.status, raw.headers, raw.body
-
-    async def _with_body(self, method: str, url: str, headers: Mapping[str, str], body: Buffer | None, what: str
-                         ) -> tuple[int, Mapping[str, str], bytes]:
-        from blobsync.backends import aiohttp_body  # aiohttp loads with the first upload request only
-
-        if self._session is None:
-            self._session = aiohttp_body.new_session(self._connections, self._connect_timeout, self._read_timeout)
-        return await aiohttp_body.send(self._session, method, url, headers, body, self._throttle,
-                                       self._stall_timeout, what)
 
     # --- operations ---------------------------------------------------------------------------------------
 

@@ -1,32 +1,50 @@
-"""A lean HTTP/1.1 client for requests with no or a small body: ranged reads land in the caller's buffer.
+"""The HTTP/1.1 client of every request: ranged reads land in the caller's buffer, bodies leave from it.
 
-Ranged GETs carry almost every byte of a download. Through aiohttp each byte is copied from the socket into a
+Ranged GETs carry almost every byte of a download. Through aiohttp each byte was copied from the socket into a
 bytes object and handed through its parser and stream; here the socket reads straight into the block buffer
 (asyncio.BufferedProtocol + recv_into). Listings and other small answers are collected whole (Content-Length,
-chunked, or until close). Small bodies (Put Blob of a small file, Put Block List) are sent in one write, which
-costs a fraction of aiohttp's per-request work; large bodies (Put Block) stay on aiohttp, which streams them in
-paced slices under a stall guard and is imported only when such a body comes. One request per connection at a
-time, keep-alive, TLS.
+chunked, or until close). A small body (Put Blob of a small file, Put Block List) goes out with its head in one
+write; a large one (Put Block) in slices, paced by the transport's flow control and the bandwidth cap, under the
+same stall watch as reads (aiohttp did this before: its import alone held every upload's first block back
+~110 ms). One request per connection at a time, keep-alive, TLS.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ssl
+import struct
+import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+
+from blobsync.backends.base import Buffer
+
+
+def _unsent(fd: int) -> int:
+    """Bytes the kernel holds in a socket's send queue (not yet taken by the peer); OSError where it cannot say."""
+    if sys.platform == "win32":  # pragma: no cover
+        raise OSError("no send queue size on this platform")
+    import fcntl
+    import termios
+
+    return int(struct.unpack("i", fcntl.ioctl(fd, termios.TIOCOUTQ, b"\0\0\0\0"))[0])
 
 Throttle = Callable[[int], Awaitable[None]]
 
 _MAX_HEAD = 64 * 1024  # status line + headers; Azure's are ~1 KiB
 _MAX_COLLECTED = 256 * 1024 * 1024  # a listing page is a few MiB; anything far bigger is not for us
 _THROTTLED_READ = 256 * 1024  # under a bandwidth cap, read (and pay for) at most this much at a time
-MAX_BODY = 256 * 1024  # request bodies up to this size are sent here; larger ones stream through aiohttp
+SLICE = 256 * 1024  # a larger body is handed to the transport this much at a time (see send)
 
 
 class RawHttpError(Exception):
     """A transport-level failure: refused, reset, closed early, stalled or malformed."""
+
+    def __init__(self, message: str, *, closed_by_peer: bool = False) -> None:
+        super().__init__(message)
+        self.closed_by_peer = closed_by_peer  # the server closed or reset the connection (not our abort)
 
 
 @dataclass(frozen=True)
@@ -49,6 +67,12 @@ class _Protocol(asyncio.BufferedProtocol):
         # Handed out as a memoryview, never the bytearray itself: asyncio's TLS transport fills a buffer in
         # several reads through `buf[offset:]`, which for a bytearray is a copy, and those bytes would be lost.
         self._scratch_view = memoryview(self._scratch)
+        self._paused = False  # the transport's write buffer is over its high-water mark
+        self._drain: asyncio.Future[None] | None = None  # a body send waiting for the transport to take more
+        self.sending = False  # a request body is still going out
+        self.holding = False  # the bandwidth cap holds the next slice of a body back: not a stall
+        self._fd = -1  # the socket, for its send queue (see moved)
+        self._queued = 0
         self._reset(None, "GET", None)
 
     def _reset(self, sink: memoryview | None, method: str, throttle: Throttle | None) -> None:
@@ -73,6 +97,8 @@ class _Protocol(asyncio.BufferedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        sock = transport.get_extra_info("socket")
+        self._fd = sock.fileno() if sock is not None else -1
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._state == "sink" and self._sink is not None:
@@ -99,26 +125,91 @@ class _Protocol(asyncio.BufferedProtocol):
             self._headers["connection"] = "close"
             self._complete()
         else:
-            self._fail(RawHttpError("the server closed the connection"))
+            self._fail(RawHttpError("the server closed the connection", closed_by_peer=True))
         return None
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        self._fail(RawHttpError(f"connection lost: {exc}" if exc else "connection closed"))
+        self._fail(RawHttpError(f"connection lost: {exc}" if exc else "connection closed", closed_by_peer=True))
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        self.last_activity = time.monotonic()  # the peer took bytes: the body is moving
+        self._wake()
+
+    def moved(self) -> bool:
+        """Whether the peer took bytes of ours since the last call: the kernel's send queue shrank. A body can
+        still be on its way for a while after its last write (the socket buffer holds up to a few MiB)."""
+        if self._fd < 0:
+            return False
+        try:
+            queued = _unsent(self._fd)
+        except OSError:  # not a socket that can say (or closed): fall back to writes and reads
+            self._fd = -1
+            return False
+        moved, self._queued = queued < self._queued, queued
+        return moved
+
+    @property
+    def queued(self) -> int:
+        """Bytes of ours the kernel still held at the last look (see moved)."""
+        return self._queued
+
+    def _wake(self) -> None:
+        if self._drain is not None and not self._drain.done():
+            self._drain.set_result(None)
+        self._drain = None
 
     # --- request life -----------------------------------------------------------------------------------------
 
-    def request(self, method: str, head: bytes, body: bytes | memoryview | None, sink: memoryview | None,
-                throttle: Throttle | None) -> asyncio.Future[RawResponse]:
+    def request(self, method: str, sink: memoryview | None, throttle: Throttle | None
+                ) -> asyncio.Future[RawResponse]:
+        """Expect the answer to a request (sent next, by `send`); `throttle` paces the reading of its body."""
         assert self.transport is not None and self._state == "idle"
         self._reset(sink, method, throttle)
         self._state = "head"
         self._waiter = asyncio.get_running_loop().create_future()
         self.last_activity = time.monotonic()
-        # Small (see RawClient.request), so joined and sent in one write: the head alone would go out as a
-        # segment of its own, and the server would pay a read and a parser pass for each half of the request.
-        self.transport.write(b"".join((head, body)) if body else head)
+        self._queued = 0
         return self._waiter
+
+    async def send(self, head: bytes, body: memoryview | None, throttle: Throttle | None) -> bool:
+        """Send the request; False if its exchange ended (an early answer, a failure) before all of it went.
+
+        The head goes out with the body's first bytes in one write: alone, it would leave as a segment of its
+        own and the server would pay a read and a parser pass for each half of a small request. A body over one
+        SLICE goes in slices: each waits for the bandwidth cap's tokens and for the transport to drain below
+        its high-water mark, so the kernel's buffers, not asyncio's, hold what is in flight (a write the socket
+        cannot take at once is copied into the transport's buffer: slices keep that copy small)."""
+        assert self.transport is not None
+        if body is None or (body.nbytes <= SLICE and throttle is None):
+            self.transport.write(b"".join((head, body)) if body is not None else head)
+            return True
+        self.sending = True
+        try:
+            for start in range(0, body.nbytes, SLICE):
+                piece = body[start:start + SLICE]
+                if throttle is not None:
+                    self.holding = True
+                    try:
+                        await throttle(piece.nbytes)
+                    finally:
+                        self.holding = False
+                        self.last_activity = time.monotonic()
+                while self._paused and self._waiter is not None:
+                    self._drain = asyncio.get_running_loop().create_future()
+                    await self._drain
+                if self._waiter is None or self.closed:  # answered early, or failed: stop sending
+                    return False
+                self.transport.write(b"".join((head, piece)) if start == 0 else piece)
+                if not self._paused:
+                    self.last_activity = time.monotonic()
+            return True
+        finally:
+            self.sending = False
 
     @property
     def received_any(self) -> bool:
@@ -268,6 +359,7 @@ class _Protocol(asyncio.BufferedProtocol):
                 self.transport.resume_reading()
 
     def _complete(self) -> None:
+        self._wake()
         waiter = self._waiter
         length = self._pos if self._state == "sink" else len(self._body)
         response = RawResponse(self._status, dict(self._headers), length, bytes(self._body))
@@ -278,6 +370,7 @@ class _Protocol(asyncio.BufferedProtocol):
             waiter.set_result(response)
 
     def _fail(self, exc: Exception) -> None:
+        self._wake()
         waiter = self._waiter
         self._state = "idle"
         self._sink = None  # never write into the caller's buffer again
@@ -295,7 +388,7 @@ class _Protocol(asyncio.BufferedProtocol):
 
 
 class RawClient:
-    """A small pool of keep-alive connections to one host, for requests without a body."""
+    """A small pool of keep-alive connections to one host."""
 
     def __init__(self, scheme: str, netloc: str, *, connect_timeout: float, stall_timeout: float,
                  throttle: Throttle | None = None, max_idle: int = 64) -> None:
@@ -322,59 +415,71 @@ class RawClient:
         return protocol
 
     async def request(self, method: str, target: str, headers: Mapping[str, str],
-                      sink: memoryview | None = None, body: bytes | memoryview | None = None) -> RawResponse:
-        """Send `method target` (path and query), with a small `body` if given (at most MAX_BODY bytes: it is
-        handed to the transport at once, with no pacing or send-side stall watch); a 2xx answer's body goes into
-        `sink` if given, else it is collected. One retry on a fresh connection when a kept-alive one turns out
-        closed before answering (servers drop idle connections); every other failure is the caller's to retry."""
-        if body is not None and len(body) > MAX_BODY:
-            raise ValueError(f"a body over {MAX_BODY} bytes goes through the streaming path")
+                      sink: memoryview | None = None, body: Buffer | None = None) -> RawResponse:
+        """Send `method target` (path and query) with `body` if given (its Content-Length among `headers`); a
+        2xx answer's body goes into `sink` if given, else it is collected. The bandwidth cap paces a GET's
+        answer and any request's body. One retry on a fresh connection when a kept-alive one turns out closed
+        before answering (servers drop idle connections); every other failure is the caller's to retry."""
         head = (f"{method} {target} HTTP/1.1\r\nHost: {self.netloc}\r\n"
                 + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n").encode("latin-1")
-        throttle = self.throttle if method == "GET" else None
+        view = None if body is None else memoryview(body).cast("B")
         for attempt in range(2):
             while self._idle and self._idle[-1].closed:
                 self._idle.pop()
             reused = bool(self._idle)
             protocol = self._idle.pop() if reused else await self._connect()
             try:
-                response = await self._exchange(protocol, method, head, body, sink, throttle)
-            except RawHttpError:
-                if reused and not protocol.received_any and attempt == 0:
+                response = await self._exchange(protocol, method, head, view, sink)
+            except RawHttpError as exc:
+                # Only a kept-alive connection the server had dropped meanwhile; a stall is the caller's to retry.
+                if reused and exc.closed_by_peer and not protocol.received_any and attempt == 0:
                     continue
                 raise
             except BaseException:
                 protocol.abort("request cancelled")
                 raise
-            if response.headers.get("connection", "").lower() == "close" or len(self._idle) >= self.max_idle:
+            if (protocol.closed or response.headers.get("connection", "").lower() == "close"
+                    or len(self._idle) >= self.max_idle):
                 protocol.abort("not reused")
             else:
                 self._idle.append(protocol)
             return response
         raise AssertionError("unreachable")
 
-    async def _exchange(self, protocol: _Protocol, method: str, head: bytes, body: bytes | memoryview | None,
-                        sink: memoryview | None, throttle: Throttle | None) -> RawResponse:
+    async def _exchange(self, protocol: _Protocol, method: str, head: bytes, body: memoryview | None,
+                        sink: memoryview | None) -> RawResponse:
         if protocol.closed:
-            raise RawHttpError("connection closed")
-        waiter = protocol.request(method, head, body, sink, throttle)
+            raise RawHttpError("connection closed", closed_by_peer=True)
+        waiter = protocol.request(method, sink, self.throttle if method == "GET" else None)
         loop = asyncio.get_running_loop()
 
+        tick = min(1.0, max(0.05, self.stall_timeout / 4))
+
         def watchdog() -> None:
-            # A stall, not a slow body, is what ends a request: the clock restarts with every byte received.
+            # A stall, not a slow transfer, is what ends a request: the clock restarts with every byte the peer
+            # takes (a write, a shrinking send queue) or sends, and stands still while the bandwidth cap holds
+            # a slice of the body back.
             if waiter.done():
                 return
-            idle = time.monotonic() - protocol.last_activity
-            if idle >= self.stall_timeout:
-                protocol.abort(f"no data for {self.stall_timeout:g}s (--stall-timeout)")
+            now = time.monotonic()
+            if protocol.moved() or protocol.holding:
+                protocol.last_activity = now
+            if now - protocol.last_activity < self.stall_timeout:
+                handle[0] = loop.call_later(tick, watchdog)
+            elif protocol.sending or protocol.queued:
+                protocol.abort(f"no progress sending the body for {self.stall_timeout:g}s (the other end stopped "
+                               "reading; --stall-timeout)")
             else:
-                handle[0] = loop.call_later(self.stall_timeout - idle, watchdog)
+                protocol.abort(f"no data for {self.stall_timeout:g}s (--stall-timeout)")
 
-        handle = [loop.call_later(self.stall_timeout, watchdog)]
+        handle = [loop.call_later(tick, watchdog)]
         try:
+            sent = await protocol.send(head, body, self.throttle if body is not None else None)
             response = await waiter
         finally:
             handle[0].cancel()
+        if not sent:  # answered before the whole body went: the connection is out of step, never reuse it
+            protocol.abort("answered before the request body was sent")
         await protocol.paid()  # a body read in one go still takes its time under --cap-mbps
         return response
 
