@@ -12,7 +12,7 @@ import blobsync
 # Loaded on first use only: a no-op sync never needs them (see blobsync/__init__.py and api.py).
 NOT_AT_START = ("blobsync.doctor", "blobsync.syncing.watch", "watchfiles", "blobsync.syncing.remove",
                 "blobsync.engine.download", "blobsync.engine.upload", "blobsync.engine.job",
-                "blobsync.engine.download_job", "xml.etree.ElementTree", "email.utils", "aiohttp")
+                "blobsync.engine.download_job", "xml.etree.ElementTree", "email.utils", "aiohttp", "tenacity")
 
 
 def _loaded_after(statement: str) -> set[str]:

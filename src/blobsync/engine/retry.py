@@ -7,11 +7,12 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeVar
-
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, stop_after_delay
+from typing import TYPE_CHECKING, TypeVar
 
 from blobsync.errors import TransientError
+
+if TYPE_CHECKING:
+    from tenacity import RetryCallState
 
 T = TypeVar("T")
 
@@ -73,6 +74,9 @@ class Retrier:
         if self._on_retry is not None:
             self._on_retry(first, delay)
         await asyncio.sleep(delay)
+        # Imported here, at the first failure: a run without one never needs it (~5 ms of start-up).
+        from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, stop_after_delay
+
         remaining = self.policy.deadline - (time.monotonic() - started)
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self.policy.max_attempts - 1) | stop_after_delay(max(0.0, remaining)),
