@@ -31,7 +31,7 @@ def test_harness_smoke_run(tmp_path: Path) -> None:
     cmd = [
         sys.executable, str(RUN), "upload-large", "upload-small", "noop-sync",
         "--large-mib", "4", "--small-files", "20", "--noop-files", "50", "--repeat", "1",
-        "--tools", "blobsync,sdk", "--quick", "--markdown",
+        "--tools", "blobsync,sdk,minimal", "--quick", "--markdown",
         "--cache-dir", str(tmp_path / "cache"), "--out", str(report), "--json", str(raw), "--timeout", "120",
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
@@ -40,7 +40,8 @@ def test_harness_smoke_run(tmp_path: Path) -> None:
 
     runs = json.loads(raw.read_text())
     assert set(runs) == {"upload-large", "upload-small", "noop-sync"}
-    assert runs["upload-large"]["tools"] == ["blobsync", "sdk"]
+    assert runs["upload-large"]["tools"] == ["blobsync", "sdk", "minimal"]  # the reference: one file up only
+    assert runs["upload-small"]["tools"] == ["blobsync", "sdk"]
     assert runs["noop-sync"]["tools"] == ["blobsync"]  # the SDK has no sync: not a tool of that workload
     for name, data in runs.items():
         assert data["runs"], name
@@ -55,7 +56,7 @@ def test_harness_smoke_run(tmp_path: Path) -> None:
     for heading in ("#### `upload-large`", "#### `upload-small`", "#### `noop-sync`"):
         assert heading in text
     assert "| Tool | Valid runs | Wall s | MB/s |" in text
-    assert "| blobsync | 1/1 |" in text and "| sdk | 1/1 |" in text
+    assert "| blobsync | 1/1 |" in text and "| sdk | 1/1 |" in text and "| minimal | 1/1 |" in text
     assert "Against the targets" in text
     assert "blobsync / sdk, files/s" in text  # a ratio row of upload-small
     assert "Azurite" in text and "2-core" in text  # every report says what bounds its figures
