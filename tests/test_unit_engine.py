@@ -193,3 +193,40 @@ def test_request_limiter_backs_off_and_recovers() -> None:
     assert limiter.limit == 5
     asyncio.run(succeed(1000))
     assert limiter.limit == 16  # never above the configured maximum
+
+
+def test_a_thread_job_keeps_its_buffer_however_often_the_caller_is_cancelled() -> None:
+    # The buffer goes back to the pool when the awaiting call returns; a second cancellation arriving while it
+    # waits for the thread (a gather cancelling its children, then the parent cancelling them again) must not
+    # let it return while the thread still reads the buffer.
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from blobsync.engine.download import _in_thread
+
+    buf = bytearray(b"x" * 1024)
+    started, seen = threading.Event(), []
+
+    def job(view: memoryview) -> None:
+        started.set()
+        time.sleep(0.3)
+        seen.append(bytes(view[:1]))  # raises ValueError if the view was released meanwhile
+
+    async def scenario() -> float:
+        loop = asyncio.get_running_loop()
+        with ThreadPoolExecutor(1) as pool:
+            view = memoryview(buf)
+            task = asyncio.ensure_future(_in_thread(loop, pool, job, view))
+            await loop.run_in_executor(None, started.wait)
+            t0 = time.monotonic()
+            for _ in range(3):
+                task.cancel()
+                await asyncio.sleep(0.02)
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            view.release()
+            return time.monotonic() - t0
+
+    waited = asyncio.run(scenario())
+    assert seen == [b"x"] and waited >= 0.2
