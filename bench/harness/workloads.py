@@ -648,4 +648,7 @@ class SparseRss(Upload):
             "(`--location`, not `--inMemoryPersistence`): its in-memory store is capped at 50% of RAM (12 GiB here), "
             "below 20 GiB. The disk writes make Azurite slower than in the other workloads; only peak RSS "
             "matters here.",
+            "Block buffers are pooled: peak RSS is the high-water mark of buffers in use at once, which a longer run "
+            "pushes further (a slow request holds its buffer while later blocks are read) up to the `--memory-mb` "
+            "budget (256 MiB), and no further. The check is that bound; the ratio of sizes is for information.",
         ]
