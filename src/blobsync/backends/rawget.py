@@ -21,6 +21,13 @@ from dataclasses import dataclass
 
 from blobsync.backends.base import Buffer
 
+Throttle = Callable[[int], Awaitable[None]]
+
+_MAX_HEAD = 64 * 1024  # status line + headers; Azure's are ~1 KiB
+_MAX_COLLECTED = 256 * 1024 * 1024  # a listing page is a few MiB; anything far bigger is not for us
+_THROTTLED_READ = 256 * 1024  # under a bandwidth cap, read (and pay for) at most this much at a time
+SLICE = 256 * 1024  # a larger body is handed to the transport this much at a time (see send)
+
 
 def _unsent(fd: int) -> int:
     """Bytes the kernel holds in a socket's send queue (not yet taken by the peer); OSError where it cannot say."""
@@ -30,13 +37,6 @@ def _unsent(fd: int) -> int:
     import termios
 
     return int(struct.unpack("i", fcntl.ioctl(fd, termios.TIOCOUTQ, b"\0\0\0\0"))[0])
-
-Throttle = Callable[[int], Awaitable[None]]
-
-_MAX_HEAD = 64 * 1024  # status line + headers; Azure's are ~1 KiB
-_MAX_COLLECTED = 256 * 1024 * 1024  # a listing page is a few MiB; anything far bigger is not for us
-_THROTTLED_READ = 256 * 1024  # under a bandwidth cap, read (and pay for) at most this much at a time
-SLICE = 256 * 1024  # a larger body is handed to the transport this much at a time (see send)
 
 
 class RawHttpError(Exception):
@@ -179,8 +179,8 @@ class _Protocol(asyncio.BufferedProtocol):
     async def send(self, head: bytes, body: memoryview | None, throttle: Throttle | None) -> bool:
         """Send the request; False if its exchange ended (an early answer, a failure) before all of it went.
 
-        The head goes out with the body's first bytes in one write: alone, it would leave as a segment of its
-        own and the server would pay a read and a parser pass for each half of a small request. A body over one
+        The head goes out with the body's first bytes in one write: alone, it would cost a send and a TCP
+        segment of its own (obstore and the SDK send a small request in one write too). A body over one
         SLICE goes in slices: each waits for the bandwidth cap's tokens and for the transport to drain below
         its high-water mark, so the kernel's buffers, not asyncio's, hold what is in flight (a write the socket
         cannot take at once is copied into the transport's buffer: slices keep that copy small)."""
