@@ -16,6 +16,7 @@ from blobsync.engine.budget import BlockBuffer, Window
 from blobsync.engine.context import EngineContext
 from blobsync.engine.mtime import destination_mtime_ns
 from blobsync.engine.plan import block_count, block_ranges
+from blobsync.engine.tasks import cancel_all, gather_or_cancel
 from blobsync.errors import ConflictError, IntegrityError
 from blobsync.journal import FileRow
 from blobsync.local.target import PartFile, current_boot_id, part_path
@@ -229,11 +230,9 @@ class FileDownloader:
                         hashing.append(hash_range(buf, length))
                     while hashing and hashing[0].done():
                         hashing.pop(0).result()
-                await asyncio.gather(*hashing)
+                await gather_or_cancel(hashing)
             except BaseException:
-                for task in hashing:
-                    task.cancel()
-                await asyncio.gather(*hashing, return_exceptions=True)
+                await cancel_all(hashing)
                 raise
 
         hasher = asyncio.create_task(hash_in_order()) if whole is not None else None

@@ -23,6 +23,7 @@ from blobsync.engine.plan import (
     choose_block_size,
     new_nonce,
 )
+from blobsync.engine.tasks import cancel_all, gather_or_cancel
 from blobsync.errors import ConflictError, IntegrityError, InvalidBlockListError, ServiceError, SourceChangedError
 from blobsync.journal import FileRow
 from blobsync.local.files import INLINE_READ_MAX, FileIdentity, OpenFile
@@ -252,13 +253,13 @@ class FileUploader:
                     tasks.add(asyncio.create_task(
                         self._send_block(row, plan.blob, idx, bid, view, buf, md5, last_hash, window)))
             if tasks:
-                await _gather_or_cancel(tasks)
+                await gather_or_cancel(tasks)
             if last_hash is not None:
                 await last_hash
             if src.identity() != plan.identity:
                 raise SourceChangedError(f"{path}: file changed while it was being uploaded; nothing committed")
         except BaseException:
-            await _cancel_all(tasks)
+            await cancel_all(tasks)
             raise
 
         whole_md5 = whole.digest() if whole is not None else None
@@ -361,26 +362,3 @@ class FileUploader:
 def _guess_type(path: Path) -> str:
     guessed, _ = mimetypes.guess_type(path.name, strict=False)
     return guessed or "application/octet-stream"
-
-
-async def _gather_or_cancel(tasks: set[asyncio.Task[int]]) -> None:
-    """Wait for every task; on the first failure cancel the rest and raise that failure."""
-    pending = set(tasks)
-    while pending:
-        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
-        for task in done:
-            if task.exception() is not None:
-                await _cancel_all(tasks)
-                task.result()
-
-
-async def _cancel_all(tasks: set[asyncio.Task[int]]) -> None:
-    """Cancel what still runs and collect every outcome, so no failure is left 'never retrieved'."""
-    live = [t for t in tasks if not t.done()]
-    for task in live:
-        task.cancel()
-    if live:
-        await asyncio.wait(live)
-    for task in tasks:
-        if not task.cancelled():
-            task.exception()  # marks it retrieved; the first failure is raised by the caller

@@ -13,6 +13,7 @@ from pathlib import Path
 from blobsync.backends.base import BlobProperties, ContainerStore
 from blobsync.engine.context import Progress
 from blobsync.engine.retry import Retrier, RetryPolicy
+from blobsync.engine.tasks import cancel_all, gather_or_cancel
 from blobsync.errors import AuthError, BlobNotFoundError, BlobsyncError, ContainerNotFoundError, UsageError
 from blobsync.location import BlobLocation
 from blobsync.report import FileResult, FileStatus, Report
@@ -133,11 +134,9 @@ class RemoveJob:
 
         tasks = [asyncio.create_task(produce()), *(asyncio.create_task(consume()) for _ in range(workers))]
         try:
-            await asyncio.gather(*tasks)
+            await gather_or_cancel(tasks)
         except BaseException:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await cancel_all(tasks)
             raise
 
     async def _listed(self, report: Report) -> AsyncIterator[tuple[str, BlobProperties]]:
