@@ -21,6 +21,7 @@ if _TESTS_DIR not in sys.path:
     sys.path.insert(0, _TESTS_DIR)
 
 from support.azurite import Azurite  # noqa: E402
+from support.processes import kill_tree, leftover_children  # noqa: E402
 from support.proxy import FaultProxy  # noqa: E402
 
 
@@ -38,6 +39,18 @@ class ContainerHandle:
 
     def blob_names(self) -> list[str]:
         return sorted(b.name for b in self.client.list_blobs())
+
+
+@pytest.fixture(autouse=True)
+def no_child_left_behind() -> Iterator[None]:
+    """A test that leaves a child process running fails, and the child (with its process group) is killed, so
+    pytest never waits on it at exit."""
+    yield
+    left = leftover_children()
+    for pid, _ in left:
+        kill_tree(pid)
+    if left:
+        pytest.fail("left child processes running (killed now): " + "; ".join(f"{pid} {cmd}" for pid, cmd in left))
 
 
 @pytest.fixture(scope="session")

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from blobsync import stopping
 from blobsync.backends.azure_auth import resolve_credential
 from blobsync.backends.azure_rest import AzureContainerStore
 from blobsync.backends.base import BlobProperties
@@ -43,7 +44,7 @@ def _blocking(coro: Coroutine[Any, Any, T]) -> T:
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(coro)
+        return stopping.run(coro)
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="blobsync") as pool:
         return pool.submit(asyncio.run, coro).result()
 
@@ -389,7 +390,7 @@ async def list_blobs_async(
     store = AzureContainerStore(loc, resolve_credential(loc, env))
     retrier = Retrier(RetryPolicy(max_attempts=max_retries + 1))
     try:
-        async for _, props in blobs_at(store, loc.path, retrier):
+        async for _, props in blobs_at(store, loc.path, retrier.call):
             yield props
     finally:
         await store.close()

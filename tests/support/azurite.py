@@ -16,6 +16,8 @@ import weakref
 from pathlib import Path
 from types import TracebackType
 
+from support.processes import LONG_LIVED
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 AZURITE_BIN = REPO_ROOT / ".tools/azurite/node_modules/.bin/azurite-blob"
 
@@ -141,6 +143,7 @@ class Azurite:
             )
         finally:
             log.close()
+        LONG_LIVED.add(self._proc.pid)
         # Backstop for interpreter exit without stop(); detached by stop().
         self._finalizer = weakref.finalize(self, _kill_group, self._proc.pid)
         try:

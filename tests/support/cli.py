@@ -10,6 +10,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from support.processes import as_from_a_terminal
 from support.proxy import FaultProxy
 
 
@@ -26,13 +27,16 @@ def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
 
 def run(args: Sequence[str], env: Mapping[str, str] | None = None, timeout: float = 120,
         **kwargs: object) -> subprocess.CompletedProcess[str]:
+    kwargs.setdefault("preexec_fn", as_from_a_terminal)
     return subprocess.run(blobsync_cmd(*args), env=clean_env(env), capture_output=True, text=True,
                           timeout=timeout, check=False, **kwargs)  # type: ignore[call-overload, no-any-return]
 
 
 def start(args: Sequence[str], env: Mapping[str, str] | None = None) -> subprocess.Popen[str]:
+    """blobsync as a command typed at a terminal (SIGINT at its default); the conftest guard kills it if the
+    test does not."""
     return subprocess.Popen(blobsync_cmd(*args), env=clean_env(env), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=as_from_a_terminal)
 
 
 def random_file(path: Path, size: int, seed: int = 0) -> bytes:

@@ -31,6 +31,8 @@ from blobsync.backends.base import (
     Buffer,
     Conditions,
     PutResult,
+    Requester,
+    direct,
 )
 from blobsync.backends.rawget import RawClient, RawHttpError
 from blobsync.errors import BlobNotFoundError, ContainerNotFoundError, NetworkError, ServiceError
@@ -557,14 +559,15 @@ class AzureContainerStore:
         return dataclasses.replace(props, size=int(total) if total.isdigit() else props.size,
                                    content_md5=base64.b64decode(md5) if md5 else None)
 
-    async def list_blobs(self, prefix: str = "", *, expected: Callable[[], int | None] | None = None
-                         ) -> AsyncIterator[BlobProperties]:
+    async def list_blobs(self, prefix: str = "", *, expected: Callable[[], int | None] | None = None,
+                         request: Requester = direct) -> AsyncIterator[BlobProperties]:
         """Every blob under `prefix`, with properties and metadata, one page (up to 5,000) at a time.
 
         The next page is requested as soon as this page's marker is known, before this page is parsed: the
         service prepares page n+1 while we parse page n. Only the last page's parse overlaps nothing, so when
         `expected()` (how many blobs the caller expects in all, e.g. a sync's local file count; None while
-        unknown) says the rest fits in one page, the rest is asked for as a page and a small last page."""
+        unknown) says the rest fits in one page, the rest is asked for as a page and a small last page.
+        Each page is one `request` (the engine's request path: a failed page is retried alone)."""
         listed = 0
         split = False
 
@@ -578,21 +581,21 @@ class AzureContainerStore:
                     return left - left // _LAST_PAGE_PART
             return self.page_size
 
-        ahead = asyncio.ensure_future(self._list_body(prefix, "", next_size()))
+        ahead = asyncio.ensure_future(self._page(request, prefix, "", next_size()))
         try:
             while True:
                 body = await ahead
                 listed += body.count(b"<Blob>")
                 guess = _next_marker_guess(body)
                 if guess:
-                    ahead = asyncio.ensure_future(self._list_body(prefix, guess, next_size()))
+                    ahead = asyncio.ensure_future(self._page(request, prefix, guess, next_size()))
                     # A task runs only once the loop gets control, and parsing (and the consumer of this page)
                     # never gives it: without this yield the request left only after the page was consumed.
                     await asyncio.sleep(0)
                 page, marker = _parse_listing(body)
                 if marker != guess:  # an escaping the quick scan got wrong: ask again, properly
                     ahead.cancel()
-                    ahead = asyncio.ensure_future(self._list_body(prefix, marker, self.page_size))
+                    ahead = asyncio.ensure_future(self._page(request, prefix, marker, self.page_size))
                 for props in page:
                     yield props
                 if not marker:
@@ -601,6 +604,9 @@ class AzureContainerStore:
             if not ahead.done():
                 ahead.cancel()
                 await asyncio.wait([ahead])
+
+    async def _page(self, request: Requester, prefix: str, marker: str, size: int) -> bytes:
+        return await request(lambda: self._list_body(prefix, marker, size))
 
     async def list_page(self, prefix: str = "", marker: str = "") -> tuple[list[BlobProperties], str]:
         """One List Blobs request: up to 5,000 blobs from `marker` on, and the marker of the next page ('')."""

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import Enum
-from typing import Protocol
+from typing import Protocol, TypeVar
+
+T = TypeVar("T")
 
 
 class BlockState(Enum):
@@ -70,6 +72,17 @@ class Conditions:
 
 NO_CONDITIONS = Conditions()
 
+
+class Requester(Protocol):
+    """Runs one request's attempts: the engine passes its request path (limits, retries, counters)."""
+
+    async def __call__(self, attempt: Callable[[], Awaitable[T]]) -> T: ...
+
+
+async def direct(attempt: Callable[[], Awaitable[T]]) -> T:
+    """One try, no retries: the Requester of a caller that retries on its own."""
+    return await attempt()
+
 Buffer = bytes | bytearray | memoryview
 
 
@@ -112,8 +125,8 @@ class ContainerStore(Protocol):
         self, name: str, offset: int, buf: memoryview, if_match: str | None = None
     ) -> BlobProperties: ...
 
-    def list_blobs(self, prefix: str = "", *, expected: Callable[[], int | None] | None = None
-                   ) -> AsyncIterator[BlobProperties]: ...
+    def list_blobs(self, prefix: str = "", *, expected: Callable[[], int | None] | None = None,
+                   request: Requester = direct) -> AsyncIterator[BlobProperties]: ...
 
     async def list_page(self, prefix: str = "", marker: str = "") -> tuple[list[BlobProperties], str]: ...
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -21,6 +20,7 @@ from blobsync.errors import BlobsyncError, ExitCode
 from blobsync.events import Subscriber
 from blobsync.redact import RedactingFilter, redact, strip_query
 from blobsync.report import Report
+from blobsync.stopping import stop_on_signals
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -103,21 +103,12 @@ def start_output(command: str, output_type: str, **fields: object) -> JsonLines 
     return _json_out
 
 
-def sigterm_as_interrupt() -> None:
-    """Treat SIGTERM like Ctrl-C: asyncio's SIGINT handling cancels the job cleanly and it stays resumable."""
-
-    def handler(signum: int, frame: object) -> None:
-        signal.raise_signal(signal.SIGINT)
-
-    signal.signal(signal.SIGTERM, handler)
-
-
 def run_job(call: Callable[[Progress], Report], *, quiet: bool, json_out: JsonLines | None,
             interval: float | None, dry_run: bool = False, show_files: bool = True) -> None:
     """Run a job with its progress display, then print the summary and exit with the report's code."""
     subscribers: Sequence[Subscriber] = (JsonEvents(json_out),) if json_out is not None and show_files else ()
     progress = Progress(subscribers=subscribers)
-    sigterm_as_interrupt()
+    stop_on_signals()
     display = contextlib.nullcontext() if quiet else ProgressDisplay(progress, interval=interval,
                                                                          json_out=json_out)
     try:

@@ -18,7 +18,6 @@ from blobsync.cli.common import (
     output_options,
     run_job,
     setup_logging,
-    sigterm_as_interrupt,
     start_output,
 )
 from blobsync.cli.doctor import doctor
@@ -29,6 +28,7 @@ from blobsync.engine.context import Progress
 from blobsync.errors import BlobsyncError, ExitCode, UsageError
 from blobsync.redact import redact
 from blobsync.report import Report
+from blobsync.stopping import stop_on_signals
 from blobsync.syncing.compare import CompareMode
 from blobsync.syncing.filters import Filters
 from blobsync.syncing.job import Action, DeleteMode, parse_max_delete
@@ -238,7 +238,7 @@ def _run_watch(source: str, destination: str, config: TransferConfig, *, settle:
     def on_error(exc: BlobsyncError, delay: float) -> None:
         click.echo(f"blobsync: {redact(str(exc))}; retrying in {delay:.0f}s", err=True)
 
-    sigterm_as_interrupt()
+    stop_on_signals()
     try:
         api.watch(source, destination, config, settle=settle, filters=filters, compare=compare, delete=delete,
                   max_delete=max_delete, on_round=on_round, on_error=on_error)

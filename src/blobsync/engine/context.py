@@ -81,32 +81,53 @@ class Progress:
                             type(exc).__name__, redact(str(exc)))
 
 
+class RequestPath:
+    """The one path every service request of a job takes: a slot of the adaptive limit for each try, the
+    retry policy around the tries, and the counters the report and the progress display read."""
+
+    def __init__(self, limiter: RequestLimiter, retrier: Retrier, progress: Progress) -> None:
+        self.limiter = limiter
+        self.retrier = retrier
+        self.progress = progress
+
+    async def __call__(self, attempt: Callable[[], Awaitable[T]]) -> T:
+        limiter, progress = self.limiter, self.progress
+
+        async def limited() -> T:
+            async with limiter.slot():
+                try:
+                    result = await attempt()
+                except ThrottledError:
+                    limiter.on_throttled()
+                    progress.throttled = limiter.throttled
+                    progress.concurrency = limiter.limit
+                    raise
+            await limiter.on_success()
+            progress.concurrency = limiter.limit
+            return result
+
+        return await self.retrier.call(limited)
+
+
 @dataclass
 class EngineContext:
     store: ContainerStore
     journal: Journal
     config: TransferConfig
     memory: MemoryBudget
-    limiter: RequestLimiter
-    retrier: Retrier
+    requests: RequestPath
     io_pool: ThreadPoolExecutor  # positional reads + per-block MD5
     hash_pool: ThreadPoolExecutor  # whole-file MD5, one thread: updates stay in order per file
     progress: Progress
 
+    @property
+    def limiter(self) -> RequestLimiter:
+        return self.requests.limiter
+
+    @property
+    def retrier(self) -> Retrier:
+        return self.requests.retrier
+
     async def request(self, attempt: Callable[[], Awaitable[T]]) -> T:
         """One service request under the retry policy, each try holding one request slot."""
-
-        async def limited() -> T:
-            async with self.limiter.slot():
-                try:
-                    result = await attempt()
-                except ThrottledError:
-                    self.limiter.on_throttled()
-                    self.progress.throttled = self.limiter.throttled
-                    self.progress.concurrency = self.limiter.limit
-                    raise
-            await self.limiter.on_success()
-            self.progress.concurrency = self.limiter.limit
-            return result
-
-        return await self.retrier.call(limited)
+        return await self.requests(attempt)

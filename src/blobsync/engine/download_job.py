@@ -12,7 +12,6 @@ from blobsync.config import TransferConfig
 from blobsync.engine.context import Progress
 from blobsync.engine.download import FileDownloader
 from blobsync.engine.mtime import destination_mtime_ns
-from blobsync.engine.retry import Retrier
 from blobsync.engine.runner import JobRunner, WorkItem
 from blobsync.errors import BlobNotFoundError, ExitCode, UnsafeNameError, UsageError
 from blobsync.journal import JobRow, Journal
@@ -40,22 +39,19 @@ class DownloadJob:
     async def _enumerate(self) -> tuple[Path, list[tuple[str, BlobProperties]]]:
         """The local root and (relative name, blob) pairs to fetch."""
         spec = self.spec
-        retrier = Retrier(self.runner.retry_policy())
+        request = self.runner.requests
         name = spec.source.path
         if spec.config.recursive:
             prefix = name if not name or name.endswith("/") else name + "/"
             if spec.dest.exists() and not spec.dest.is_dir():
                 raise UsageError(f"destination {str(spec.dest)!r} is a file: -r needs a folder")
 
-            async def listing() -> list[BlobProperties]:
-                return [b async for b in self.store.list_blobs(prefix)]
-
-            blobs = await retrier.call(listing)
+            blobs = [b async for b in self.store.list_blobs(prefix, request=request)]
             return spec.dest, [(b.name[len(prefix):], b) for b in blobs if not b.name.endswith("/")]
         if not name or name.endswith("/"):
             raise UsageError(f"{spec.source.display!r} names no blob: add the blob's name, or pass -r to download "
                              "everything under a prefix")
-        props = await retrier.call(lambda: self.store.get_properties(name))
+        props = await request(lambda: self.store.get_properties(name))
         if props is None:
             raise BlobNotFoundError(f"blob {name!r} not found in container {spec.source.container!r}",
                                     hint="check the URL (names are case-sensitive)")

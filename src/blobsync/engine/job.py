@@ -12,7 +12,6 @@ from blobsync.backends.base import ContainerStore
 from blobsync.config import TransferConfig
 from blobsync.engine.context import Progress
 from blobsync.engine.enumerate import index_in_thread
-from blobsync.engine.retry import Retrier
 from blobsync.engine.runner import JobRunner, WorkItem, batches
 from blobsync.engine.upload import FileUploader
 from blobsync.errors import ExitCode
@@ -69,8 +68,7 @@ class UploadJob:
         check_source(spec.source, spec.config.recursive)
         job = self.runner.open_job(str(spec.source), spec.dest.display)
         report = Report(job.id, str(spec.source), spec.dest.display, listener=self.runner.progress.finished)
-        if spec.config.create_container and await Retrier(self.runner.retry_policy()).call(
-                self.store.create_container):
+        if spec.config.create_container and await self.runner.requests(self.store.create_container):
             log.info("created container %s", spec.dest.container)
         ctx = self.runner.new_context()
         uploader = FileUploader(ctx)

@@ -85,4 +85,11 @@ class Retrier:
             before_sleep=self._before_sleep,
             reraise=True,
         )
-        return await retrying(attempt)
+
+        async def again() -> T:
+            # A coroutine function of our own: tenacity decides sync or async by inspecting what it is
+            # given, and an `attempt` that is a lambda or a callable object returning an awaitable looks
+            # sync to it (it would hand back the coroutine unrun).
+            return await attempt()
+
+        return await retrying(again)

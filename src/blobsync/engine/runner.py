@@ -17,7 +17,7 @@ from blobsync.config import AUTO_CEILING, AUTO_START, TransferConfig
 from blobsync.engine.autotune import ConcurrencyTuner, autotune
 from blobsync.engine.bandwidth import TokenBucket
 from blobsync.engine.budget import MemoryBudget, RequestLimiter
-from blobsync.engine.context import EngineContext, Progress
+from blobsync.engine.context import EngineContext, Progress, RequestPath
 from blobsync.engine.controls import follow_cap
 from blobsync.engine.retry import Retrier, RetryPolicy
 from blobsync.errors import (
@@ -74,6 +74,10 @@ class JobRunner:
         self.progress = progress or Progress()
         self.job = job
         self.bandwidth: TokenBucket | None = None  # the --cap-mbps bucket, if any (set by the api), to re-cap live
+        # One request path for the whole job: listings, container creation, transfers and deletes share its
+        # limit and its retry count.
+        self.requests = RequestPath(RequestLimiter(config.start_concurrency, config.max_concurrency),
+                                    Retrier(self.retry_policy(), on_retry=self._on_retry), self.progress)
 
     def open_job(self, source: str, dest: str) -> JobRow:
         """Resume the unfinished job for (source, dest) if there is one, else start a new one."""
@@ -95,9 +99,7 @@ class JobRunner:
     def new_context(self) -> EngineContext:
         cfg = self.config
         return EngineContext(
-            self.store, self.journal, cfg, MemoryBudget(cfg.memory),
-            RequestLimiter(cfg.start_concurrency, cfg.max_concurrency),
-            Retrier(self.retry_policy(), on_retry=self._on_retry),
+            self.store, self.journal, cfg, MemoryBudget(cfg.memory), self.requests,
             ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2) + 2), thread_name_prefix="bs-io"),
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="bs-md5"),
             self.progress,
@@ -171,16 +173,21 @@ class JobRunner:
             for helper in helpers:
                 helper.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)
-            report.retries += ctx.retrier.retries
-            report.throttled += ctx.limiter.throttled
-            if ctx.limiter.cuts:
-                report.lowest_concurrency = ctx.limiter.lowest
+            self.tally(report)
             report.concurrency_auto = tuner is not None
             report.concurrency = tuner.settled if tuner is not None else ctx.limiter.target
             report.concurrency_peak = tuner.peak if tuner is not None else ctx.limiter.maximum
             self.journal.flush()
             ctx.io_pool.shutdown(wait=True)
             ctx.hash_pool.shutdown(wait=True)
+
+    def tally(self, report: Report) -> None:
+        """The request path's counters into the report (again after work outside the transfers: deletes)."""
+        limiter = self.requests.limiter
+        report.retries = self.requests.retrier.retries
+        report.throttled = limiter.throttled
+        if limiter.cuts:
+            report.lowest_concurrency = limiter.lowest
 
     def _on_retry(self, error: BaseException, delay: float) -> None:
         self.progress.retries += 1

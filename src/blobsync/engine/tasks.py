@@ -1,10 +1,12 @@
-"""Groups of asyncio tasks: wait for all, and on a failure cancel the rest and collect every outcome."""
+"""Groups of asyncio tasks: wait for all, on a failure cancel the rest and collect every outcome; bounded pools."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection
-from typing import Any
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Collection, Iterable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 async def gather_or_cancel(tasks: Collection[asyncio.Future[Any]]) -> None:
@@ -28,3 +30,42 @@ async def cancel_all(tasks: Collection[asyncio.Future[Any]]) -> None:
     for task in tasks:
         if not task.cancelled():
             task.exception()  # marks it retrieved; the first failure is raised by the caller
+
+
+async def for_each(items: Iterable[T] | AsyncIterable[T], fn: Callable[[T], Awaitable[None]], workers: int) -> None:
+    """`fn(item)` for every item, at most `workers` at once, each worker taking the next item when it is free.
+
+    Only the items being worked on are held, never the whole list: `items` may be a lazy listing or a cursor
+    over millions of rows. The first failure cancels the rest and is raised."""
+    source: AsyncIterator[T] = aiter(items) if isinstance(items, AsyncIterable) else _async(items)
+    lock = asyncio.Lock()  # an async generator must not be advanced by two workers at once
+    done = False
+
+    async def worker() -> None:
+        nonlocal done
+        while not done:
+            async with lock:
+                if done:
+                    return
+                try:
+                    item = await anext(source)
+                except StopAsyncIteration:
+                    done = True
+                    return
+            await fn(item)
+
+    tasks = [asyncio.create_task(worker()) for _ in range(max(1, workers))]
+    try:
+        await gather_or_cancel(tasks)
+    except BaseException:
+        await cancel_all(tasks)
+        raise
+    finally:
+        closer = getattr(source, "aclose", None)
+        if closer is not None:
+            await closer()
+
+
+async def _async(items: Iterable[T]) -> AsyncIterator[T]:
+    for item in items:
+        yield item

@@ -122,6 +122,10 @@ class SyncIndex:
             assert entry is not None
             yield entry
 
+    def count_orphans(self) -> int:
+        return int(self.db.execute("select count(*) from dst d where not exists "
+                                   "(select 1 from src s where s.rel = d.rel)").fetchone()[0])
+
     def mark(self, decisions: Iterable[tuple[str, str]]) -> int:
         """Remember (rel, reason) of each source entry to transfer."""
         count = 0

@@ -14,12 +14,12 @@ from pathlib import Path
 from blobsync.backends.base import BlobProperties, ContainerStore
 from blobsync.config import FlagEnum, TransferConfig
 from blobsync.engine.context import EngineContext, Progress
+from blobsync.engine.delete import Doomed
 from blobsync.engine.enumerate import index_in_thread
 from blobsync.engine.mtime import MTIME_KEY, format_mtime, parse_mtime
-from blobsync.engine.retry import Retrier
 from blobsync.engine.runner import JobRunner, WorkItem, batches
-from blobsync.errors import ExitCode, UnsafeNameError, UsageError
-from blobsync.journal import Journal
+from blobsync.errors import BlobsyncError, ExitCode, UnsafeNameError, UsageError
+from blobsync.journal import FileRow, Journal
 from blobsync.journal.index import Entry, SyncIndex
 from blobsync.local.files import SkippedEntry, SourceFile, walk, warm_if_cold
 from blobsync.location import BlobLocation
@@ -161,24 +161,21 @@ class SyncJob:
         prefix = self._prefix
         filters = self.spec.filters
 
-        async def listing() -> None:
-            batch: list[Entry] = []
-            # The local count predicts the remote one (a sync makes them match): the store then keeps the last
-            # page small. Batches of 1,000 leave little to insert after the last page, which nothing overlaps.
-            async for props in self.store.list_blobs(prefix, expected=lambda: self.local_count):
-                if props.name.endswith("/"):
-                    continue  # folder markers of hierarchical tools
-                entry = _remote_entry(prefix, props)
-                if filters.matches(entry.rel, entry.mtime_ns / 1e9):
-                    batch.append(entry)
-                if len(batch) >= 1000:
-                    index.add(side, batch)
-                    batch = []
-            index.add(side, batch)
-
-        # A failed page restarts the listing (rows are replaced, so that is idempotent); a listing that keeps
-        # failing stops the sync, and with it any delete.
-        await Retrier(self.runner.retry_policy()).call(listing)
+        batch: list[Entry] = []
+        # The local count predicts the remote one (a sync makes them match): the store then keeps the last
+        # page small. Batches of 1,000 leave little to insert after the last page, which nothing overlaps.
+        # Each page is retried on its own; a page that keeps failing stops the sync, and with it any delete.
+        async for props in self.store.list_blobs(prefix, expected=lambda: self.local_count,
+                                                 request=self.runner.requests):
+            if props.name.endswith("/"):
+                continue  # folder markers of hierarchical tools
+            entry = _remote_entry(prefix, props)
+            if filters.matches(entry.rel, entry.mtime_ns / 1e9):
+                batch.append(entry)
+            if len(batch) >= 1000:
+                index.add(side, batch)
+                batch = []
+        index.add(side, batch)
 
     # --- the run --------------------------------------------------------------------------------------------
 
@@ -193,7 +190,7 @@ class SyncJob:
         spec = self.spec
         local_side, remote_side = ("src", "dst") if spec.upload else ("dst", "src")
         if spec.upload and self.config.create_container and not spec.dry_run:
-            await Retrier(self.runner.retry_policy()).call(self.store.create_container)
+            await self.runner.requests(self.store.create_container)
         # The local walk runs in a thread while the listing waits on the service: neither waits for the other.
         local = asyncio.create_task(self._index_local(index, local_side))
         try:
@@ -233,13 +230,13 @@ class SyncJob:
                 self.on_action(Action(verb, entry.rel, reason, entry.size))
                 report.add(FileResult(entry.rel, entry.name or entry.rel, entry.size, FileStatus.TRANSFERRED,
                                       reason=f"would {verb}: {reason}"))
-            await self._deletes(index, report, ctx, dry_run=True)
+            await self._deletes(index, report, dry_run=True)
             ctx.io_pool.shutdown(wait=False)
             ctx.hash_pool.shutdown(wait=False)
             return report
 
         await self.runner.run(ctx, report, self._work(index, ctx, report), index.todo_totals())
-        await self._deletes(index, report, None, dry_run=False)
+        await self._deletes(index, report, dry_run=False)
         return report
 
     async def _decisions(self, index: SyncIndex, ctx: EngineContext) -> int:
@@ -329,64 +326,100 @@ class SyncJob:
 
     # --- deletes ------------------------------------------------------------------------------------------
 
-    async def _deletes(self, index: SyncIndex, report: Report, ctx: EngineContext | None, *, dry_run: bool) -> None:
+    async def _deletes(self, index: SyncIndex, report: Report, *, dry_run: bool) -> None:
         spec = self.spec
         if spec.delete is DeleteMode.FALSE:
             return
-        candidates = list(index.orphans())  # only paths the filters admitted were indexed
-        if not candidates:
+        count = index.count_orphans()  # only paths the filters admitted were indexed
+        if not count:
             return
-        refuse = None
-        if not self.complete:
-            refuse = "the source could not be enumerated completely (see the failures above)"
-        elif report.files_failed:
-            refuse = "some transfers failed"
-        elif index.count("src") == 0:
-            refuse = "the source is empty; refusing to delete everything at the destination"
-        else:
-            count, pct = parse_max_delete(spec.max_delete)
-            total = index.count("dst")
-            if count is not None and len(candidates) > count:
-                refuse = f"{len(candidates)} deletions exceed --max-delete {count}"
-            elif pct is not None and len(candidates) > total * pct / 100:
-                refuse = f"{len(candidates)} of {total} would be deleted, over --max-delete {spec.max_delete}"
+        refuse = self._refusal(index, report, count)
         if refuse:
-            report.deletes_refused = f"deleted nothing: {refuse} ({len(candidates)} candidates)"
+            report.deletes_refused = f"deleted nothing: {refuse} ({count} candidates)"
             log.warning("%s", report.deletes_refused)
             return
         if dry_run:
-            for entry in candidates:
+            for entry in index.orphans():
                 self.on_action(Action("delete", entry.rel, "not in source", entry.size))
             return
-        if spec.delete is DeleteMode.PROMPT and (self.confirm is None or not self.confirm(len(candidates))):
-            report.deletes_refused = f"deleted nothing: not confirmed ({len(candidates)} candidates)"
+        if spec.delete is DeleteMode.PROMPT and (self.confirm is None or not self.confirm(count)):
+            report.deletes_refused = f"deleted nothing: not confirmed ({count} candidates)"
             return
-        await self._delete_all(candidates, report)
+        if spec.upload:
+            await self._delete_blobs(index, report)
+        else:
+            self._delete_files(index, report)
+        self.journal.flush()
+        self.runner.tally(report)
 
-    async def _delete_all(self, candidates: list[Entry], report: Report) -> None:
+    def _refusal(self, index: SyncIndex, report: Report, count: int) -> str | None:
+        """Why no delete may run, if one may not."""
+        if not self.complete:
+            return "the source could not be enumerated completely (see the failures above)"
+        if report.files_failed:
+            return "some transfers failed"
+        if index.count("src") == 0:
+            return "the source is empty; refusing to delete everything at the destination"
+        most, pct = parse_max_delete(self.spec.max_delete)
+        total = index.count("dst")
+        if most is not None and count > most:
+            return f"{count} deletions exceed --max-delete {most}"
+        if pct is not None and count > total * pct / 100:
+            return f"{count} of {total} would be deleted, over --max-delete {self.spec.max_delete}"
+        return None
+
+    def _doomed(self, index: SyncIndex) -> Iterator[Doomed]:
+        """The orphans with their journal rows, journaled a batch at a time as the deleter takes them."""
+        assert self.runner.job is not None
+        job_id = self.runner.job.id
+        for batch in batches(index.orphans()):
+            rows = self.journal.add_files(job_id, (
+                (f"delete:{e.rel}", e.name or self._prefix + e.rel, e.size, e.mtime_ns, e.inode) for e in batch))
+            for e in batch:
+                row = rows[f"delete:{e.rel}"]
+                yield Doomed(e.rel, row.blob, e.size, e.etag, row)
+
+    async def _delete_blobs(self, index: SyncIndex, report: Report) -> None:
+        from blobsync.engine.delete import BlobDeleter, Outcome
+
+        def done(item: Doomed, outcome: Outcome, error: BlobsyncError | None) -> None:
+            row = item.key
+            assert isinstance(row, FileRow)
+            if outcome is Outcome.FAILED:
+                message = str(error)
+                self.journal.finish_file(row.id, "failed", error=message)
+                report.add(FileResult(item.rel, item.name, item.size, FileStatus.FAILED, reason=message,
+                                      exit_code=error.exit_code if error else ExitCode.PARTIAL))
+                return
+            self.journal.forget_commit(self.store.container_url, item.name)
+            self.journal.finish_file(row.id, "deleted")
+            report.add(FileResult(item.rel, item.name, item.size, FileStatus.DELETED))
+
+        def announced(items: Iterator[Doomed]) -> Iterator[Doomed]:
+            for item in items:
+                self.on_action(Action("delete", item.rel, "not in source", item.size))
+                yield item
+
+        deleter = BlobDeleter(self.store, self.runner.requests, self.config.max_concurrency, done)
+        await deleter.run(announced(self._doomed(index)))
+
+    def _delete_files(self, index: SyncIndex, report: Report) -> None:
         from blobsync.local.target import safe_join
 
-        spec = self.spec
-        assert self.runner.job is not None
-        rows = self.journal.add_files(self.runner.job.id, (
-            (f"delete:{e.rel}", e.name or e.rel, e.size, e.mtime_ns, e.inode) for e in candidates))
-        retrier = Retrier(self.runner.retry_policy())
-        limit = asyncio.Semaphore(self.config.max_concurrency)
-
-        async def delete(entry: Entry) -> None:
-            async with limit:
-                self.on_action(Action("delete", entry.rel, "not in source", entry.size))
-                if spec.upload:
-                    name = entry.name or self._prefix + entry.rel
-                    await retrier.call(lambda: self.store.delete_blob(name, entry.etag))
-                    self.journal.forget_commit(self.store.container_url, name)
-                else:
-                    safe_join(spec.local, entry.rel).unlink(missing_ok=True)
-                self.journal.finish_file(rows[f"delete:{entry.rel}"].id, "deleted")
-                report.add(FileResult(entry.rel, entry.name or entry.rel, entry.size, FileStatus.DELETED))
-
-        await asyncio.gather(*(delete(e) for e in candidates))
-        self.journal.flush()
+        for item in self._doomed(index):
+            self.on_action(Action("delete", item.rel, "not in source", item.size))
+            row = item.key
+            assert isinstance(row, FileRow)
+            try:
+                safe_join(self.spec.local, item.rel).unlink(missing_ok=True)
+            except (OSError, UnsafeNameError) as exc:
+                message = str(exc) if isinstance(exc, UnsafeNameError) else f"cannot delete: {exc.strerror or exc}"
+                self.journal.finish_file(row.id, "failed", error=message)
+                report.add(FileResult(item.rel, item.name, item.size, FileStatus.FAILED, reason=message,
+                                      exit_code=ExitCode.PARTIAL))
+                continue
+            self.journal.finish_file(row.id, "deleted")
+            report.add(FileResult(item.rel, item.name, item.size, FileStatus.DELETED))
 
 
 def _md5_file(path: Path) -> bytes:

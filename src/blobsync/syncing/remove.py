@@ -6,16 +6,18 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from blobsync.backends.base import BlobProperties, ContainerStore
-from blobsync.engine.context import Progress
+from blobsync.backends.base import BlobProperties, ContainerStore, Requester
+from blobsync.engine.budget import RequestLimiter
+from blobsync.engine.context import Progress, RequestPath
+from blobsync.engine.delete import BlobDeleter, Doomed, Outcome
 from blobsync.engine.retry import Retrier, RetryPolicy
-from blobsync.engine.tasks import cancel_all, gather_or_cancel
-from blobsync.errors import AuthError, BlobNotFoundError, BlobsyncError, ContainerNotFoundError, UsageError
+from blobsync.errors import BlobNotFoundError, BlobsyncError, ExitCode, UsageError
 from blobsync.location import BlobLocation
+from blobsync.redact import redact
 from blobsync.report import FileResult, FileStatus, Report
 from blobsync.syncing.filters import Filters
 from blobsync.syncing.job import Action
@@ -39,7 +41,7 @@ def folder_prefix(path: str) -> str:
     return path if not path or path.endswith("/") else path + "/"
 
 
-async def blobs_at(store: ContainerStore, path: str, retrier: Retrier) -> AsyncIterator[tuple[str, BlobProperties]]:
+async def blobs_at(store: ContainerStore, path: str, request: Requester) -> AsyncIterator[tuple[str, BlobProperties]]:
     """(relative name, properties) of the blob named `path` and of every blob under `path/`.
 
     One listing with `path` as its prefix answers both; names that only share the prefix ('a/bc' for 'a/b')
@@ -48,7 +50,7 @@ async def blobs_at(store: ContainerStore, path: str, retrier: Retrier) -> AsyncI
     prefix = folder_prefix(path)
 
     def fetch(marker: str) -> asyncio.Future[tuple[list[BlobProperties], str]]:
-        return asyncio.ensure_future(retrier.call(functools.partial(store.list_page, path, marker)))
+        return asyncio.ensure_future(request(functools.partial(store.list_page, path, marker)))
 
     ahead = fetch("")
     try:
@@ -81,11 +83,12 @@ class RemoveJob:
         self.store = store
         self.progress = progress or Progress()
         self.on_action = on_action or (lambda action: None)
-        self.retrier = Retrier(spec.policy, on_retry=self._on_retry)
+        self.requests = RequestPath(RequestLimiter(max(1, spec.concurrency)),
+                                    Retrier(spec.policy, on_retry=self._on_retry), self.progress)
 
     def _on_retry(self, error: BaseException, delay: float) -> None:
         self.progress.retries += 1
-        log.info("retrying in %.1fs after: %s", delay, error)
+        log.info("retrying in %.1fs after: %s", delay, redact(str(error)))
 
     async def run(self) -> Report:
         spec = self.spec
@@ -96,7 +99,8 @@ class RemoveJob:
             else:
                 await self._one(report)
         finally:
-            report.retries = self.retrier.retries
+            report.retries = self.requests.retrier.retries
+            report.throttled = self.requests.limiter.throttled
             report.duration = time.monotonic() - report.started
         return report
 
@@ -105,39 +109,41 @@ class RemoveJob:
         if not path or path.endswith("/"):
             raise UsageError(f"{self.spec.target.display} names a container or folder, not a blob: add -r "
                              "(--recursive) to remove everything under it")
-        props = await self.retrier.call(lambda: self.store.get_properties(path))
+        props = await self.requests(lambda: self.store.get_properties(path))
         if props is None:
-            async for _ in blobs_at(self.store, path + "/", self.retrier):
+            async for _ in blobs_at(self.store, path + "/", self.requests):
                 raise UsageError(f"{path!r} is a folder: add -r (--recursive) to remove the blobs under it")
             raise BlobNotFoundError(f"blob {path!r} not found in {self.spec.target.container_url}")
-        await self._delete(path.rsplit("/", 1)[-1], props, report)
+        await self._deleter(report).run([self._doomed(path.rsplit("/", 1)[-1], props)])
 
     async def _many(self, report: Report) -> None:
-        queue: asyncio.Queue[tuple[str, BlobProperties] | None] = asyncio.Queue(maxsize=1000)
-        workers = max(1, self.spec.concurrency)
+        source = self._listed(report) if self.spec.list_of_files else blobs_at(self.store, self.spec.target.path,
+                                                                         self.requests)
+        await self._deleter(report).run(self._chosen(source))
 
-        async def produce() -> None:
-            source = self._listed(report) if self.spec.list_of_files else blobs_at(self.store, self.spec.target.path,
-                                                                             self.retrier)
-            try:
-                async for rel, props in source:
-                    if self.spec.filters.matches(rel, props.last_modified.timestamp()):
-                        self.progress.queued(rel, props.name, props.size)
-                        await queue.put((rel, props))
-            finally:
-                for _ in range(workers):
-                    await queue.put(None)
+    async def _chosen(self, source: AsyncIterator[tuple[str, BlobProperties]]) -> AsyncIterator[Doomed]:
+        async for rel, props in source:
+            if self.spec.filters.matches(rel, props.last_modified.timestamp()):
+                yield self._doomed(rel, props)
 
-        async def consume() -> None:
-            while (item := await queue.get()) is not None:
-                await self._delete(*item, report)
+    def _doomed(self, rel: str, props: BlobProperties) -> Doomed:
+        self.progress.queued(rel, props.name, props.size)
+        self.on_action(Action("delete", rel, "dry run" if self.spec.dry_run else "remove", props.size))
+        return Doomed(rel, props.name, props.size)
 
-        tasks = [asyncio.create_task(produce()), *(asyncio.create_task(consume()) for _ in range(workers))]
-        try:
-            await gather_or_cancel(tasks)
-        except BaseException:
-            await cancel_all(tasks)
-            raise
+    def _deleter(self, report: Report) -> BlobDeleter | _DryRun:
+        def done(item: Doomed, outcome: Outcome, error: BlobsyncError | None) -> None:
+            if outcome is Outcome.DELETED:
+                report.add(FileResult(item.rel, item.name, item.size, FileStatus.DELETED))
+            elif outcome is Outcome.GONE:
+                report.add(FileResult(item.rel, item.name, item.size, FileStatus.SKIPPED, reason="already gone"))
+            else:
+                report.add(FileResult(item.rel, item.name, item.size, FileStatus.FAILED, reason=str(error),
+                                      exit_code=error.exit_code if error else ExitCode.PARTIAL))
+
+        if self.spec.dry_run:
+            return _DryRun(report)
+        return BlobDeleter(self.store, self.requests, self.spec.concurrency, done)
 
     async def _listed(self, report: Report) -> AsyncIterator[tuple[str, BlobProperties]]:
         """The blobs --list-of-files names (relative to the URL), each looked up: a missing one is reported."""
@@ -153,28 +159,28 @@ class RemoveJob:
             if not rel or rel.startswith("#"):
                 continue
             name = prefix + rel
-            props = await self.retrier.call(functools.partial(self.store.get_properties, name))
+            props = await self.requests(functools.partial(self.store.get_properties, name))
             if props is None:
                 self.progress.queued(rel, name, 0)
                 report.add(FileResult(rel, name, 0, FileStatus.SKIPPED, reason="not found"))
                 continue
             yield rel, props
 
-    async def _delete(self, rel: str, props: BlobProperties, report: Report) -> None:
-        self.on_action(Action("delete", rel, "dry run" if self.spec.dry_run else "remove", props.size))
-        if self.spec.dry_run:
-            report.add(FileResult(rel, props.name, props.size, FileStatus.DELETED, reason="would delete (dry run)"))
-            return
-        try:
-            gone = await self.retrier.call(lambda: self.store.delete_blob(props.name))
-        except (AuthError, ContainerNotFoundError):
-            raise  # no other blob will fare better: stop with the one clear error
-        except BlobsyncError as exc:
-            report.add(FileResult(rel, props.name, props.size, FileStatus.FAILED, reason=str(exc),
-                                  exit_code=exc.exit_code))
-            return
-        if gone:
-            report.add(FileResult(rel, props.name, props.size, FileStatus.DELETED))
-        else:
-            report.add(FileResult(rel, props.name, props.size, FileStatus.SKIPPED, reason="already gone"))
 
+class _DryRun:
+    """Stands in for the deleter in a dry run: every blob chosen is reported as one that would go."""
+
+    def __init__(self, report: Report) -> None:
+        self.report = report
+
+    async def run(self, items: Iterable[Doomed] | AsyncIterable[Doomed]) -> None:
+        if isinstance(items, AsyncIterable):
+            async for item in items:
+                self._add(item)
+        else:
+            for item in items:
+                self._add(item)
+
+    def _add(self, item: Doomed) -> None:
+        self.report.add(FileResult(item.rel, item.name, item.size, FileStatus.DELETED,
+                                   reason="would delete (dry run)"))

@@ -1,0 +1,66 @@
+"""Child processes of the test run: start them as a user's shell would, and find the ones a test left behind."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from pathlib import Path
+
+# Children meant to outlive a test (the session's Azurite): never reported as left behind.
+LONG_LIVED: set[int] = set()
+
+
+def as_from_a_terminal() -> None:
+    """preexec_fn: the signal dispositions of a command typed at a terminal.
+
+    pytest may itself run with SIGINT ignored (a background job of a script), and children inherit that;
+    a test that interrupts its child with SIGINT then waits forever. A test that means to check the
+    inherited-ignore case starts its child through a shell instead."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _children(parent: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        fields = text.rsplit(")", 1)[-1].split()
+        if len(fields) > 1 and fields[1] == str(parent) and fields[0] != "Z":  # a zombie is gone already
+            found.append(int(stat.parent.name))
+    return found
+
+
+def leftover_children() -> list[tuple[int, str]]:
+    """This process's live children that no one meant to keep, with their command lines."""
+    out = []
+    for pid in _children(os.getpid()):
+        if pid in LONG_LIVED:
+            continue
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue
+        out.append((pid, cmd))
+    return out
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a child and, if it leads a process group, everything in that group; then reap it."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if done:
+            return
+        time.sleep(0.05)

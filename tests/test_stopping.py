@@ -1,0 +1,122 @@
+"""Stopping a job from outside: SIGTERM/SIGHUP to a background job of a script, Ctrl-C on a pty."""
+
+from __future__ import annotations
+
+import os
+import pty
+import select
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from blobsync.config import MiB
+from conftest import ContainerHandle
+from support.cli import blobsync_cmd, clean_env, random_file, run
+from support.processes import kill_tree
+from support.proxy import FaultProxy
+
+SIZE = 8 * MiB + 3
+
+
+def _args(tmp_path: Path, url: str) -> list[str]:
+    return ["cp", str(tmp_path / "f.bin"), url, "--journal", str(tmp_path / "j.db"), "--block-size-mb", "1",
+            "--concurrency", "2", "--quiet"]
+
+
+def _sigint_ignored(pid: int) -> bool:
+    status = Path(f"/proc/{pid}/status").read_text()
+    ignored = int(next(line for line in status.splitlines() if line.startswith("SigIgn:")).split()[1], 16)
+    return bool(ignored & (1 << (signal.SIGINT - 1)))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _resume_completes(container: ContainerHandle, proxy: FaultProxy, tmp_path: Path, data: bytes, url: str) -> None:
+    with sqlite3.connect(tmp_path / "j.db") as db:
+        assert db.execute("select state from jobs").fetchone()[0] == "interrupted"
+    proxy.clear_rules()
+    proxy.release_holds()
+    proxy.wait_idle()
+    again = run(_args(tmp_path, url))
+    assert again.returncode == 0, again.stderr
+    assert container.download("f.bin") == data
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_background_job_of_a_script_stops_on_sigterm_and_sighup_and_ignores_sigint(
+    stop: signal.Signals, container: ContainerHandle, proxy: FaultProxy, tmp_path: Path
+) -> None:
+    data = random_file(tmp_path / "f.bin", SIZE, seed=1)
+    url = f"{proxy.endpoint()}/{container.name}/f.bin"
+    proxy.hold_after("put_block", 2)
+    # What a pipeline does: a non-interactive shell starts the job with '&' (bash then sets SIGINT to
+    # ignored in the job) and later stops it with kill.
+    script = '"$@" 2> "$ERR" & echo $!; wait $!; echo "rc=$?"'
+    shell = subprocess.Popen(["bash", "-c", script, "bash", *blobsync_cmd(*_args(tmp_path, url))],
+                             env=clean_env({"ERR": str(tmp_path / "err.txt")}), stdout=subprocess.PIPE, text=True,
+                             start_new_session=True)
+    try:
+        assert shell.stdout is not None
+        pid = int(shell.stdout.readline())
+        proxy.wait_for_held(1, timeout=60)
+        assert _sigint_ignored(pid)
+        os.kill(pid, signal.SIGINT)  # inherited as ignored: stays ignored (nohup semantics)
+        time.sleep(1.0)
+        assert _alive(pid)
+        os.kill(pid, stop)
+        out, _ = shell.communicate(timeout=60)
+    finally:
+        kill_tree(shell.pid)
+    err = (tmp_path / "err.txt").read_text()
+    assert "rc=130" in out, (out, err)
+    assert "interrupted" in err and "Traceback" not in err
+    _resume_completes(container, proxy, tmp_path, data, url)
+
+
+def test_ctrl_c_on_a_terminal_stops_the_job_resumably(container: ContainerHandle, proxy: FaultProxy,
+                                                      tmp_path: Path) -> None:
+    data = random_file(tmp_path / "f.bin", SIZE, seed=2)
+    url = f"{proxy.endpoint()}/{container.name}/f.bin"
+    proxy.hold_after("put_block", 2)
+    cmd = blobsync_cmd(*_args(tmp_path, url))
+    env = clean_env()
+    pid, master = pty.fork()
+    if pid == 0:  # the child: a session of its own with the pty as its terminal, as a shell would run it
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.execve(sys.executable, cmd, env)
+    output = b""
+    try:
+        proxy.wait_for_held(1, timeout=60)
+        os.write(master, b"\x03")  # Ctrl-C: the terminal sends SIGINT to its foreground job
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 1.0)
+            if ready:
+                try:
+                    chunk = os.read(master, 4096)
+                except OSError:  # EIO: the child closed the terminal
+                    break
+                if not chunk:
+                    break
+                output += chunk
+        _, status = os.waitpid(pid, 0)
+        pid = 0
+    finally:
+        if pid:
+            kill_tree(pid)
+        os.close(master)
+    text = output.decode(errors="replace")
+    assert os.waitstatus_to_exitcode(status) == 130, text
+    assert "interrupted" in text and "Traceback" not in text
+    _resume_completes(container, proxy, tmp_path, data, url)
