@@ -244,3 +244,26 @@ def test_resumed_job_takes_its_sas_from_the_new_run(
     resumed_blocks = [e for e in proxy.log if e.op == "put_block"]
     assert resumed_blocks and all("sig" in e.query for e in resumed_blocks)
     assert container.download("f.bin") == data
+
+
+def test_a_journal_with_damaged_pages_is_one_clear_line_and_exit_2(container: ContainerHandle,
+                                                                   tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    for i in range(300):
+        random_file(src / f"f{i}.txt", 10, seed=i)
+    journal = tmp_path / "j.db"
+    first = run(["cp", "-r", str(src), container.url, "--journal", str(journal), "--quiet"])
+    assert first.returncode == 0, first.stderr
+    size = journal.stat().st_size
+    assert size > 3 * 4096
+    with open(journal, "r+b") as f:  # the header page stays valid; every page after it is garbage
+        f.seek(4096)
+        f.write(bytes(range(256)) * ((size - 4096) // 256 + 1))
+    for extra in ("-wal", "-shm"):
+        (tmp_path / f"j.db{extra}").unlink(missing_ok=True)
+    for args in (["cp", "-r", str(src), container.url], ["jobs", "list"]):
+        done = run([*args, "--journal", str(journal), "--quiet"] if args[0] == "cp" else [*args, "--journal",
+                                                                                        str(journal)])
+        assert done.returncode == 2, (args, done.stderr)
+        line = _one_error_line(done.stderr)
+        assert "cannot open the journal" in line and "move it aside" in line

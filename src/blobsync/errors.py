@@ -132,6 +132,10 @@ class IntegrityError(BlobsyncError):
     exit_code = ExitCode.INTEGRITY
 
 
+class ChecksumMismatchError(IntegrityError):
+    """The whole file's MD5 differs from the blob's Content-MD5."""
+
+
 class TransientError(ServiceError):
     """A failure worth retrying: throttling, server busy, timeouts, dropped connections, corrupted bodies."""
 

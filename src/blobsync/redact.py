@@ -1,4 +1,4 @@
-"""Removes secrets (SAS signatures, account keys, bearer tokens) from any text before it is shown or stored."""
+"""Makes text safe to show or store: secrets (SAS signatures, account keys, tokens) removed, names escaped."""
 
 from __future__ import annotations
 
@@ -35,17 +35,26 @@ def redact(text: str) -> str:
     return text
 
 
+def printable(text: str) -> str:
+    """`text` as it may be shown on one line: undecodable bytes of a file name as \\xNN, control characters
+    (a newline in a name would split the line) as escapes; everything else as it is."""
+    text = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
 def strip_query(url: str) -> str:
     """Return `url` without its query string: the form that may be logged or journaled."""
     return url.split("?", 1)[0]
 
 
 class RedactingFilter(logging.Filter):
-    """A logging filter that redacts the fully formatted message of every record, at every level."""
+    """A logging filter that redacts (and escapes) the fully formatted message of every record, at every level."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        cleaned = redact(message)
+        cleaned = printable(redact(message))
         if cleaned != message or record.args:
             record.msg = cleaned
             record.args = None

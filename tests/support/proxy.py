@@ -142,6 +142,16 @@ class FlipByte:
 
 
 @dataclass(frozen=True)
+class FlipResponseByte:
+    """Forward, then invert the response-body byte at ``offset`` (default: the middle): damage in transit that
+    TCP did not catch, as a faulty middlebox or NIC makes it. Headers (Content-MD5 included) are untouched."""
+
+    offset: int | None = None
+
+    name = "flip_response_byte"
+
+
+@dataclass(frozen=True)
 class Hold:
     """Neither forward nor answer until ``release_holds()`` (then forward) or the proxy stops (then abort)."""
 
@@ -149,6 +159,7 @@ class Hold:
 
 
 Action = (Respond | ResetBefore | ResetAfter | ResetMidResponse | StallMidResponse | Stall | StallBody | FlipByte
+          | FlipResponseByte
           | Hold)
 
 
@@ -184,6 +195,10 @@ def stall_body(after: int = 0, seconds: float | None = None) -> StallBody:
 
 def flip_byte(offset: int | None = None) -> FlipByte:
     return FlipByte(offset)
+
+
+def flip_response_byte(offset: int | None = None) -> FlipResponseByte:
+    return FlipResponseByte(offset)
 
 
 def hold() -> Hold:
@@ -803,6 +818,11 @@ class FaultProxy:
             pause = action if isinstance(action, StallMidResponse) else None
             return await self._partial(request, req, action.keep, status, reason, resp_headers, body, pause)
 
+        if isinstance(action, FlipResponseByte) and body:
+            i = len(body) // 2 if action.offset is None else action.offset % len(body)
+            damaged = bytearray(body)
+            damaged[i] ^= 0xFF
+            body = bytes(damaged)
         if "content-length" not in resp_headers and request.method != "HEAD":
             resp_headers["Content-Length"] = str(len(body))  # upstream was chunked; we send it whole
         response = web.Response(status=status, reason=reason, headers=resp_headers, body=body or None)
@@ -973,6 +993,7 @@ __all__ = [
     "Action",
     "FaultProxy",
     "FlipByte",
+    "FlipResponseByte",
     "Hold",
     "LogEntry",
     "ResetAfter",
@@ -986,6 +1007,7 @@ __all__ = [
     "Stats",
     "classify",
     "flip_byte",
+    "flip_response_byte",
     "hold",
     "reset_after",
     "reset_before",

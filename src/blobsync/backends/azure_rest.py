@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import binascii
 import dataclasses
 import itertools
 import logging
@@ -23,6 +24,7 @@ from blobsync.backends.azure_auth import Credential, Request
 from blobsync.backends.azure_errors import error_from_response
 from blobsync.backends.base import (
     NO_CONDITIONS,
+    RANGE_MD5_MAX,
     BlobHeaders,
     BlobProperties,
     Block,
@@ -108,14 +110,24 @@ def _parse_http_date(value: str | None) -> datetime | None:
 _EPOCH = datetime.fromtimestamp(0, UTC)
 
 
+def _md5_header(value: str | None) -> bytes | None:
+    """A Content-MD5 header's digest; None if absent or not 16 bytes of base64 (never a crash)."""
+    if not value:
+        return None
+    try:
+        digest = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    return digest if len(digest) == 16 else None
+
+
 def _properties(name: str, h: Mapping[str, str]) -> BlobProperties:
-    md5 = h.get("content-md5")
     return BlobProperties(
         name=name,
         size=int(h.get("content-length", "0")),
         etag=h.get("etag", ""),
         last_modified=_parse_http_date(h.get("last-modified")) or _EPOCH,
-        content_md5=base64.b64decode(md5) if md5 else None,
+        content_md5=_md5_header(h.get("content-md5")),
         content_type=h.get("content-type"),
         metadata={k[len("x-ms-meta-"):]: v for k, v in h.items() if k.startswith("x-ms-meta-")},
         blob_type=h.get("x-ms-blob-type"),
@@ -469,8 +481,7 @@ class AzureContainerStore:
             # x-ms-blob-content-md5 would only make it hash the body a second time.
             req["Content-MD5"] = req.pop("x-ms-blob-content-md5")
         _, h, _ = await self._call("PUT", name, [], req, data, f"put blob {name!r}", (201,))
-        md5 = h.get("content-md5")
-        return PutResult(h.get("etag", ""), base64.b64decode(md5) if md5 else None)
+        return PutResult(h.get("etag", ""), _md5_header(h.get("content-md5")))
 
     async def put_block(self, name: str, block_id: str, data: Buffer, content_md5: bytes | None) -> None:
         req: dict[str, str] = {}
@@ -521,22 +532,24 @@ class AzureContainerStore:
         props = _properties(name, h)
         if status == 206:
             total = h.get("content-range", "").rpartition("/")[2]
-            md5 = h.get("x-ms-blob-content-md5")
             props = dataclasses.replace(
                 props,
                 size=int(total) if total.isdigit() else props.size,
-                content_md5=base64.b64decode(md5) if md5 else None,
+                content_md5=_md5_header(h.get("x-ms-blob-content-md5")),
             )
         return chunks, props
 
-    async def get_range_into(self, name: str, offset: int, buf: memoryview, if_match: str | None = None
-                             ) -> BlobProperties:
+    async def get_range_into(self, name: str, offset: int, buf: memoryview, if_match: str | None = None, *,
+                             range_md5: bool = False) -> BlobProperties:
         """Read len(buf) bytes from `offset` straight into `buf` (no intermediate copies), with the blob's
         properties as of that read. A short body is a retryable NetworkError."""
         what = f"get blob {name!r}"
         headers = {"x-ms-range": f"bytes={offset}-{offset + len(buf) - 1}"}
         if if_match:
             headers["If-Match"] = if_match
+        range_md5 = range_md5 and 0 < len(buf) <= RANGE_MD5_MAX
+        if range_md5:
+            headers["x-ms-range-get-content-md5"] = "true"
         target, request = await self._sign("GET", name, [], headers, None)
         try:
             response = await self._raw.request("GET", target, request.headers, buf)
@@ -555,9 +568,9 @@ class AzureContainerStore:
         if response.status == 200:
             return props
         total = h.get("content-range", "").rpartition("/")[2]
-        md5 = h.get("x-ms-blob-content-md5")
         return dataclasses.replace(props, size=int(total) if total.isdigit() else props.size,
-                                   content_md5=base64.b64decode(md5) if md5 else None)
+                                   content_md5=_md5_header(h.get("x-ms-blob-content-md5")),
+                                   range_md5=props.content_md5 if range_md5 else None)
 
     async def list_blobs(self, prefix: str = "", *, expected: Callable[[], int | None] | None = None,
                          request: Requester = direct) -> AsyncIterator[BlobProperties]:

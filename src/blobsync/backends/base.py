@@ -44,6 +44,7 @@ class BlobProperties:
     metadata: Mapping[str, str] = field(default_factory=dict)
     blob_type: str | None = None
     tier: str | None = None
+    range_md5: bytes | None = None  # the MD5 the service computed of the range just read, when asked for
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,8 @@ class Conditions:
 
 
 NO_CONDITIONS = Conditions()
+
+RANGE_MD5_MAX = 4 * 1024 * 1024  # the largest range the service computes an MD5 of on the fly
 
 
 class Requester(Protocol):
@@ -122,8 +125,10 @@ class ContainerStore(Protocol):
     ) -> tuple[list[bytes], BlobProperties]: ...
 
     async def get_range_into(
-        self, name: str, offset: int, buf: memoryview, if_match: str | None = None
-    ) -> BlobProperties: ...
+        self, name: str, offset: int, buf: memoryview, if_match: str | None = None, *, range_md5: bool = False
+    ) -> BlobProperties:
+        """`range_md5`: ask the service for the range's MD5 (ranges up to RANGE_MD5_MAX only)."""
+        ...
 
     def list_blobs(self, prefix: str = "", *, expected: Callable[[], int | None] | None = None,
                    request: Requester = direct) -> AsyncIterator[BlobProperties]: ...

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import sqlite3
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -18,7 +19,8 @@ from blobsync.cli.output import JsonEvents, JsonLines, ProgressDisplay, summary,
 from blobsync.engine.context import Progress
 from blobsync.errors import BlobsyncError, ExitCode
 from blobsync.events import Subscriber
-from blobsync.redact import RedactingFilter, redact, strip_query
+from blobsync.journal.store import damaged
+from blobsync.redact import RedactingFilter, printable, redact, strip_query
 from blobsync.report import Report
 from blobsync.stopping import stop_on_signals
 
@@ -29,7 +31,7 @@ _json_out: JsonLines | None = None
 
 
 def fail(message: str, code: int) -> None:
-    message = redact(message)
+    message = printable(redact(message))
     if _json_out is not None:
         _json_out.emit({"type": "error", "message": message, "exit_code": code})
     click.echo(f"blobsync: error: {message}", err=True)
@@ -50,6 +52,9 @@ def handle_errors(fn: F) -> F:
         except OSError as exc:
             where = f"{exc.filename}: " if exc.filename else ""
             fail(f"{where}{exc.strerror or exc}", int(ExitCode.PARTIAL))
+        except sqlite3.Error as exc:  # the journal's pages are damaged: it showed only once read
+            error = damaged(exc)
+            fail(str(error), int(error.exit_code))
         return None
 
     return wrapper  # type: ignore[return-value]

@@ -14,6 +14,7 @@ from blobsync.cli.common import handle_errors, logging_options, output_options, 
 from blobsync.cli.output import JsonLines, human_bytes
 from blobsync.config import TransferConfig
 from blobsync.engine.context import Progress
+from blobsync.redact import printable
 from blobsync.report import Report
 from blobsync.syncing.filters import Filters
 from blobsync.syncing.job import Action
@@ -110,7 +111,7 @@ def rm(url: str, recursive: bool, include_pattern: str | None, exclude_pattern: 
 
     def on_action(action: Action) -> None:
         if dry_run and json_out is None:
-            click.echo(f"would remove {action.path} ({human_bytes(action.size)})")
+            click.echo(f"would remove {printable(action.path)} ({human_bytes(action.size)})")
 
     def call(progress: Progress) -> Report:
         return api.remove(url, config, recursive=recursive, filters=filters, dry_run=dry_run,

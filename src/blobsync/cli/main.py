@@ -26,7 +26,7 @@ from blobsync.cli.output import JsonLines, human_bytes, summary, summary_record
 from blobsync.config import TIERS, CheckMd5, Overwrite, TransferConfig, parse_concurrency, parse_metadata
 from blobsync.engine.context import Progress
 from blobsync.errors import BlobsyncError, ExitCode, UsageError
-from blobsync.redact import redact
+from blobsync.redact import printable, redact
 from blobsync.report import Report
 from blobsync.stopping import stop_on_signals
 from blobsync.syncing.compare import CompareMode
@@ -204,7 +204,7 @@ def sync(source: str, destination: str, include_pattern: str | None, exclude_pat
             json_out.emit({"type": "action", "action": action.kind, "path": action.path,
                            "reason": action.reason, "size": action.size, "dry_run": dry_run})
         elif dry_run:
-            click.echo(f"{action.kind:<8} {action.path}  ({action.reason})")
+            click.echo(f"{action.kind:<8} {printable(action.path)}  ({printable(action.reason)})")
 
     def confirm(count: int) -> bool:
         return click.confirm(f"delete {count} file(s) at the destination that the source no longer has?",

@@ -11,7 +11,7 @@ from typing import TextIO
 
 from blobsync.engine.context import Progress
 from blobsync.events import BaseSubscriber
-from blobsync.redact import redact
+from blobsync.redact import printable, redact
 from blobsync.report import FileResult, FileStatus, Report
 
 
@@ -195,10 +195,10 @@ def summary(report: Report, *, dry_run: bool = False) -> str:
         lines.append(f"  {report.deletes_refused}")
     for note in report.skipped_notes[:20]:
         if note.reason and note.reason != "already uploaded by this job":
-            lines.append(f"  skipped {note.rel}: {note.reason}")
+            lines.append(f"  skipped {printable(note.rel)}: {printable(note.reason)}")
     for failure in report.failures:
         status = "FAILED" if failure.status is FileStatus.FAILED else "skipped"
-        lines.append(f"  {status} {failure.rel}: {failure.reason}")
+        lines.append(f"  {status} {printable(failure.rel)}: {printable(failure.reason)}")
     return "\n".join(lines)
 
 
@@ -213,5 +213,5 @@ def _removal_summary(report: Report, dry_run: bool) -> str:
     if report.files_deleted == 0 and report.files_failed == 0 and not report.files_skipped:
         lines = [f"Nothing to remove at {report.source}"]
     for failure in report.failures:
-        lines.append(f"  FAILED {failure.rel}: {failure.reason}")
+        lines.append(f"  FAILED {printable(failure.rel)}: {printable(failure.reason)}")
     return "\n".join(lines)

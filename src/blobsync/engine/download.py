@@ -9,20 +9,22 @@ import os
 from collections.abc import Callable
 from concurrent.futures import Executor
 from pathlib import Path
+from typing import TypeVar
 
-from blobsync.backends.base import BlobProperties
+from blobsync.backends.base import RANGE_MD5_MAX, BlobProperties
 from blobsync.config import CheckMd5, Overwrite
 from blobsync.engine.budget import BlockBuffer, Window
 from blobsync.engine.context import EngineContext
 from blobsync.engine.mtime import destination_mtime_ns
 from blobsync.engine.plan import block_count, block_ranges
 from blobsync.engine.tasks import cancel_all, gather_or_cancel
-from blobsync.errors import ConflictError, IntegrityError
+from blobsync.errors import ChecksumMismatchError, ConflictError, CorruptedInTransitError, IntegrityError
 from blobsync.journal import FileRow
 from blobsync.local.target import PartFile, current_boot_id, part_path
 from blobsync.report import FileResult, FileStatus
 
 log = logging.getLogger("blobsync")
+T = TypeVar("T")
 
 _SYNC_INTERVAL = 2.0  # seconds between fdatasyncs of a partial download (what a power cut can cost)
 
@@ -40,19 +42,27 @@ class FileDownloader:
                 return self._skipped(row, props, "exists locally (--overwrite false)")
             if os.stat(target).st_mtime_ns >= destination_mtime_ns(props):
                 return self._skipped(row, props, "local file is as new or newer (--overwrite ifSourceNewer)")
-        for attempt in range(2):
+        refetched = changed = False
+        while True:
             try:
                 return await self._fetch(row, props, target)
+            except ChecksumMismatchError as exc:
+                # Most likely damaged in transit in a range too large for a per-range MD5: fetch the file again,
+                # once; a second mismatch is what the service holds.
+                if refetched:
+                    raise
+                refetched = True
+                self.ctx.requests.retrier.note(exc)
             except ConflictError:
                 # The blob changed during the download (If-Match failed): start over with the new version.
-                if attempt == 1:
+                if changed:
                     raise
+                changed = True
                 fresh = await self.ctx.request(lambda: self.ctx.store.get_properties(row.blob))
                 if fresh is None:
                     raise
                 log.info("%s changed during the download; starting it again", row.blob)
                 props = fresh
-        raise AssertionError("unreachable")
 
     def _skipped(self, row: FileRow, props: BlobProperties, reason: str) -> FileResult:
         self.ctx.journal.finish_file(row.id, "skipped", error=reason)
@@ -78,14 +88,16 @@ class FileDownloader:
             ctx.journal.flush()
         part = await loop.run_in_executor(ctx.io_pool, lambda: PartFile(target, size, keep=resume))
         want_md5 = cfg.check_md5 is not CheckMd5.NO_CHECK
-        whole = hashlib.md5() if want_md5 else None
+        digest: bytes | None = None
         try:
             if size <= cfg.single_put_limit and not done:
-                sent = await self._single(row, props, part, whole)
+                sent, digest = await self._single(row, props, part, want_md5)
             else:
+                whole = hashlib.md5() if want_md5 else None
                 sent = await self._ranges(row, props, part, whole, block_size, done)
-            if whole is not None:
-                self._check_md5(row.blob, props, whole.digest())
+                digest = whole.digest() if whole is not None else None
+            if want_md5:
+                self._check_md5(row.blob, props, digest)
             mtime = destination_mtime_ns(props) if cfg.preserve_last_modified_time else None
             await loop.run_in_executor(ctx.io_pool, part.finish, mtime)
         except IntegrityError:
@@ -98,13 +110,13 @@ class FileDownloader:
             raise
         finally:
             part.close()
-        ctx.journal.finish_file(row.id, "committed", md5_hex=whole.hexdigest() if whole else None,
+        ctx.journal.finish_file(row.id, "committed", md5_hex=digest.hex() if digest and want_md5 else None,
                                 etag=props.etag)
         reused = size - sent
         note = f"resumed: {reused} bytes were already on disk" if reused else ""
         return FileResult(row.rel, row.blob, size, FileStatus.TRANSFERRED, bytes_sent=sent, reason=note)
 
-    def _check_md5(self, blob: str, props: BlobProperties, got: bytes) -> None:
+    def _check_md5(self, blob: str, props: BlobProperties, got: bytes | None) -> None:
         mode = self.ctx.config.check_md5
         stored = props.content_md5
         if stored is None:
@@ -118,29 +130,45 @@ class FileDownloader:
                 log.warning("%s: MD5 of the downloaded bytes differs from the blob's Content-MD5 "
                             "(--check-md5 LogOnly: kept)", blob)
                 return
-            raise IntegrityError(f"{blob}: MD5 of the downloaded bytes differs from the blob's Content-MD5; "
-                                 "nothing was written at the final path")
+            raise ChecksumMismatchError(f"{blob}: MD5 of the downloaded bytes differs from the blob's Content-MD5 "
+                                        "(fetched twice); nothing was written at the final path")
 
-    async def _single(self, row: FileRow, props: BlobProperties, part: PartFile,
-                      whole: hashlib._Hash | None) -> int:
+    async def _single(self, row: FileRow, props: BlobProperties, part: PartFile, want_md5: bool
+                      ) -> tuple[int, bytes | None]:
+        """One GET of the whole blob; returns the bytes sent and their MD5 (when checked or cheap to check)."""
         ctx = self.ctx
         loop = asyncio.get_running_loop()
         if props.size == 0:  # no range to ask for; the GET still checks the blob is there, as this version
             await ctx.request(lambda: ctx.store.get_range(row.blob, 0, None, props.etag or None))
             ctx.progress.advanced(row.rel, 0, 0)
-            return 0
+            return 0, hashlib.md5().digest()
         buf = await ctx.memory.buffer(props.size)
         view = memoryview(buf)
         try:
-            await ctx.request(lambda: ctx.store.get_range_into(row.blob, 0, view, props.etag or None))
+            digest = await ctx.request(lambda: self._get_checked(row.blob, 0, view, props.etag or None,
+                                                                 need_md5=want_md5))
             await _in_thread(loop, ctx.io_pool, part.write_view, view, 0)
-            if whole is not None:
-                await _in_thread(loop, ctx.hash_pool, whole.update, view)
         finally:
             view.release()
             ctx.memory.release(buf)
         ctx.progress.advanced(row.rel, props.size, props.size)
-        return props.size
+        return props.size, digest
+
+    async def _get_checked(self, blob: str, offset: int, view: memoryview, etag: str | None, *,
+                           need_md5: bool = False) -> bytes | None:
+        """One ranged GET into `view`, verified against the range MD5 the service sends for small ranges: a
+        mismatch was damage in transit, raised as a transient error so that the request path fetches it again.
+        Returns the MD5 of the bytes when it was computed (or `need_md5` asks for it)."""
+        ctx = self.ctx
+        check = len(view) <= RANGE_MD5_MAX
+        got = await ctx.store.get_range_into(blob, offset, view, etag, range_md5=check)
+        if got.range_md5 is None and not need_md5:
+            return None
+        digest = await _in_thread(asyncio.get_running_loop(), ctx.io_pool, _md5, view)
+        if got.range_md5 is not None and digest != got.range_md5:
+            raise CorruptedInTransitError(f"get blob {blob!r}: bytes {offset}-{offset + len(view) - 1} arrived "
+                                          "damaged (their MD5 differs from the service's)")
+        return digest
 
     async def _ranges(self, row: FileRow, props: BlobProperties, part: PartFile, whole: hashlib._Hash | None,
                       block_size: int, done: set[int]) -> int:
@@ -170,7 +198,7 @@ class FileDownloader:
             nonlocal sent, last_sync
             view = memoryview(buf)[:length]
             try:
-                await ctx.request(lambda: ctx.store.get_range_into(row.blob, offset, view, props.etag))
+                await ctx.request(lambda: self._get_checked(row.blob, offset, view, props.etag))
                 await _in_thread(loop, ctx.io_pool, part.write_view, view, offset)
             except BaseException:
                 ctx.memory.release(buf)
@@ -268,13 +296,17 @@ class FileDownloader:
         return sent
 
 
-async def _in_thread(loop: asyncio.AbstractEventLoop, pool: Executor, fn: Callable[..., object],
-                     *args: object) -> None:
+def _md5(view: memoryview) -> bytes:
+    return hashlib.md5(view).digest()
+
+
+async def _in_thread(loop: asyncio.AbstractEventLoop, pool: Executor, fn: Callable[..., T],
+                     *args: object) -> T:
     """Run `fn(*args)` in `pool`; if cancelled meanwhile (even repeatedly), still wait for the thread: it uses
     the caller's buffer, which the caller frees once this returns."""
     future = loop.run_in_executor(pool, fn, *args)
     try:
-        await asyncio.shield(future)
+        return await asyncio.shield(future)
     except asyncio.CancelledError:
         while not future.done():
             try:

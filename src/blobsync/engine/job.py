@@ -17,7 +17,7 @@ from blobsync.engine.upload import FileUploader
 from blobsync.errors import ExitCode
 from blobsync.journal import JobRow, Journal
 from blobsync.journal.index import Entry, SyncIndex
-from blobsync.local.files import SkippedEntry, SourceFile, check_source, stat_file, walk, warm_if_cold
+from blobsync.local.files import SkippedEntry, SourceFile, blob_rel, check_source, stat_file, walk, warm_if_cold
 from blobsync.location import BlobLocation
 from blobsync.report import FileResult, FileStatus, Report
 
@@ -42,7 +42,7 @@ def blob_name_for(spec: UploadSpec, rel: str, single: bool) -> str:
 
 
 def _skipped_result(entry: SkippedEntry) -> FileResult:
-    failed = not entry.reason.startswith("symbolic link")
+    failed = entry.failed
     return FileResult(entry.rel, "", 0, FileStatus.FAILED if failed else FileStatus.SKIPPED, reason=entry.reason,
                       exit_code=ExitCode.PARTIAL if failed else ExitCode.OK)
 
@@ -112,7 +112,7 @@ class UploadJob:
         spec = self.spec
         assert self.runner.job is not None
         rows = self.runner.journal.add_files(self.runner.job.id, (
-            (e.rel, blob_name_for(spec, e.rel, single), e.size, e.mtime_ns, e.inode) for e in entries))
+            (e.rel, blob_name_for(spec, blob_rel(e.rel), single), e.size, e.mtime_ns, e.inode) for e in entries))
         for e in entries:
             row = rows[e.rel]
             path = spec.source if single else spec.source / e.rel

@@ -47,6 +47,12 @@ class Retrier:
         self.retries = 0
         self._on_retry = on_retry
 
+    def note(self, error: BaseException) -> None:
+        """Count a retry the caller made itself (a whole file fetched again)."""
+        self.retries += 1
+        if self._on_retry is not None:
+            self._on_retry(error, 0.0)
+
     def _wait(self, state: RetryCallState) -> float:
         error = state.outcome.exception() if state.outcome else None
         return backoff_delay(self.policy, state.attempt_number + 1, error)  # the bare first try came before

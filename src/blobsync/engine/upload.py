@@ -124,7 +124,9 @@ class FileUploader:
         nonce = row.nonce
         block_size = row.block_size
         size = plan.identity.size
-        same_source = (row.size, row.mtime_ns, row.inode) == (size, plan.identity.mtime_ns, plan.identity.inode)
+        ident = plan.identity
+        same_source = (row.size, row.mtime_ns, row.inode, row.ctime_ns) == (size, ident.mtime_ns, ident.inode,
+                                                                            ident.ctime_ns)
         # Resume only the same source with the same nonce; anything else starts clean with a new nonce.
         resume = bool(nonce and block_size and same_source and row.state in ("active", "failed", "committed"))
         base = await find_base(self.ctx, plan.blob, size)
@@ -140,6 +142,7 @@ class FileUploader:
                 self.ctx.journal.start_file(
                     row.id, nonce=nonce, block_size=block_size, n_blocks=block_count(size, block_size),
                     size=size, mtime_ns=plan.identity.mtime_ns, inode=plan.identity.inode, reset=True,
+                    ctime_ns=plan.identity.ctime_ns,
                 )
                 # The nonce must be durable before the first block leaves, or a crash orphans the blocks.
                 self.ctx.journal.flush()
@@ -188,7 +191,8 @@ class FileUploader:
                 if expected.get(blk.block_id) == blk.size:
                     present[blk.block_id] = BlockState.UNCOMMITTED
             ctx.journal.start_file(row.id, nonce=nonce, block_size=block_size, n_blocks=n, size=size,
-                                   mtime_ns=plan.identity.mtime_ns, inode=plan.identity.inode, reset=False)
+                                   mtime_ns=plan.identity.mtime_ns, inode=plan.identity.inode, reset=False,
+                                   ctime_ns=plan.identity.ctime_ns)
 
         whole = hashlib.md5() if ctx.config.put_md5 else None
         states = [BlockState.UNCOMMITTED] * n

@@ -22,7 +22,7 @@ class Entry:
     exact_mtime: bool = True  # False when the time is a blob's Last-Modified (whole seconds, upload time)
     md5: bytes | None = None
     etag: str | None = None
-    name: str | None = None  # the blob name, for remote entries
+    name: str | None = None  # the blob name, for remote entries; for local ones, the path if not `rel`
     inode: int = 0
 
 

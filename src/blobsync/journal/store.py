@@ -44,6 +44,16 @@ _SCHEMA = (
 )
 
 
+_last_path: Path | None = None  # the journal this process opened last: what `damaged` names
+
+
+def damaged(exc: sqlite3.Error) -> UsageError:
+    """The one clear error for a journal SQLite cannot use (not a database, damaged pages, locked too long),
+    whenever the damage shows: at open or in the middle of a job."""
+    where = f" at {_last_path}" if _last_path is not None else ""
+    return UsageError(f"cannot open the journal{where}: {exc}", hint="pass --journal PATH or move it aside")
+
+
 def default_journal_path(env: Mapping[str, str] | None = None) -> Path:
     """$XDG_STATE_HOME/blobsync/journal.db, else ~/.local/state/blobsync/journal.db."""
     env = os.environ if env is None else env
@@ -81,6 +91,7 @@ class FileRow:
     etag: str | None
     bytes_sent: int
     error: str | None
+    ctime_ns: int | None = None  # the source's inode change time when its blocks were staged
 
 
 @dataclass(frozen=True)
@@ -137,15 +148,16 @@ class Journal:
         A transfer's own reads and writes use it directly; sqlite-utils (`db`) serves the `jobs` commands only,
         as its import costs ~45 ms, a fifth of the start-up of a `blobsync cp` of one small file."""
         if self._conn is None:
+            global _last_path
+            _last_path = self.path
             try:
                 conn = sqlite3.connect(str(self.path), timeout=10.0, isolation_level=None)
                 conn.execute("PRAGMA journal_mode=WAL")
                 conn.execute("PRAGMA synchronous=NORMAL")
+                self._create_schema(conn)
             except sqlite3.Error as exc:
-                raise UsageError(f"cannot open the journal at {self.path}: {exc}", hint="pass --journal PATH") \
-                    from exc
+                raise damaged(exc) from exc
             self._conn = conn
-            self._create_schema(conn)
         return self._conn
 
     @property
@@ -173,6 +185,8 @@ class Journal:
             columns = {row[1] for row in conn.execute("PRAGMA table_info(blocks)")}
             if "boot" not in columns:  # a journal from before downloads tracked fsyncs
                 conn.execute("ALTER TABLE blocks ADD COLUMN boot TEXT")
+            if "ctime_ns" not in {row[1] for row in conn.execute("PRAGMA table_info(files)")}:
+                conn.execute("ALTER TABLE files ADD COLUMN ctime_ns INTEGER")
             conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         except BaseException:
             conn.execute("ROLLBACK")
@@ -282,7 +296,7 @@ class Journal:
     def _file(row: Mapping[str, Any]) -> FileRow:
         return FileRow(row["id"], row["job_id"], row["rel"], row["blob"], row["size"], row["mtime_ns"],
                        row["inode"], row["state"], row["nonce"], row["block_size"], row["n_blocks"],
-                       row["md5"], row["etag"], row["bytes_sent"] or 0, row["error"])
+                       row["md5"], row["etag"], row["bytes_sent"] or 0, row["error"], row["ctime_ns"])
 
     def files(self, job_id: str) -> list[FileRow]:
         return [self._file(r) for r in self.db.table("files").rows_where("job_id = ?", [job_id], order_by="rel")]
@@ -353,7 +367,8 @@ class Journal:
             self.flush()
 
     def start_file(self, file_id: int, *, nonce: str | None, block_size: int | None, n_blocks: int | None,
-                   size: int, mtime_ns: int, inode: int, reset: bool, etag: str | None = None) -> None:
+                   size: int, mtime_ns: int, inode: int, reset: bool, etag: str | None = None,
+                   ctime_ns: int | None = None) -> None:
         """Record how a file is being sent; `reset` forgets its blocks (a new nonce: a clean restart).
 
         For downloads `etag` is the version of the blob being fetched: ranges are only reused for it."""
@@ -361,9 +376,9 @@ class Journal:
             self._queue("delete from blocks where file_id = ?", (file_id,))
         self._queue(
             "update files set state = 'active', nonce = ?, block_size = ?, n_blocks = ?, size = ?, "
-            "mtime_ns = ?, inode = ?, error = null, etag = coalesce(?, etag), updated = ?"
+            "mtime_ns = ?, inode = ?, ctime_ns = ?, error = null, etag = coalesce(?, etag), updated = ?"
             + (", bytes_sent = 0" if reset else "") + " where id = ?",
-            (nonce, block_size, n_blocks, size, mtime_ns, inode, etag, time.time(), file_id),
+            (nonce, block_size, n_blocks, size, mtime_ns, inode, ctime_ns, etag, time.time(), file_id),
         )
 
     def block_done(self, file_id: int, idx: int, size: int, md5_hex: str, *, durable: bool = False,

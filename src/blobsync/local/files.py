@@ -13,6 +13,7 @@ from pathlib import Path
 import xxhash
 
 from blobsync.errors import SourceChangedError, SourceError, UsageError
+from blobsync.redact import printable
 
 _NOWAIT: int | None = getattr(os, "RWF_NOWAIT", None)  # Linux: fail a read that would wait for the disk
 INLINE_READ_MAX = 64 * 1024  # files up to this size are read and hashed on the event loop when cached
@@ -25,24 +26,37 @@ class FileIdentity:
     size: int
     mtime_ns: int
     inode: int
+    # The inode change time: a rewrite in place that puts the mtime back (rsync --times, cp -p, a checkpoint
+    # writer restoring times) still moves it, and no one can set it back.
+    ctime_ns: int = 0
 
     @classmethod
     def of(cls, st: os.stat_result) -> FileIdentity:
-        return cls(st.st_size, st.st_mtime_ns, st.st_ino)
+        return cls(st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
 
 
 @dataclass(frozen=True)
 class SourceFile:
     path: Path  # absolute
-    rel: str  # relative name with '/', as it becomes part of the blob name
+    rel: str  # relative path with '/' between folders
     identity: FileIdentity
+
+    @property
+    def blob_rel(self) -> str:
+        """The relative name as the blob service stores it: Azure turns a '\\' in a blob name into '/'."""
+        return blob_rel(self.rel)
+
+
+def blob_rel(rel: str) -> str:
+    return rel.replace("\\", "/")
 
 
 @dataclass(frozen=True)
 class SkippedEntry:
     path: Path
-    rel: str
+    rel: str  # printable: undecodable bytes escaped
     reason: str
+    failed: bool = True  # False: a note (a symbolic link or a loop left out on purpose), not a failure
 
 
 def _os_error_text(exc: OSError) -> str:
@@ -54,43 +68,91 @@ def stat_file(path: Path) -> FileIdentity:
     try:
         st = os.stat(path)
     except OSError as exc:
-        raise SourceError(f"{path}: {_os_error_text(exc)}") from exc
+        raise SourceError(f"{printable(str(path))}: {_os_error_text(exc)}") from exc
     if not stat.S_ISREG(st.st_mode):
-        raise SourceError(f"{path}: not a regular file")
+        raise SourceError(f"{printable(str(path))}: not a regular file")
     return FileIdentity.of(st)
 
 
+@dataclass(frozen=True)
+class _Folder:
+    path: Path
+    rel: str  # with a trailing '/', or '' for the root
+    key: tuple[int, int]  # (st_dev, st_ino)
+    parent: _Folder | None  # the chain of folders above: a loop is a folder that is its own ancestor
+
+    def is_below(self, key: tuple[int, int]) -> bool:
+        folder: _Folder | None = self
+        while folder is not None:
+            if folder.key == key:
+                return True
+            folder = folder.parent
+        return False
+
+
 def walk(root: Path, *, follow_symlinks: bool = False) -> Iterator[SourceFile | SkippedEntry]:
-    """Yield every regular file under `root` (sorted, depth first) and every entry that had to be skipped."""
-    stack: list[tuple[Path, str]] = [(root, "")]
+    """Yield every regular file under `root` (sorted, depth first) and every entry that had to be skipped.
+
+    With `follow_symlinks`, a link to a folder that contains it (a loop) is skipped with a note, as rclone
+    and AzCopy do: each folder is entered at most once per path from the root, so the walk ends."""
+    st = os.stat(root)
+    stack = [_Folder(root, "", (st.st_dev, st.st_ino), None)]
     while stack:
-        folder, rel_folder = stack.pop()
+        folder = stack.pop()
         try:
-            with os.scandir(folder) as it:
+            with os.scandir(folder.path) as it:
                 entries = sorted(it, key=lambda e: e.name)
         except OSError as exc:
-            yield SkippedEntry(folder, rel_folder or ".", f"cannot list folder: {_os_error_text(exc)}")
+            yield SkippedEntry(folder.path, printable(folder.rel) or ".",
+                               f"cannot list folder: {_os_error_text(exc)}")
             continue
-        subfolders: list[tuple[Path, str]] = []
+        subfolders: list[_Folder] = []
         for entry in entries:
-            rel = f"{rel_folder}{entry.name}"
-            path = Path(entry.path)
-            try:
-                if entry.is_symlink() and not follow_symlinks:
-                    yield SkippedEntry(path, rel, "symbolic link skipped (use --follow-symlinks)")
-                    continue
-                if entry.is_dir(follow_symlinks=follow_symlinks):
-                    subfolders.append((path, rel + "/"))
-                    continue
-                st = entry.stat(follow_symlinks=follow_symlinks)
-            except OSError as exc:
-                yield SkippedEntry(path, rel, _os_error_text(exc))
-                continue
-            if stat.S_ISREG(st.st_mode):
-                yield SourceFile(path, rel, FileIdentity.of(st))
-            else:
-                yield SkippedEntry(path, rel, "not a regular file")
+            item = _visit(entry, folder, follow_symlinks)
+            if isinstance(item, _Folder):
+                subfolders.append(item)
+            elif item is not None:
+                yield item
         stack.extend(reversed(subfolders))
+
+
+def _visit(entry: os.DirEntry[str], folder: _Folder, follow_symlinks: bool
+           ) -> SourceFile | SkippedEntry | _Folder | None:
+    rel = f"{folder.rel}{entry.name}"
+    path = Path(entry.path)
+    try:
+        rel.encode("utf-8")
+    except UnicodeEncodeError:
+        return SkippedEntry(path, printable(rel), "the name is not valid UTF-8, so it cannot be a blob name: "
+                            "rename it (e.g. with convmv)")
+    try:
+        if entry.is_symlink() and not follow_symlinks:
+            return SkippedEntry(path, rel, "symbolic link skipped (use --follow-symlinks)", failed=False)
+        if entry.is_dir(follow_symlinks=follow_symlinks):
+            st = entry.stat(follow_symlinks=follow_symlinks)
+            key = (st.st_dev, st.st_ino)
+            if folder.is_below(key):
+                target = os.readlink(path) if entry.is_symlink() else entry.name
+                return SkippedEntry(path, rel, f"symbolic link to {printable(target)!r} makes a loop (it leads "
+                                    "back to a folder above it): not followed", failed=False)
+            return _Folder(path, rel + "/", key, folder)
+        st = entry.stat(follow_symlinks=follow_symlinks)
+    except OSError as exc:
+        return SkippedEntry(path, printable(rel), _os_error_text(exc))
+    if not stat.S_ISREG(st.st_mode):
+        return SkippedEntry(path, printable(rel), "not a regular file")
+    if "\\" in entry.name and _twin(folder, rel):
+        return SkippedEntry(path, printable(rel), f"{blob_rel(rel)!r} exists too, and both would be the same blob "
+                            "(Azure stores '\\' in a blob name as '/'): rename one of them")
+    return SourceFile(path, rel, FileIdentity.of(st))
+
+
+def _twin(folder: _Folder, rel: str) -> bool:
+    """Whether the path a backslash name turns into on the service is a file of this tree as well."""
+    root = folder
+    while root.parent is not None:
+        root = root.parent
+    return root.path.joinpath(*blob_rel(rel).split("/")).is_file()
 
 
 def check_source(path: Path, recursive: bool) -> None:

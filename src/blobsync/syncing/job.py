@@ -138,18 +138,21 @@ class SyncJob:
             raise UsageError(f"{str(spec.local)!r} is not a folder: sync works on folders (use cp for one file)")
         for item in walk(spec.local, follow_symlinks=self.config.follow_symlinks):
             if isinstance(item, SkippedEntry):
-                symlink = item.reason.startswith("symbolic link")
                 if not spec.filters.matches(item.rel):
                     continue
-                if not symlink:
+                if item.failed:
                     self.complete = False  # an unreadable folder: its files may exist; never delete for them
-                self.problems.append(FileResult(item.rel, "", 0, FileStatus.SKIPPED if symlink else FileStatus.FAILED,
+                self.problems.append(FileResult(item.rel, "", 0,
+                                                FileStatus.FAILED if item.failed else FileStatus.SKIPPED,
                                                 reason=item.reason,
-                                                exit_code=ExitCode.OK if symlink else ExitCode.PARTIAL))
+                                                exit_code=ExitCode.PARTIAL if item.failed else ExitCode.OK))
                 continue
             f: SourceFile = item
-            if spec.filters.matches(f.rel, f.identity.mtime_ns / 1e9):
-                yield Entry(f.rel, f.identity.size, f.identity.mtime_ns, True, inode=f.identity.inode)
+            # A source file is compared under the name the service will give it; a local target under its own.
+            rel = f.blob_rel if spec.upload else f.rel
+            if spec.filters.matches(rel, f.identity.mtime_ns / 1e9):
+                yield Entry(rel, f.identity.size, f.identity.mtime_ns, True, inode=f.identity.inode,
+                            name=f.rel if rel != f.rel else None)
 
     async def _index_local(self, index: SyncIndex, side: str) -> None:
         """Walk the local tree in a worker thread while the listing waits on the service."""
@@ -272,8 +275,12 @@ class SyncJob:
                     batch = []
         return marked + index.mark(batch)
 
+    def _local_path(self, entry: Entry) -> Path:
+        """Where a local entry's file is (its name differs from `rel` when the service spells it otherwise)."""
+        return self.spec.local / (entry.name or entry.rel)
+
     async def _local_md5(self, entry: Entry, ctx: EngineContext) -> bytes | None:
-        path = self.spec.local / entry.rel
+        path = self._local_path(entry)
         cached = self.journal.cached_md5(str(path), entry.size, entry.mtime_ns, entry.inode)
         if cached is not None:
             return cached
@@ -302,7 +309,7 @@ class SyncJob:
         todo = index.todo()
         for batch in batches(todo):
             if uploader is not None:
-                warm_if_cold([(spec.local / e.rel, e.size) for e, _ in batch], ctx.io_pool.submit)
+                warm_if_cold([(self._local_path(e), e.size) for e, _ in batch], ctx.io_pool.submit)
             rows = self.journal.add_files(job_id, (
                 (e.rel, prefix + e.rel if spec.upload else e.name or e.rel, e.size, e.mtime_ns, e.inode)
                 for e, _ in batch))
@@ -310,7 +317,7 @@ class SyncJob:
                 row = rows[entry.rel]
                 if uploader is not None:
                     self.on_action(Action("upload", entry.rel, reason, entry.size))
-                    yield WorkItem(row, entry.size, functools.partial(uploader.upload, row, spec.local / entry.rel))
+                    yield WorkItem(row, entry.size, functools.partial(uploader.upload, row, self._local_path(entry)))
                     continue
                 assert downloader is not None
                 try:
