@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from pathlib import Path
 
@@ -108,3 +109,20 @@ def test_cap_of_a_running_job_is_changed_with_jobs_cap(container: ContainerHandl
     assert container.download("f.bin") == data
     shown = run(["jobs", "cap", job_id, "0", "--journal", journal])
     assert shown.returncode == 2 and "positive" in shown.stderr
+
+
+def test_progress_under_a_low_cap_is_true_from_the_first_seconds(container: ContainerHandle, tmp_path: Path) -> None:
+    data = random_file(tmp_path / "f.bin", 24 * MiB, seed=21)
+    done = run(["cp", str(tmp_path / "f.bin"), f"{container.url}/f.bin", "--cap-mbps", "40", "--block-size-mb", "4",
+                "--journal", str(tmp_path / "j.db"), "--output-type", "json", "--progress-interval", "0.5"])
+    assert done.returncode == 0, done.stderr
+    records = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    progress = [r for r in records if r["type"] == "progress"]
+    duration = next(r for r in records if r["type"] == "summary")["duration"]
+    assert duration > 3  # 24 MiB at 5 MB/s
+    early = [r for r in progress if 1.0 <= r["elapsed"] <= 2.0]
+    assert early and all(r["bytes_on_wire"] > 0 and r["rate_bytes_per_second"] > 0 for r in early), early
+    # Few blocks share the cap, so each is acknowledged soon, not all of them at the end.
+    first_acked = min(r["elapsed"] for r in progress if r["bytes_done"] > 0)
+    assert first_acked < duration / 2, (first_acked, duration)
+    assert container.download("f.bin") == data

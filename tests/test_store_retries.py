@@ -94,7 +94,7 @@ def test_download_of_a_prefix_retries_its_listing(container: ContainerHandle, pr
     assert got == {name.removeprefix("p/"): data for name, data in blobs.items()}
 
 
-@pytest.mark.parametrize("busy_ops", [("list_blobs",), ("delete_blob",)])
+@pytest.mark.parametrize("busy_ops", [("list_blobs",), ("batch",)])
 def test_sync_deletes_under_503_retry_and_every_reported_deletion_is_gone(
     busy_ops: tuple[str, ...], container: ContainerHandle, proxy: FaultProxy, tmp_path: Path
 ) -> None:
@@ -117,7 +117,7 @@ def test_rm_under_503_retries_and_removes(recursive: bool, container: ContainerH
     for i in range(12):
         container.client.upload_blob(f"r/{i}.bin", b"x")
     container.client.upload_blob("other.bin", b"y")
-    _busy(proxy, "list_blobs", "get_properties", "delete_blob", times=2)
+    _busy(proxy, "list_blobs", "get_properties", "delete_blob", "batch", times=2)
     target = [f"{proxy.endpoint()}/{container.name}/r", "-r"] if recursive else \
         [f"{proxy.endpoint()}/{container.name}/r/3.bin"]
     done = run(["rm", *target, "--output-type", "json", "--quiet"])

@@ -18,6 +18,7 @@ from blobsync.backends.base import BlobProperties
 from blobsync.config import TransferConfig
 from blobsync.engine.bandwidth import TokenBucket, mbps_to_bytes
 from blobsync.engine.context import Progress
+from blobsync.engine.delete import batch_enabled
 from blobsync.engine.retry import Retrier, RetryPolicy
 from blobsync.errors import BlobsyncError, TransferFailedError, UsageError
 from blobsync.events import Subscriber
@@ -71,13 +72,14 @@ def _bucket(config: TransferConfig) -> TokenBucket | None:
 
 
 def _store(loc: BlobLocation, config: TransferConfig, env: Mapping[str, str],
-           bucket: TokenBucket | None = None) -> AzureContainerStore:
+           bucket: TokenBucket | None = None, progress: Progress | None = None) -> AzureContainerStore:
     return AzureContainerStore(
         loc,
         resolve_credential(loc, env),
         connections=config.max_concurrency + 4,
         read_timeout=config.stall_timeout,
         throttle=bucket.take if bucket else None,
+        on_wire=progress.on_wire if progress is not None else None,
     )
 
 
@@ -88,7 +90,8 @@ async def _run_download(
     from blobsync.engine.download_job import DownloadJob, DownloadSpec
 
     bucket = _bucket(config)
-    store = _store(loc, config, env, bucket)
+    progress = progress or Progress()
+    store = _store(loc, config, env, bucket, progress)
     try:
         runner = DownloadJob(DownloadSpec(loc, dest, config, folder), store, journal, progress=progress, job=job)
         runner.runner.bandwidth = bucket
@@ -105,7 +108,8 @@ async def _run_upload(
     from blobsync.engine.job import UploadJob, UploadSpec
 
     bucket = _bucket(config)
-    store = _store(loc, config, env, bucket)
+    progress = progress or Progress()
+    store = _store(loc, config, env, bucket, progress)
     try:
         runner = UploadJob(UploadSpec(source, loc, config), store, journal, progress=progress, job=job)
         runner.runner.bandwidth = bucket
@@ -193,13 +197,14 @@ async def sync_async(
     upload = is_url(dst_text)
     loc = parse_location(dst_text if upload else src_text)
     local = Path(src_text if upload else dst_text).expanduser().absolute()
-    spec = SyncSpec(local, loc, upload, config, filters or Filters(), compare, delete, max_delete, dry_run, ready)
+    spec = SyncSpec(local, loc, upload, config, filters or Filters(), compare, delete, max_delete, dry_run, ready,
+                    batch_enabled(env))
     journal = _journal(config, env)
     bucket = _bucket(config)
-    store = _store(loc, config, env, bucket)
+    progress = _progress(progress, subscribers)
+    store = _store(loc, config, env, bucket, progress)
     try:
-        job = SyncJob(spec, store, journal, progress=_progress(progress, subscribers), on_action=on_action,
-                      confirm=confirm)
+        job = SyncJob(spec, store, journal, progress=progress, on_action=on_action, confirm=confirm)
         job.runner.bandwidth = bucket
         report = await job.run()
     finally:
@@ -429,7 +434,7 @@ async def remove_async(
     loc = parse_location(url)
     spec = RemoveSpec(loc, recursive, filters or Filters(), dry_run, config.start_concurrency,
                       RetryPolicy(max_attempts=config.max_retries + 1, deadline=config.retry_deadline),
-                      Path(list_of_files) if list_of_files is not None else None)
+                      Path(list_of_files) if list_of_files is not None else None, batch_enabled(env))
     store = _store(loc, config, env)
     try:
         report = await RemoveJob(spec, store, progress=_progress(progress, subscribers), on_action=on_action).run()

@@ -126,6 +126,10 @@ class InvalidBlockListError(ServiceError):
     """Put Block List named blocks the service no longer has (expired, discarded, or foreign IDs)."""
 
 
+class BatchUnsupported(ServiceError):
+    """The service takes no Blob Batch requests here: delete one blob per request instead."""
+
+
 class IntegrityError(BlobsyncError):
     """What the service holds does not match what was sent (length, block list or MD5)."""
 
@@ -133,7 +137,11 @@ class IntegrityError(BlobsyncError):
 
 
 class ChecksumMismatchError(IntegrityError):
-    """The whole file's MD5 differs from the blob's Content-MD5."""
+    """The whole file's MD5 differs from the blob's Content-MD5; `digest` is the MD5 of what arrived."""
+
+    def __init__(self, message: str, *, digest: bytes | None = None) -> None:
+        super().__init__(message)
+        self.digest = digest
 
 
 class TransientError(ServiceError):

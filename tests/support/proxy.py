@@ -35,6 +35,7 @@ OPS = frozenset(
         "get_blob",
         "list_blobs",
         "delete_blob",
+        "batch",
         "other",
     }
 )
@@ -143,8 +144,9 @@ class FlipByte:
 
 @dataclass(frozen=True)
 class FlipResponseByte:
-    """Forward, then invert the response-body byte at ``offset`` (default: the middle): damage in transit that
-    TCP did not catch, as a faulty middlebox or NIC makes it. Headers (Content-MD5 included) are untouched."""
+    """Forward, then invert the response-body byte at ``offset`` (default: a random one, so that two damaged
+    answers differ, as real damage in transit does): what a faulty middlebox or NIC does and TCP does not
+    catch. Headers (Content-MD5 included) are untouched."""
 
     offset: int | None = None
 
@@ -366,6 +368,8 @@ def classify(method: str, raw_path: str, headers: CIMultiDictProxy[str] | CIMult
             op = "list_blobs"
         elif method == "DELETE" and not comp:
             op = "delete_container"
+        elif method == "POST" and comp == "batch":
+            op = "batch"
     logged = {k.lower(): v for k, v in headers.items() if k.lower() != "authorization"}
     return _Req(op, method, container, blob, query, logged, b"")
 
@@ -819,7 +823,7 @@ class FaultProxy:
             return await self._partial(request, req, action.keep, status, reason, resp_headers, body, pause)
 
         if isinstance(action, FlipResponseByte) and body:
-            i = len(body) // 2 if action.offset is None else action.offset % len(body)
+            i = random.randrange(len(body)) if action.offset is None else action.offset % len(body)
             damaged = bytearray(body)
             damaged[i] ^= 0xFF
             body = bytes(damaged)

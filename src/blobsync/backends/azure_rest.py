@@ -21,6 +21,7 @@ from urllib.parse import quote, unquote, urlsplit
 
 from blobsync._version import __version__
 from blobsync.backends.azure_auth import Credential, Request
+from blobsync.backends.azure_batch import SubRequest, batch_body, parse_batch
 from blobsync.backends.azure_errors import error_from_response
 from blobsync.backends.base import (
     NO_CONDITIONS,
@@ -37,7 +38,7 @@ from blobsync.backends.base import (
     direct,
 )
 from blobsync.backends.rawget import RawClient, RawHttpError
-from blobsync.errors import BlobNotFoundError, ContainerNotFoundError, NetworkError, ServiceError
+from blobsync.errors import BatchUnsupported, BlobNotFoundError, ContainerNotFoundError, NetworkError, ServiceError
 from blobsync.location import BlobLocation
 from blobsync.redact import redact
 
@@ -329,6 +330,7 @@ class AzureContainerStore:
         connect_timeout: float = 30.0,
         read_timeout: float = 120.0,
         throttle: Throttle | None = None,
+        on_wire: Callable[[int], None] | None = None,
     ) -> None:
         self._loc = loc
         self._cred = credential
@@ -336,7 +338,7 @@ class AzureContainerStore:
         self._base_path = urlsplit(self._base).path
         self._dates = _DateCache()
         self._raw = RawClient(loc.scheme, loc.netloc, connect_timeout=connect_timeout, stall_timeout=read_timeout,
-                              throttle=throttle, max_idle=connections)
+                              throttle=throttle, max_idle=connections, on_wire=on_wire)
 
     @property
     def display_url(self) -> str:
@@ -458,6 +460,43 @@ class AzureContainerStore:
         except BlobNotFoundError:
             return False
         return True
+
+    async def delete_blobs(self, items: Sequence[tuple[str, str | None]]) -> list[bool | ServiceError]:
+        """Delete up to BATCH_MAX blobs (name, If-Match ETag or None) in one Blob Batch request.
+
+        Per blob: True (deleted), False (already gone) or the error its sub-request got. BatchUnsupported when
+        the service takes no batches here (the caller deletes one by one instead)."""
+        parts = []
+        for name, etag in items:
+            headers = {"x-ms-delete-snapshots": "include"}
+            if etag:
+                headers["If-Match"] = etag
+            target, request = await self._sign("DELETE", name, [], headers, None)
+            parts.append(SubRequest("DELETE", target, {k: v for k, v in request.headers.items()
+                                                       if k.lower() != "user-agent"}))
+        content_type, body = batch_body(parts)
+        what = f"delete {len(items)} blobs (batch)"
+        try:
+            _, h, data = await self._call("POST", None, [("restype", "container"), ("comp", "batch")],
+                                          {"Content-Type": content_type}, body, what, (202,))
+        except ServiceError as exc:
+            if exc.status in (400, 404, 405, 501) and not isinstance(exc, ContainerNotFoundError):
+                raise BatchUnsupported(f"{what}: {exc}", status=exc.status, code=exc.code) from exc
+            raise
+        try:
+            answers = parse_batch(h.get("content-type"), data, len(items))
+        except ValueError as exc:
+            raise NetworkError(f"{what}: {exc}") from exc
+        out: list[bool | ServiceError] = []
+        for (name, _), answer in zip(items, answers, strict=True):
+            if answer.status == 202:
+                out.append(True)
+                continue
+            error = error_from_response(status=answer.status, headers=dict(answer.headers), body=answer.body,
+                                        method="DELETE", what=f"delete blob {name!r}", loc=self._loc,
+                                        credential_description=self._cred.description)
+            out.append(False if isinstance(error, BlobNotFoundError) else error)
+        return out
 
     async def get_properties(self, name: str) -> BlobProperties | None:
         try:

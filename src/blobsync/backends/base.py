@@ -6,7 +6,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import Enum
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
+
+if TYPE_CHECKING:
+    from blobsync.errors import ServiceError
 
 T = TypeVar("T")
 
@@ -73,6 +76,7 @@ class Conditions:
 
 NO_CONDITIONS = Conditions()
 
+BATCH_MAX = 256  # deletes in one delete_blobs call (the Blob Batch limit)
 RANGE_MD5_MAX = 4 * 1024 * 1024  # the largest range the service computes an MD5 of on the fly
 
 
@@ -136,5 +140,10 @@ class ContainerStore(Protocol):
     async def list_page(self, prefix: str = "", marker: str = "") -> tuple[list[BlobProperties], str]: ...
 
     async def delete_blob(self, name: str, if_match: str | None = None) -> bool: ...
+
+    async def delete_blobs(self, items: Sequence[tuple[str, str | None]]) -> list[bool | ServiceError]:
+        """Many deletes in one request: per blob True (deleted), False (gone) or its error; raises
+        BatchUnsupported where the service has no batches."""
+        ...
 
     async def close(self) -> None: ...

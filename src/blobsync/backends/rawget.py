@@ -73,6 +73,7 @@ class _Protocol(asyncio.BufferedProtocol):
         self.holding = False  # the bandwidth cap holds the next slice of a body back: not a stall
         self._fd = -1  # the socket, for its send queue (see moved)
         self._queued = 0
+        self.on_wire: Callable[[int], None] | None = None  # told of body bytes as they are written or read
         self._reset(None, "GET", None)
 
     def _reset(self, sink: memoryview | None, method: str, throttle: Throttle | None) -> None:
@@ -112,6 +113,8 @@ class _Protocol(asyncio.BufferedProtocol):
         self._pay(nbytes)
         if self._state == "sink":
             self._pos += nbytes
+            if self.on_wire is not None:
+                self.on_wire(nbytes)
             if self._pos == self._want:
                 self._complete()
             return
@@ -187,6 +190,8 @@ class _Protocol(asyncio.BufferedProtocol):
         assert self.transport is not None
         if body is None or (body.nbytes <= SLICE and throttle is None):
             self.transport.write(b"".join((head, body)) if body is not None else head)
+            if body is not None and self.on_wire is not None:
+                self.on_wire(body.nbytes)
             return True
         self.sending = True
         try:
@@ -205,6 +210,8 @@ class _Protocol(asyncio.BufferedProtocol):
                 if self._waiter is None or self.closed:  # answered early, or failed: stop sending
                     return False
                 self.transport.write(b"".join((head, piece)) if start == 0 else piece)
+                if self.on_wire is not None:
+                    self.on_wire(piece.nbytes)
                 if not self._paused:
                     self.last_activity = time.monotonic()
             return True
@@ -391,7 +398,8 @@ class RawClient:
     """A small pool of keep-alive connections to one host."""
 
     def __init__(self, scheme: str, netloc: str, *, connect_timeout: float, stall_timeout: float,
-                 throttle: Throttle | None = None, max_idle: int = 64) -> None:
+                 throttle: Throttle | None = None, max_idle: int = 64,
+                 on_wire: Callable[[int], None] | None = None) -> None:
         host, _, port = netloc.rpartition(":") if netloc.rsplit(":", 1)[-1].isdigit() else (netloc, "", "")
         self.host = host.strip("[]")
         self.port = int(port) if port else (443 if scheme == "https" else 80)
@@ -400,6 +408,7 @@ class RawClient:
         self.connect_timeout = connect_timeout
         self.stall_timeout = stall_timeout
         self.throttle = throttle
+        self.on_wire = on_wire
         self.max_idle = max_idle
         self._idle: list[_Protocol] = []
 
@@ -451,6 +460,7 @@ class RawClient:
         if protocol.closed:
             raise RawHttpError("connection closed", closed_by_peer=True)
         waiter = protocol.request(method, sink, self.throttle if method == "GET" else None)
+        protocol.on_wire = self.on_wire
         loop = asyncio.get_running_loop()
 
         tick = min(1.0, max(0.05, self.stall_timeout / 4))

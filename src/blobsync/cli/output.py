@@ -24,7 +24,9 @@ def human_bytes(n: float) -> str:
 
 
 def _rate(p: Progress) -> float:
-    return p.bytes_sent / max(time.monotonic() - p.started, 1e-6)
+    """Bytes per second on the wire, counted as they move: at a low cap a block takes long to be acknowledged,
+    and a rate of acknowledged bytes read 0 B/s until the first one was."""
+    return max(p.bytes_moving, p.bytes_sent) / max(time.monotonic() - p.started, 1e-6)
 
 
 def _eta(p: Progress, rate: float) -> int | None:
@@ -49,6 +51,8 @@ def progress_line(p: Progress) -> str:
         extras.append(f"concurrency {p.concurrency}")
     if p.retries:
         extras.append(f"{p.retries} retries")
+    if p.bytes_moving > p.bytes_sent:
+        extras.append(f"{human_bytes(p.bytes_moving)} on the wire")
     if p.throttled:
         extras.append(f"throttled {p.throttled}x")
     return (f"{pct:5.1f}%  {human_bytes(p.bytes_done)} / {human_bytes(p.bytes_total)}  "
@@ -61,6 +65,7 @@ def progress_record(p: Progress) -> dict[str, object]:
     return {
         "type": "progress", "elapsed": round(time.monotonic() - p.started, 3),
         "bytes_done": p.bytes_done, "bytes_total": p.bytes_total, "bytes_sent": p.bytes_sent,
+        "bytes_on_wire": max(p.bytes_moving, p.bytes_sent),
         "rate_bytes_per_second": round(rate), "eta_seconds": _eta(p, rate),
         "files_done": p.files_done, "files_total": p.files_total, "files_skipped": p.files_skipped,
         "files_failed": p.files_failed, "files_deleted": p.files_deleted,

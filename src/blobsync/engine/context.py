@@ -38,7 +38,8 @@ class Progress:
     files_deleted: int = 0
     bytes_total: int = 0
     bytes_done: int = 0  # bytes of file content acknowledged by the service (or found there on resume)
-    bytes_sent: int = 0  # bytes that went over the wire in this run
+    bytes_sent: int = 0  # bytes of acknowledged requests that went over the wire in this run
+    bytes_moving: int = 0  # body bytes written to (or read from) the network in this run, as they move
     retries: int = 0
     concurrency: int = 0  # the adaptive request limit now
     throttled: int = 0  # throttling answers so far
@@ -52,6 +53,10 @@ class Progress:
             self.bytes_total += size
         if self.subscribers:
             self._tell("on_queued", QueuedFile(rel, blob, size))
+
+    def on_wire(self, nbytes: int) -> None:
+        """The HTTP client wrote (or read) `nbytes` of a body: the rate is true before a block is acknowledged."""
+        self.bytes_moving += nbytes
 
     def advanced(self, rel: str, done: int, sent: int) -> None:
         """`done` more bytes of `rel` are complete, `sent` of them went over the wire in this run."""

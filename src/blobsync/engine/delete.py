@@ -1,15 +1,17 @@
-"""Deleting many blobs through the job's request path, a bounded number at a time, each outcome reported."""
+"""Deleting many blobs through the job's request path, in batches where the service takes them."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterable, Callable, Iterable
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
+from typing import TypeVar
 
-from blobsync.backends.base import ContainerStore, Requester
+from blobsync.backends.base import BATCH_MAX, ContainerStore
+from blobsync.engine.context import RequestPath
 from blobsync.engine.tasks import for_each
-from blobsync.errors import AuthError, BlobsyncError, ContainerNotFoundError
+from blobsync.errors import AuthError, BatchUnsupported, BlobsyncError, ContainerNotFoundError, TransientError
 from blobsync.redact import redact
 
 log = logging.getLogger("blobsync")
@@ -26,6 +28,11 @@ class Doomed:
     key: object = None  # the caller's handle (a journal row), handed back with the outcome
 
 
+def batch_enabled(env: Mapping[str, str]) -> bool:
+    """Blob Batch for bulk deletes, unless BLOBSYNC_BLOB_BATCH=0 (a proxy that refuses multipart POSTs)."""
+    return env.get("BLOBSYNC_BLOB_BATCH", "1").strip().lower() not in ("0", "false", "no")
+
+
 class Outcome(Enum):
     DELETED = "deleted"
     GONE = "already gone"  # nothing to delete: a retry after a lost answer, or someone else deleted it
@@ -36,27 +43,90 @@ OnDone = Callable[[Doomed, Outcome, BlobsyncError | None], None]
 
 # Errors no other blob will escape: stop the whole run with the one clear error.
 FATAL = (AuthError, ContainerNotFoundError)
+BATCHES_IN_FLIGHT = 8  # each holds up to 256 deletes: more would only queue at the service
+T = TypeVar("T")
 
 
 class BlobDeleter:
-    """Deletes blobs with at most `workers` requests of its own in flight (the request path's limit applies too)."""
+    """Deletes blobs in Blob Batch requests of up to 256 where the service takes them, else one per request.
 
-    def __init__(self, store: ContainerStore, request: Requester, workers: int, on_done: OnDone) -> None:
+    Every request goes through the job's request path (its limit, its retries, its counters). A sub-request
+    the service throttled or failed for a moment is tried again on its own, under the retry policy."""
+
+    def __init__(self, store: ContainerStore, requests: RequestPath, workers: int, on_done: OnDone, *,
+                 batch: bool = True) -> None:
         self.store = store
-        self.request = request
+        self.requests = requests
         self.workers = max(1, workers)
         self.on_done = on_done
+        self.batching = batch
 
     async def run(self, items: Iterable[Doomed] | AsyncIterable[Doomed]) -> None:
-        await for_each(items, self._one, self.workers)
+        if not self.batching:
+            await for_each(items, self._one, self.workers)
+            return
+        await for_each(chunks(items, BATCH_MAX), self._batch, min(self.workers, BATCHES_IN_FLIGHT))
+
+    async def _batch(self, chunk: list[Doomed]) -> None:
+        if not self.batching:  # another batch found out meanwhile
+            await for_each(chunk, self._one, self.workers)
+            return
+        try:
+            results = await self.requests(lambda: self.store.delete_blobs([(d.name, d.etag) for d in chunk]))
+        except BatchUnsupported as exc:
+            log.info("no Blob Batch here (%s): deleting one blob per request", redact(str(exc)))
+            self.batching = False
+            await for_each(chunk, self._one, self.workers)
+            return
+        except FATAL:
+            raise
+        except BlobsyncError as exc:  # the whole batch failed, retries spent
+            for item in chunk:
+                self._failed(item, exc)
+            return
+        again = []
+        for item, result in zip(chunk, results, strict=True):
+            if isinstance(result, FATAL):
+                raise result
+            if isinstance(result, TransientError):
+                self.requests.retrier.note(result)
+                again.append(item)
+            elif isinstance(result, BlobsyncError):
+                self._failed(item, result)
+            else:
+                self.on_done(item, Outcome.DELETED if result else Outcome.GONE, None)
+        if again:
+            await for_each(again, self._one, self.workers)
 
     async def _one(self, item: Doomed) -> None:
         try:
-            gone = await self.request(lambda: self.store.delete_blob(item.name, item.etag))
+            gone = await self.requests(lambda: self.store.delete_blob(item.name, item.etag))
         except FATAL:
             raise
         except BlobsyncError as exc:
-            log.warning("%s: cannot delete: %s", item.rel, redact(str(exc)))
-            self.on_done(item, Outcome.FAILED, exc)
+            self._failed(item, exc)
             return
         self.on_done(item, Outcome.DELETED if gone else Outcome.GONE, None)
+
+    def _failed(self, item: Doomed, error: BlobsyncError) -> None:
+        log.warning("%s: cannot delete: %s", item.rel, redact(str(error)))
+        self.on_done(item, Outcome.FAILED, error)
+
+
+async def chunks(items: Iterable[T] | AsyncIterable[T], size: int) -> AsyncIterator[list[T]]:
+    """`items` in lists of up to `size`, taken lazily."""
+    batch: list[T] = []
+    if isinstance(items, AsyncIterable):
+        async for item in items:
+            batch.append(item)
+            if len(batch) >= size:
+                yield batch
+                batch = []
+    else:
+        for item in items:
+            batch.append(item)
+            if len(batch) >= size:
+                yield batch
+                batch = []
+    if batch:
+        yield batch

@@ -42,16 +42,17 @@ class FileDownloader:
                 return self._skipped(row, props, "exists locally (--overwrite false)")
             if os.stat(target).st_mtime_ns >= destination_mtime_ns(props):
                 return self._skipped(row, props, "local file is as new or newer (--overwrite ifSourceNewer)")
-        refetched = changed = False
+        seen: set[bytes] = set()  # digests of whole fetches that differed from the stored MD5
+        changed = False
         while True:
             try:
-                return await self._fetch(row, props, target)
+                return await self._fetch(row, props, target, frozenset(seen))
             except ChecksumMismatchError as exc:
-                # Most likely damaged in transit in a range too large for a per-range MD5: fetch the file again,
-                # once; a second mismatch is what the service holds.
-                if refetched:
+                # Damage in transit in a range too large for a per-range MD5, or a stored MD5 that is wrong:
+                # fetch again. The same bytes twice mean it is what the service holds.
+                if exc.digest is None or exc.digest in seen or len(seen) >= self.ctx.config.max_retries:
                     raise
-                refetched = True
+                seen.add(exc.digest)
                 self.ctx.requests.retrier.note(exc)
             except ConflictError:
                 # The blob changed during the download (If-Match failed): start over with the new version.
@@ -68,7 +69,8 @@ class FileDownloader:
         self.ctx.journal.finish_file(row.id, "skipped", error=reason)
         return FileResult(row.rel, row.blob, props.size, FileStatus.SKIPPED, reason=reason)
 
-    async def _fetch(self, row: FileRow, props: BlobProperties, target: Path) -> FileResult:
+    async def _fetch(self, row: FileRow, props: BlobProperties, target: Path, seen: frozenset[bytes] = frozenset()
+                     ) -> FileResult:
         ctx = self.ctx
         cfg = ctx.config
         loop = asyncio.get_running_loop()
@@ -91,7 +93,7 @@ class FileDownloader:
         digest: bytes | None = None
         try:
             if size <= cfg.single_put_limit and not done:
-                sent, digest = await self._single(row, props, part, want_md5)
+                sent, digest = await self._single(row, props, part, want_md5, seen)
             else:
                 whole = hashlib.md5() if want_md5 else None
                 sent = await self._ranges(row, props, part, whole, block_size, done)
@@ -131,10 +133,11 @@ class FileDownloader:
                             "(--check-md5 LogOnly: kept)", blob)
                 return
             raise ChecksumMismatchError(f"{blob}: MD5 of the downloaded bytes differs from the blob's Content-MD5 "
-                                        "(fetched twice); nothing was written at the final path")
+                                        "(the same bytes on every fetch); nothing was written at the final path",
+                                        digest=got)
 
-    async def _single(self, row: FileRow, props: BlobProperties, part: PartFile, want_md5: bool
-                      ) -> tuple[int, bytes | None]:
+    async def _single(self, row: FileRow, props: BlobProperties, part: PartFile, want_md5: bool,
+                      seen: frozenset[bytes]) -> tuple[int, bytes | None]:
         """One GET of the whole blob; returns the bytes sent and their MD5 (when checked or cheap to check)."""
         ctx = self.ctx
         loop = asyncio.get_running_loop()
@@ -147,6 +150,12 @@ class FileDownloader:
         try:
             digest = await ctx.request(lambda: self._get_checked(row.blob, 0, view, props.etag or None,
                                                                  need_md5=want_md5))
+            if (not want_md5 and digest is not None and props.content_md5 is not None
+                    and digest != props.content_md5 and digest not in seen):
+                # Unchecked, but the bytes differ from the stored MD5 the service sent as the range's: damage
+                # or a wrong stored MD5. Fetching again tells; the same bytes twice are kept.
+                raise ChecksumMismatchError(f"{row.blob}: MD5 of the downloaded bytes differs from the blob's",
+                                            digest=digest)
             await _in_thread(loop, ctx.io_pool, part.write_view, view, 0)
         finally:
             view.release()
@@ -165,7 +174,11 @@ class FileDownloader:
         if got.range_md5 is None and not need_md5:
             return None
         digest = await _in_thread(asyncio.get_running_loop(), ctx.io_pool, _md5, view)
-        if got.range_md5 is not None and digest != got.range_md5:
+        whole_blob = offset == 0 and len(view) == got.size
+        if got.range_md5 is not None and digest != got.range_md5 and not (whole_blob
+                                                                          and got.range_md5 == got.content_md5):
+            # (For a range that is the whole blob, Azurite answers with the stored Content-MD5: a mismatch with
+            # that may be a wrong stored MD5, not damage; the whole-file check decides, after one refetch.)
             raise CorruptedInTransitError(f"get blob {blob!r}: bytes {offset}-{offset + len(view) - 1} arrived "
                                           "damaged (their MD5 differs from the service's)")
         return digest

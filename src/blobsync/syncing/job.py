@@ -8,15 +8,14 @@ import hashlib
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 from pathlib import Path
 
-from blobsync.backends.base import BlobProperties, ContainerStore
+from blobsync.backends.base import ContainerStore
 from blobsync.config import FlagEnum, TransferConfig
 from blobsync.engine.context import EngineContext, Progress
 from blobsync.engine.delete import Doomed
 from blobsync.engine.enumerate import index_in_thread
-from blobsync.engine.mtime import MTIME_KEY, format_mtime, parse_mtime
+from blobsync.engine.listing import as_properties, remote_entry
 from blobsync.engine.runner import JobRunner, WorkItem, batches
 from blobsync.errors import BlobsyncError, ExitCode, UnsafeNameError, UsageError
 from blobsync.journal import FileRow, Journal
@@ -82,22 +81,7 @@ class SyncSpec:
     # Uploads: a source file for which ready(rel, mtime_ns) is False is left alone this run, neither sent nor
     # deleted at the destination (watch mode holds files that are still being written).
     ready: Callable[[str, int], bool] | None = None
-
-
-def _remote_entry(prefix: str, props: BlobProperties) -> Entry:
-    stored = props.metadata.get(MTIME_KEY)
-    mtime = parse_mtime(stored) if stored else None
-    exact = mtime is not None
-    if mtime is None:
-        mtime = int(props.last_modified.timestamp()) * 1_000_000_000
-    return Entry(props.name[len(prefix):], props.size, mtime, exact, props.content_md5, props.etag, props.name)
-
-
-def _as_properties(entry: Entry) -> BlobProperties:
-    """Enough of a blob's properties for the downloader, rebuilt from the listing entry."""
-    metadata = {MTIME_KEY: format_mtime(entry.mtime_ns)} if entry.exact_mtime else {}
-    return BlobProperties(entry.name or entry.rel, entry.size, entry.etag or "",
-                          datetime.fromtimestamp(entry.mtime_ns / 1e9, UTC), entry.md5, None, metadata)
+    batch_deletes: bool = True  # Blob Batch for the deletes
 
 
 class SyncJob:
@@ -172,7 +156,7 @@ class SyncJob:
                                                  request=self.runner.requests):
             if props.name.endswith("/"):
                 continue  # folder markers of hierarchical tools
-            entry = _remote_entry(prefix, props)
+            entry = remote_entry(prefix, props)
             if filters.matches(entry.rel, entry.mtime_ns / 1e9):
                 batch.append(entry)
             if len(batch) >= 1000:
@@ -329,7 +313,7 @@ class SyncJob:
                     continue
                 self.on_action(Action("download", entry.rel, reason, entry.size))
                 yield WorkItem(row, entry.size,
-                               functools.partial(downloader.download, row, _as_properties(entry), target))
+                               functools.partial(downloader.download, row, as_properties(entry), target))
 
     # --- deletes ------------------------------------------------------------------------------------------
 
@@ -407,7 +391,8 @@ class SyncJob:
                 self.on_action(Action("delete", item.rel, "not in source", item.size))
                 yield item
 
-        deleter = BlobDeleter(self.store, self.runner.requests, self.config.max_concurrency, done)
+        deleter = BlobDeleter(self.store, self.runner.requests, self.config.max_concurrency, done,
+                              batch=self.spec.batch_deletes)
         await deleter.run(announced(self._doomed(index)))
 
     def _delete_files(self, index: SyncIndex, report: Report) -> None:

@@ -34,6 +34,7 @@ class RemoveSpec:
     concurrency: int = 16
     policy: RetryPolicy = field(default_factory=RetryPolicy)
     list_of_files: Path | None = None  # relative names, one per line, instead of listing the folder
+    batch: bool = True  # Blob Batch for the deletes
 
 
 def folder_prefix(path: str) -> str:
@@ -143,7 +144,7 @@ class RemoveJob:
 
         if self.spec.dry_run:
             return _DryRun(report)
-        return BlobDeleter(self.store, self.requests, self.spec.concurrency, done)
+        return BlobDeleter(self.store, self.requests, self.spec.concurrency, done, batch=self.spec.batch)
 
     async def _listed(self, report: Report) -> AsyncIterator[tuple[str, BlobProperties]]:
         """The blobs --list-of-files names (relative to the URL), each looked up: a missing one is reported."""
