@@ -94,9 +94,10 @@ def test_download_of_a_prefix_retries_its_listing(container: ContainerHandle, pr
     assert got == {name.removeprefix("p/"): data for name, data in blobs.items()}
 
 
-@pytest.mark.parametrize("busy_ops", [("list_blobs",), ("batch",)])
+@pytest.mark.parametrize(("busy_ops", "extra"), [(("list_blobs",), ()), (("batch",), ()),
+                                                (("batch",), ("--max-delete", "30"))])
 def test_sync_deletes_under_503_retry_and_every_reported_deletion_is_gone(
-    busy_ops: tuple[str, ...], container: ContainerHandle, proxy: FaultProxy, tmp_path: Path
+    busy_ops: tuple[str, ...], extra: tuple[str, ...], container: ContainerHandle, proxy: FaultProxy, tmp_path: Path
 ) -> None:
     src = tmp_path / "src"
     keep = random_file(src / "keep.bin", 10, seed=4)
@@ -105,7 +106,7 @@ def test_sync_deletes_under_503_retry_and_every_reported_deletion_is_gone(
     container.client.upload_blob("d/keep.bin", keep)
     _busy(proxy, *busy_ops, times=3)
     summary = _cli("sync", str(src), f"{proxy.endpoint()}/{container.name}/d", "--delete-destination", "true",
-                   tmp_path=tmp_path)
+                   *extra, tmp_path=tmp_path)
     assert _faults(proxy) == 3 and summary["retries"] == 3
     assert summary["files_deleted"] == 30
     assert container.blob_names() == ["d/keep.bin"]

@@ -69,6 +69,33 @@ class CheckMd5(FlagEnum):
         return "--check-md5"
 
 
+# Control characters, CR and LF above all, would end a header line early: what follows would be read as more
+# headers, or as a second request on the same connection. HTAB is the one control character a header may hold.
+_HEADER_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+_META_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # a C# identifier (ASCII), as Azure requires
+
+
+def check_header_text(value: str, what: str, *, ascii_only: bool = False) -> None:
+    """Refuse text that cannot be one HTTP header value (UsageError naming `what`), before any request."""
+    if _HEADER_CONTROL.search(value):
+        raise UsageError(f"invalid {what} {value[:60]!r}: line breaks and other control characters cannot be part "
+                         "of an HTTP header")
+    try:
+        value.encode("ascii" if ascii_only else "latin-1")
+    except UnicodeEncodeError as exc:
+        allowed = "ASCII" if ascii_only else "Latin-1"
+        raise UsageError(f"invalid {what} {value[:60]!r}: an HTTP header holds {allowed} text only") from exc
+
+
+def check_metadata(key: str, value: str, what: str = "metadata") -> None:
+    """Azure's rules for one metadata pair: the name a C# identifier, the value ASCII header text."""
+    if not _META_NAME.match(key):
+        raise UsageError(f"invalid {what} name {key!r}: letters, digits and '_', not starting with a digit")
+    if key.lower() in _RESERVED_METADATA:
+        raise UsageError(f"{what} name {key!r} is reserved: blobsync stores the source mtime there")
+    check_header_text(value, f"{what} value for {key!r}", ascii_only=True)
+
+
 def parse_metadata(text: str | None) -> dict[str, str]:
     """Parse AzCopy-style 'k=v;k2=v2' metadata; names must be valid C# identifiers, as Azure requires."""
     out: dict[str, str] = {}
@@ -81,13 +108,7 @@ def parse_metadata(text: str | None) -> dict[str, str]:
         key = key.strip()
         if not sep or not key:
             raise UsageError(f"invalid --metadata item {item!r}: expected key=value")
-        if not (key[0].isalpha() or key[0] == "_") or not all(c.isalnum() or c == "_" for c in key) \
-                or not key.isascii():
-            raise UsageError(f"invalid metadata name {key!r}: letters, digits and '_', not starting with a digit")
-        if key.lower() in _RESERVED_METADATA:
-            raise UsageError(f"metadata name {key!r} is reserved: blobsync stores the source mtime there")
-        if not value.isascii():
-            raise UsageError(f"metadata value for {key!r} must be ASCII (an HTTP header)")
+        check_metadata(key, value, "--metadata")
         out[key] = value
     return out
 
@@ -143,6 +164,12 @@ class TransferConfig:
             raise UsageError("--cap-mbps must be positive")
         if self.max_retries < 0 or self.retry_deadline <= 0 or self.stall_timeout <= 0:
             raise UsageError("retry limits and timeouts must be positive")
+        if self.content_type is not None:
+            check_header_text(self.content_type, "--content-type")
+        for key, value in self.metadata.items():
+            if not isinstance(key, str) or not isinstance(value, str):
+                raise UsageError(f"invalid metadata {key!r}: names and values are text")
+            check_metadata(key, value)
         object.__setattr__(self, "metadata", MappingProxyType(dict(self.metadata)))
 
     @property

@@ -83,6 +83,10 @@ def is_url(text: str) -> bool:
 def parse_location(url: str) -> BlobLocation:
     """Parse a container/blob URL; raises UsageError naming what is wrong (never echoing a SAS)."""
     shown = url.split("?", 1)[0]
+    if "#" in shown:
+        # urlsplit would take the rest for a fragment: the blob name cut short, and the SAS dropped with it.
+        raise UsageError(f"URL {shown.split('#', 1)[0] + '#...'!r} holds a '#': a name with '#' is written %23 in "
+                         "a URL (e.g. run%231.pt)")
     try:
         parts = urlsplit(url)
     except ValueError as exc:
@@ -138,5 +142,7 @@ def check_blob_name(name: str) -> None:
         raise UnsafeNameError(f"{name[:80]!r}: a blob name has at most 254 path segments")
     if name.endswith((".", "/")):
         raise UnsafeNameError(f"{name!r}: blob names ending in '.' or '/' are changed or refused by Azure")
+    if any(segment.endswith(".") for segment in name.split("/")[:-1]):
+        raise UnsafeNameError(f"{name!r}: a path segment ending in '.' is changed or refused by Azure")
     if _CONTROL.search(name):
         raise UnsafeNameError(f"{name!r}: control characters are not valid in blob names")
