@@ -126,6 +126,10 @@ class InvalidBlockListError(ServiceError):
     """Put Block List named blocks the service no longer has (expired, discarded, or foreign IDs)."""
 
 
+class ConnectionSetupError(ServiceError):
+    """The connection itself cannot be made to work (the TLS certificate is not trusted): retrying cannot help."""
+
+
 class BatchUnsupported(ServiceError):
     """The service takes no Blob Batch requests here: delete one blob per request instead."""
 

@@ -37,8 +37,16 @@ from blobsync.backends.base import (
     Requester,
     direct,
 )
-from blobsync.backends.rawget import RawClient, RawHttpError
-from blobsync.errors import BatchUnsupported, BlobNotFoundError, ContainerNotFoundError, NetworkError, ServiceError
+from blobsync.backends.http import HttpClient, HttpError
+from blobsync.errors import (
+    AuthError,
+    BatchUnsupported,
+    BlobNotFoundError,
+    ConnectionSetupError,
+    ContainerNotFoundError,
+    NetworkError,
+    ServiceError,
+)
 from blobsync.location import BlobLocation
 from blobsync.redact import redact
 
@@ -109,6 +117,15 @@ def _parse_http_date(value: str | None) -> datetime | None:
 
 
 _EPOCH = datetime.fromtimestamp(0, UTC)
+
+
+def _transport_error(exc: HttpError, what: str) -> ServiceError:
+    """An HttpError as the blobsync error it is: TLS and proxy credentials stop the job, the rest is retried."""
+    if exc.kind == "tls":
+        return ConnectionSetupError(f"{what}: {exc}")
+    if exc.kind == "proxy-auth":
+        return AuthError(f"{what}: {exc}")
+    return NetworkError(f"{what}: {exc}")
 
 
 def _md5_header(value: str | None) -> bytes | None:
@@ -331,14 +348,18 @@ class AzureContainerStore:
         read_timeout: float = 120.0,
         throttle: Throttle | None = None,
         on_wire: Callable[[int], None] | None = None,
+        proxy: str | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
+        """`proxy` overrides the proxies of `env` (HTTPS_PROXY, NO_PROXY...); `env` also names CA bundles."""
         self._loc = loc
         self._cred = credential
         self._base = loc.container_url
         self._base_path = urlsplit(self._base).path
         self._dates = _DateCache()
-        self._raw = RawClient(loc.scheme, loc.netloc, connect_timeout=connect_timeout, stall_timeout=read_timeout,
-                              throttle=throttle, max_idle=connections, on_wire=on_wire)
+        self._raw = HttpClient(loc.scheme, loc.netloc, connect_timeout=connect_timeout, stall_timeout=read_timeout,
+                               throttle=throttle, on_wire=on_wire, proxy=proxy, env=env,
+                               connections=connections)
 
     @property
     def display_url(self) -> str:
@@ -353,7 +374,7 @@ class AzureContainerStore:
         return self._loc
 
     async def close(self) -> None:
-        self._raw.close()
+        await self._raw.close()
 
     # --- transport ----------------------------------------------------------------------------------------
 
@@ -391,8 +412,8 @@ class AzureContainerStore:
         target, request = await self._sign(method, name, query, headers, body)
         try:
             raw = await self._raw.request(method, target, request.headers, body=body)
-        except RawHttpError as exc:
-            raise NetworkError(f"{what}: {exc}") from exc
+        except HttpError as exc:
+            raise _transport_error(exc, what) from exc
         status, resp_headers, data = raw.status, raw.headers, raw.body
         if chunks is not None and status in expect:
             chunks.append(data)
@@ -592,8 +613,8 @@ class AzureContainerStore:
         target, request = await self._sign("GET", name, [], headers, None)
         try:
             response = await self._raw.request("GET", target, request.headers, buf)
-        except RawHttpError as exc:
-            raise NetworkError(f"{what}: {exc}") from exc
+        except HttpError as exc:
+            raise _transport_error(exc, what) from exc
         if log.isEnabledFor(logging.DEBUG):
             log.debug("GET %s -> %d (raw)", redact(target), response.status)
         if response.status not in (200, 206):

@@ -11,7 +11,14 @@ from typing import TypeVar
 from blobsync.backends.base import BATCH_MAX, ContainerStore
 from blobsync.engine.context import RequestPath
 from blobsync.engine.tasks import for_each
-from blobsync.errors import AuthError, BatchUnsupported, BlobsyncError, ContainerNotFoundError, TransientError
+from blobsync.errors import (
+    AuthError,
+    BatchUnsupported,
+    BlobsyncError,
+    ConnectionSetupError,
+    ContainerNotFoundError,
+    TransientError,
+)
 from blobsync.redact import redact
 
 log = logging.getLogger("blobsync")
@@ -42,7 +49,7 @@ class Outcome(Enum):
 OnDone = Callable[[Doomed, Outcome, BlobsyncError | None], None]
 
 # Errors no other blob will escape: stop the whole run with the one clear error.
-FATAL = (AuthError, ContainerNotFoundError)
+FATAL = (AuthError, ContainerNotFoundError, ConnectionSetupError)
 BATCHES_IN_FLIGHT = 8  # each holds up to 256 deletes: more would only queue at the service
 T = TypeVar("T")
 

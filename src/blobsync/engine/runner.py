@@ -23,6 +23,7 @@ from blobsync.engine.retry import Retrier, RetryPolicy
 from blobsync.errors import (
     AuthError,
     BlobsyncError,
+    ConnectionSetupError,
     ContainerNotFoundError,
     DiskFullError,
     ExitCode,
@@ -35,7 +36,7 @@ from blobsync.report import FileResult, FileStatus, Report
 log = logging.getLogger("blobsync")
 
 # Errors that no other file can escape either: stop the job (it stays resumable).
-FATAL = (AuthError, ContainerNotFoundError, TransientError, DiskFullError)
+FATAL = (AuthError, ContainerNotFoundError, TransientError, DiskFullError, ConnectionSetupError)
 
 
 FIRST_BATCH = 64  # files journaled before the first request: few, so that the first request leaves early

@@ -14,7 +14,7 @@ from pathlib import Path
 import watchfiles
 
 from blobsync.engine.retry import RetryPolicy, backoff_delay
-from blobsync.errors import AuthError, BlobsyncError, ContainerNotFoundError, UsageError
+from blobsync.errors import AuthError, BlobsyncError, ConnectionSetupError, ContainerNotFoundError, UsageError
 from blobsync.report import Report
 
 log = logging.getLogger("blobsync")
@@ -23,7 +23,7 @@ Ready = Callable[[str, int], bool]
 RunRound = Callable[[Ready], Awaitable[Report]]
 
 # No retry fixes these: the watch stops with them (and their exit code) instead of retrying forever.
-PERMANENT = (UsageError, AuthError, ContainerNotFoundError)
+PERMANENT = (UsageError, AuthError, ContainerNotFoundError, ConnectionSetupError)
 # Between failed rounds: the project's one backoff (full jitter, Retry-After honoured), up to a minute, never
 # shorter than the settle time.
 ROUND_BACKOFF = RetryPolicy(base_delay=2.0, max_delay=60.0)

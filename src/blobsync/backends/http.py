@@ -1,0 +1,339 @@
+"""The HTTP client of every request, on aiohttp: proxies, TLS, the bandwidth cap and one stall watch.
+
+Proxies come from the environment as users expect (HTTPS_PROXY, HTTP_PROXY, ALL_PROXY, NO_PROXY, any case,
+user:pass@ for Basic proxy auth, CONNECT for https), or from `proxy` (--proxy), which overrides them. TLS trusts
+the system store, SSL_CERT_FILE/SSL_CERT_DIR (OpenSSL reads them) and REQUESTS_CA_BUNDLE/CURL_CA_BUNDLE (what
+Azure CLI and requests users set). A request body leaves from the caller's buffer in slices paced by the bandwidth
+cap; a ranged GET's body is copied once, from aiohttp's chunks into the caller's buffer. A stall, not a slow
+transfer, ends a request: the clock restarts with every slice taken and every chunk read, and stands still while
+the cap holds a slice back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import ssl
+import struct
+import sys
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from blobsync.backends.base import Buffer
+
+if TYPE_CHECKING:
+    import aiohttp
+
+Throttle = Callable[[int], Awaitable[None]]
+
+SLICE = 256 * 1024  # a body larger than this goes out this much at a time (paced by the cap and the transport)
+_MAX_COLLECTED = 256 * 1024 * 1024  # a listing page is a few MiB; anything far bigger is not for us
+
+
+class HttpError(Exception):
+    """A transport-level failure: refused, reset, closed early, stalled, malformed, or refused by TLS or a proxy.
+
+    `kind` says which a caller must treat apart: "tls" (a certificate problem: retrying cannot help),
+    "proxy-auth" (the proxy wants other credentials), "proxy" (the proxy cannot be reached), "" otherwise."""
+
+    def __init__(self, message: str, *, kind: str = "") -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    headers: Mapping[str, str]  # lower-case names
+    body_length: int  # bytes of body received (into the sink, or collected)
+    body: bytes  # the collected body when there was no sink (or the answer was not 2xx)
+
+
+def ssl_context(env: Mapping[str, str]) -> ssl.SSLContext:
+    """The system's trust store (with SSL_CERT_FILE/SSL_CERT_DIR), plus a CA bundle named by the environment."""
+    context = ssl.create_default_context()
+    for name in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):
+        bundle = env.get(name)
+        if bundle:
+            try:
+                context.load_verify_locations(cafile=bundle)
+            except (OSError, ssl.SSLError) as exc:
+                raise HttpError(f"cannot load the CA bundle {bundle!r} named by {name}: {exc}", kind="tls") from exc
+    return context
+
+
+class _Watch:
+    """When a request last moved, and whether it is the cap (not the peer) holding it back."""
+
+    def __init__(self) -> None:
+        self.last = time.monotonic()
+        self.holding = False
+        self.sending = True  # the body is still going out
+        self.stalled = ""
+        self.fd = -1  # the socket the body goes out on: its send queue shrinking is progress too
+        self.queued = 0  # bytes in the send queue at the last look
+
+    def touch(self) -> None:
+        self.last = time.monotonic()
+
+    def moved(self) -> bool:
+        """Whether the peer took bytes from the kernel's send queue since the last look (after the last write,
+        a body still drains from the socket buffer: a few MiB on a slow link, not a stall)."""
+        if self.fd < 0:
+            return False
+        try:
+            queued = _unsent(self.fd)
+        except OSError:
+            self.fd = -1
+            return False
+        moved = queued < self.queued
+        self.queued = queued
+        return moved
+
+
+def _unsent(fd: int) -> int:
+    """Bytes the kernel holds in a socket's send queue (not yet taken by the peer); OSError where it cannot say."""
+    if sys.platform != "linux":
+        raise OSError("no send queue size on this platform")
+    import fcntl
+    import termios
+
+    return int(struct.unpack("i", fcntl.ioctl(fd, termios.TIOCOUTQ, b"\0\0\0\0"))[0])
+
+
+def _body_payload(view: memoryview, client: HttpClient, watch: _Watch) -> Any:
+    """A request body that leaves from `view` in slices, each paced by the cap and taken by the transport before
+    the next (aiohttp's writer drains between writes): a peer that stops reading stops the slices."""
+    from aiohttp.abc import AbstractStreamWriter
+    from aiohttp.payload import Payload
+
+    class Body(Payload):
+        def __init__(self) -> None:
+            super().__init__(view, content_type=None)
+            self._size = view.nbytes
+
+        def decode(self, encoding: str = "utf-8", errors: str = "strict") -> str:
+            return bytes(view).decode(encoding, errors)
+
+        async def write(self, writer: AbstractStreamWriter) -> None:
+            await self.write_with_length(writer, None)
+
+        async def write_with_length(self, writer: AbstractStreamWriter, content_length: int | None) -> None:
+            transport = getattr(writer, "transport", None)
+            sock = transport.get_extra_info("socket") if transport is not None else None
+            watch.fd = sock.fileno() if sock is not None else -1
+            end = view.nbytes if content_length is None else min(view.nbytes, content_length)
+            for start in range(0, end, SLICE):
+                piece = view[start:min(end, start + SLICE)]
+                if client.throttle is not None:
+                    watch.holding = True
+                    try:
+                        await client.throttle(piece.nbytes)
+                    finally:
+                        watch.holding = False
+                watch.touch()
+                await writer.write(piece)
+                if client.on_wire is not None:
+                    client.on_wire(piece.nbytes)
+            watch.touch()
+            watch.sending = False
+
+    return Body()
+
+
+class HttpClient:
+    """Keep-alive connections to one endpoint (one aiohttp session, made on the first request)."""
+
+    def __init__(self, scheme: str, netloc: str, *, connect_timeout: float, stall_timeout: float,
+                 throttle: Throttle | None = None, on_wire: Callable[[int], None] | None = None,
+                 proxy: str | None = None, env: Mapping[str, str] | None = None, connections: int = 0) -> None:
+        self.base = f"{scheme}://{netloc}"
+        self.netloc = netloc
+        self.https = scheme == "https"
+        self.connect_timeout = connect_timeout
+        self.stall_timeout = stall_timeout
+        self.throttle = throttle
+        self.on_wire = on_wire
+        self.proxy = proxy or None
+        self.env = os.environ if env is None else env
+        self.connections = connections  # at most this many connections (0: no limit; the request limit bounds them)
+        self._session: aiohttp.ClientSession | None = None
+
+    def _open(self) -> aiohttp.ClientSession:
+        import aiohttp
+
+        connector = aiohttp.TCPConnector(limit=self.connections, ssl=ssl_context(self.env) if self.https else False,
+                                         enable_cleanup_closed=True)
+        # trust_env: proxies (and their credentials) from the environment, NO_PROXY honoured. No automatic
+        # headers: Content-Type in particular is part of the Shared Key signature.
+        self._session = aiohttp.ClientSession(
+            connector=connector, trust_env=True, auto_decompress=False,
+            skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
+            timeout=aiohttp.ClientTimeout(total=None, connect=None, sock_connect=self.connect_timeout),
+            read_bufsize=256 * 1024,
+        )
+        return self._session
+
+    async def request(self, method: str, target: str, headers: Mapping[str, str],
+                      sink: memoryview | None = None, body: Buffer | None = None) -> Response:
+        """Send `method target` (path and query) with `body` if given (its Content-Length among `headers`); a
+        2xx answer's body goes into `sink` if given, else it is collected. Every failure is an HttpError."""
+        watch = _Watch()
+        exchange = asyncio.ensure_future(self._exchange(method, target, headers, sink, body, watch))
+        loop = asyncio.get_running_loop()
+        tick = min(1.0, max(0.05, self.stall_timeout / 4))
+
+        def watchdog() -> None:
+            if exchange.done():
+                return
+            now = time.monotonic()
+            if watch.holding or watch.moved():
+                watch.last = now
+            if now - watch.last < self.stall_timeout:
+                handle[0] = loop.call_later(tick, watchdog)
+                return
+            watch.stalled = (f"no progress sending the body for {self.stall_timeout:g}s (the other end stopped "
+                             "reading; --stall-timeout)" if body is not None and (watch.sending or watch.queued)
+                             else f"no data for {self.stall_timeout:g}s (--stall-timeout)")
+            exchange.cancel()
+
+        handle = [loop.call_later(tick, watchdog)]
+        try:
+            return await asyncio.shield(exchange)
+        except asyncio.CancelledError:
+            if watch.stalled and not _cancelling():
+                raise HttpError(watch.stalled) from None
+            exchange.cancel()
+            await asyncio.wait([exchange])
+            raise
+        finally:
+            handle[0].cancel()
+
+    async def _exchange(self, method: str, target: str, headers: Mapping[str, str], sink: memoryview | None,
+                        body: Buffer | None, watch: _Watch) -> Response:
+        import aiohttp
+        from yarl import URL
+
+        session = self._session or self._open()
+        data = self._payload(body, watch) if body is not None else None
+        try:
+            async with session.request(method, URL(self.base + target, encoded=True), headers=dict(headers),
+                                       data=data, proxy=self.proxy, allow_redirects=False) as resp:
+                watch.sending = False
+                watch.touch()
+                answer = {k.lower(): v for k, v in resp.headers.items()}
+                if sink is not None and 200 <= resp.status < 300:
+                    got = await self._into(resp, sink, watch)
+                    return Response(resp.status, answer, got, b"")
+                collected = await self._collect(resp, watch)
+                return Response(resp.status, answer, len(collected), collected)
+        except HttpError:
+            raise
+        except aiohttp.ClientError as exc:
+            raise _mapped(exc, self.netloc, self.proxy or _env_proxy(self.base + target)) from exc
+        except (OSError, ValueError) as exc:  # a malformed header aiohttp refused to send, a socket error
+            raise HttpError(f"{type(exc).__name__}: {exc}") from exc
+
+    def _payload(self, body: Buffer, watch: _Watch) -> Any:
+        view = memoryview(body).cast("B")
+        if view.nbytes <= SLICE and self.throttle is None:
+            watch.sending = False  # handed over whole, in one write
+            if self.on_wire is not None:
+                self.on_wire(view.nbytes)
+            return view
+        return _body_payload(view, self, watch)
+
+    async def _into(self, resp: aiohttp.ClientResponse, sink: memoryview, watch: _Watch) -> int:
+        pos = 0
+        async for chunk in resp.content.iter_any():
+            n = len(chunk)
+            if pos + n > sink.nbytes:
+                raise HttpError(f"the response body does not fit the {sink.nbytes}-byte range asked for")
+            sink[pos:pos + n] = chunk
+            pos += n
+            watch.touch()
+            if self.on_wire is not None:
+                self.on_wire(n)
+            if self.throttle is not None:
+                watch.holding = True
+                try:
+                    await self.throttle(n)
+                finally:
+                    watch.holding = False
+        return pos
+
+    async def _collect(self, resp: aiohttp.ClientResponse, watch: _Watch) -> bytes:
+        parts = []
+        size = 0
+        async for chunk in resp.content.iter_any():
+            size += len(chunk)
+            if size > _MAX_COLLECTED:
+                raise HttpError(f"an answer of over {_MAX_COLLECTED // (1024 * 1024)} MiB was not expected here")
+            parts.append(chunk)
+            watch.touch()
+        return b"".join(parts)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+def _cancelling() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+def _mapped(exc: Exception, netloc: str, proxy: str | None) -> HttpError:
+    """aiohttp's exceptions as one HttpError each, with a line a user can act on (never a proxy's password)."""
+    import aiohttp
+
+    from blobsync.redact import redact
+
+    shown_proxy = f"the proxy {_without_password(proxy)}" if proxy else "the proxy"
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+        return HttpError(f"the TLS certificate of {netloc} is not trusted: {exc.certificate_error}; if a proxy or "
+                         "a private CA signs it, point SSL_CERT_FILE or REQUESTS_CA_BUNDLE at its CA", kind="tls")
+    if isinstance(exc, aiohttp.ClientSSLError):
+        return HttpError(f"TLS with {netloc} failed: {exc}", kind="tls")
+    if isinstance(exc, aiohttp.ClientHttpProxyError):
+        if exc.status == 407:
+            return HttpError(f"{shown_proxy} refused the proxy credentials (HTTP 407): check user:password in "
+                             "the proxy URL", kind="proxy-auth")
+        return HttpError(f"{shown_proxy} refused to connect to {netloc}: HTTP {exc.status} {exc.message}",
+                         kind="proxy")
+    if isinstance(exc, aiohttp.ClientProxyConnectionError):
+        return HttpError(f"cannot reach {shown_proxy}: {exc.os_error}", kind="proxy")
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return HttpError(f"cannot connect to {netloc}: {exc.os_error}")
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return HttpError(f"{netloc} closed the connection before answering")
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        return HttpError(f"the answer's body broke off: {exc}")
+    if isinstance(exc, aiohttp.ClientResponseError):  # aiohttp's parser refused the answer
+        return HttpError(f"a malformed answer from {netloc}: {redact(exc.message)}")
+    return HttpError(f"{type(exc).__name__}: {redact(str(exc))}")
+
+
+def _env_proxy(url: str) -> str | None:
+    """The proxy the environment names for `url` (as aiohttp chose it), for messages."""
+    from aiohttp.helpers import get_env_proxy_for_url
+    from yarl import URL
+
+    try:
+        proxy, _ = get_env_proxy_for_url(URL(url, encoded=True))
+    except LookupError:
+        return None
+    return str(proxy)
+
+
+def _without_password(url: str) -> str:
+    from yarl import URL
+
+    try:
+        parsed = URL(url)
+    except ValueError:
+        return "the proxy"
+    return str(parsed.with_password(None)) if parsed.password else str(parsed)
