@@ -92,3 +92,29 @@ def test_an_unreachable_proxy_is_a_clear_line_soon(https_azurite: tuple[Azurite,
     assert done.returncode == 1, done.stderr
     assert "Traceback" not in done.stderr and "cannot reach" in done.stderr and "proxy" in done.stderr
     assert time.monotonic() - started < 30
+
+
+def test_the_proxy_flag_overrides_the_environment_and_doctor_names_it(https_azurite: tuple[Azurite, Path],
+                                                                      proxy_server: ConnectProxy,
+                                                                      tmp_path: Path) -> None:
+    azurite, cert = https_azurite
+    data = random_file(tmp_path / "f.bin", 10)
+    unreachable = f"http://127.0.0.1:{free_port()}"
+    url = f"{azurite.blob_endpoint}/viaproxy/flag.bin"
+    done = run(["cp", str(tmp_path / "f.bin"), url, "--journal", str(tmp_path / "j.db"), "--proxy",
+                proxy_server.url], env=_env(cert, HTTPS_PROXY=unreachable))
+    assert done.returncode == 0, done.stderr
+    assert proxy_server.tunnels > 0
+    service = BlobServiceClient.from_connection_string(azurite.connection_string, connection_verify=str(cert))
+    assert service.get_blob_client("viaproxy", "flag.bin").download_blob().readall() == data
+    doctor = run(["doctor", f"{azurite.blob_endpoint}/viaproxy", "--proxy", proxy_server.url], env=_env(cert))
+    assert f"127.0.0.1:{proxy_server.port} (from --proxy)" in doctor.stdout, doctor.stdout
+    assert "s3cret-pw" not in doctor.stdout + doctor.stderr
+    assert doctor.returncode == 0, doctor.stdout
+    from_env = run(["doctor", f"{azurite.blob_endpoint}/viaproxy"], env=_env(cert, HTTPS_PROXY=proxy_server.url))
+    assert "(from HTTPS_PROXY)" in from_env.stdout and "s3cret-pw" not in from_env.stdout, from_env.stdout
+
+
+def test_a_bad_proxy_flag_is_a_usage_error(tmp_path: Path) -> None:
+    done = run(["ls", "http://127.0.0.1:1/devstoreaccount1/cont", "--proxy", "socks5://host:1080"])
+    assert done.returncode == 2 and "--proxy" in done.stderr and "Traceback" not in done.stderr

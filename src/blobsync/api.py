@@ -15,7 +15,7 @@ from blobsync import stopping
 from blobsync.backends.azure_auth import resolve_credential
 from blobsync.backends.azure_rest import AzureContainerStore
 from blobsync.backends.base import BlobProperties
-from blobsync.config import TransferConfig
+from blobsync.config import TransferConfig, check_proxy_url
 from blobsync.engine.bandwidth import TokenBucket, mbps_to_bytes
 from blobsync.engine.context import Progress
 from blobsync.engine.delete import batch_enabled
@@ -80,6 +80,8 @@ def _store(loc: BlobLocation, config: TransferConfig, env: Mapping[str, str],
         read_timeout=config.stall_timeout,
         throttle=bucket.take if bucket else None,
         on_wire=progress.on_wire if progress is not None else None,
+        proxy=config.proxy,
+        env=env,
     )
 
 
@@ -384,7 +386,7 @@ def clean_jobs(
 
 
 async def list_blobs_async(
-    url: str, *, env: Mapping[str, str] | None = None, max_retries: int = 8,
+    url: str, *, env: Mapping[str, str] | None = None, max_retries: int = 8, proxy: str | None = None,
 ) -> AsyncIterator[BlobProperties]:
     """Every blob the URL names: the blob itself, or all blobs under the container or folder, page by page
     (memory stays flat on huge containers). Each item has name, size, tier, Content-MD5, last modified."""
@@ -392,7 +394,9 @@ async def list_blobs_async(
 
     env = os.environ if env is None else env
     loc = parse_location(url)
-    store = AzureContainerStore(loc, resolve_credential(loc, env))
+    if proxy is not None:
+        check_proxy_url(proxy)
+    store = AzureContainerStore(loc, resolve_credential(loc, env), proxy=proxy, env=env)
     retrier = Retrier(RetryPolicy(max_attempts=max_retries + 1))
     try:
         async for _, props in blobs_at(store, loc.path, retrier.call):

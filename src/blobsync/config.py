@@ -87,6 +87,22 @@ def check_header_text(value: str, what: str, *, ascii_only: bool = False) -> Non
         raise UsageError(f"invalid {what} {value[:60]!r}: an HTTP header holds {allowed} text only") from exc
 
 
+def check_proxy_url(url: str) -> None:
+    """A proxy URL as --proxy takes it: http(s)://[user:password@]host[:port], nothing else."""
+    from urllib.parse import urlsplit
+
+    check_header_text(url, "--proxy")
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise UsageError(f"invalid --proxy: {exc}") from exc
+    if parts.scheme not in ("http", "https") or not parts.hostname or (parts.path not in ("", "/")) or parts.query:
+        shown = parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
+        raise UsageError(f"invalid --proxy {shown!r}: expected http://[user:password@]host:port")
+    del port
+
+
 def check_metadata(key: str, value: str, what: str = "metadata") -> None:
     """Azure's rules for one metadata pair: the name a C# identifier, the value ASCII header text."""
     if not _META_NAME.match(key):
@@ -142,6 +158,7 @@ class TransferConfig:
     retry_deadline: float = 900.0
     stall_timeout: float = 120.0
     cap_mbps: float | None = None  # megabits per second for the whole job, as AzCopy's --cap-mbps
+    proxy: str | None = None  # http(s)://[user:pass@]host:port, over the environment's proxies; never journaled
 
     def __post_init__(self) -> None:
         if not (1 <= self.block_size <= MAX_BLOCK_SIZE):
@@ -166,6 +183,8 @@ class TransferConfig:
             raise UsageError("retry limits and timeouts must be positive")
         if self.content_type is not None:
             check_header_text(self.content_type, "--content-type")
+        if self.proxy is not None:
+            check_proxy_url(self.proxy)
         for key, value in self.metadata.items():
             if not isinstance(key, str) or not isinstance(value, str):
                 raise UsageError(f"invalid metadata {key!r}: names and values are text")

@@ -16,6 +16,7 @@ from blobsync.backends.azure_auth import AnonymousCredential, SasCredential, res
 from blobsync.backends.azure_errors import parse_sas_time
 from blobsync.backends.azure_rest import AzureContainerStore
 from blobsync.backends.base import BlobHeaders
+from blobsync.config import check_proxy_url
 from blobsync.errors import AuthError, BlobsyncError, ContainerNotFoundError, ExitCode, TransientError
 from blobsync.location import BlobLocation, parse_location
 
@@ -161,7 +162,7 @@ def read_sas(loc: BlobLocation, diagnosis: Diagnosis, now: datetime | None = Non
 
 
 async def diagnose(url: str, *, write_test: bool = False, env: Mapping[str, str] | None = None,
-                   timeout: float = 15.0) -> Diagnosis:
+                   timeout: float = 15.0, proxy: str | None = None) -> Diagnosis:
     """Check what the URL's credentials allow and whether the endpoint and container answer.
 
     With `write_test`, put a small probe blob, read it back and delete it (saying so if it cannot)."""
@@ -180,13 +181,28 @@ async def diagnose(url: str, *, write_test: bool = False, env: Mapping[str, str]
     else:
         diagnosis.add(Level.INFO, "credential", f"{label}: permissions are those of the key or identity")
 
-    store = AzureContainerStore(loc, credential, connections=4, connect_timeout=timeout, read_timeout=timeout)
+    _report_proxy(loc, proxy, env, diagnosis)
+    store = AzureContainerStore(loc, credential, connections=4, connect_timeout=timeout, read_timeout=timeout,
+                                proxy=proxy, env=env)
     try:
         if await _probe_container(store, loc, diagnosis) and write_test:
             await _write_test(store, loc, diagnosis)
     finally:
         await store.close()
     return diagnosis
+
+
+def _report_proxy(loc: BlobLocation, proxy: str | None, env: Mapping[str, str], diagnosis: Diagnosis) -> None:
+    """Which proxy the requests take (the endpoint check below says whether it answers through it)."""
+    from blobsync.backends.http import proxy_for
+
+    if proxy is not None:
+        check_proxy_url(proxy)
+    chosen, source = proxy_for(f"{loc.account_url}/", proxy, env)
+    if chosen is None:
+        diagnosis.add(Level.INFO, "proxy", f"none: requests go straight to {loc.netloc}{source}")
+    else:
+        diagnosis.add(Level.INFO, "proxy", f"{chosen} (from {source})")
 
 
 async def _probe_container(store: AzureContainerStore, loc: BlobLocation, diagnosis: Diagnosis) -> bool:

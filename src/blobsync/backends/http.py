@@ -317,6 +317,19 @@ def _mapped(exc: Exception, netloc: str, proxy: str | None) -> HttpError:
     return HttpError(f"{type(exc).__name__}: {redact(str(exc))}")
 
 
+def proxy_for(url: str, proxy: str | None, env: Mapping[str, str]) -> tuple[str | None, str]:
+    """The proxy a request to `url` takes (password hidden) and where that choice comes from, for `doctor`."""
+    if proxy:
+        return _without_password(proxy), "--proxy"
+    names = [n for n in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
+             if env.get(n)]
+    chosen = _env_proxy(url)
+    if chosen is None:
+        bypass = " (NO_PROXY names it)" if names else ""
+        return None, bypass
+    return _without_password(chosen), ", ".join(names) or "the environment"
+
+
 def _env_proxy(url: str) -> str | None:
     """The proxy the environment names for `url` (as aiohttp chose it), for messages."""
     from aiohttp.helpers import get_env_proxy_for_url

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from blobsync.cli.common import handle_errors, logging_options, setup_logging
+from blobsync.cli.common import handle_errors, logging_options, proxy_option, setup_logging
 from blobsync.cli.output import JsonLines
 
 
@@ -18,9 +18,10 @@ from blobsync.cli.output import JsonLines
 @click.option("--timeout", type=float, default=15, show_default=True, help="Seconds to wait for the endpoint.")
 @click.option("--output-type", type=click.Choice(["text", "json"], case_sensitive=False), default="text",
               show_default=True, help="json: one object with every finding.")
+@proxy_option
 @logging_options
 @handle_errors
-def doctor(url: str, write_test: bool, timeout: float, output_type: str, log_level: str,
+def doctor(url: str, write_test: bool, timeout: float, output_type: str, proxy: str | None, log_level: str,
            log_file: Path | None) -> None:
     """Check a container URL before a transfer: its SAS (permissions, expiry, start, protocol, resource,
     IP range) or other credential, what an upload, download, sync or rm would still need, and whether the
@@ -31,7 +32,7 @@ def doctor(url: str, write_test: bool, timeout: float, output_type: str, log_lev
     from blobsync.doctor import Level, diagnose  # here: every other command starts without it
 
     setup_logging(log_level, log_file)
-    d = asyncio.run(diagnose(url, write_test=write_test, timeout=timeout))
+    d = asyncio.run(diagnose(url, write_test=write_test, timeout=timeout, proxy=proxy))
     if output_type.lower() == "json":
         JsonLines().emit({
             "type": "doctor", "url": d.url, "credential": d.credential,

@@ -10,7 +10,15 @@ import click
 
 from blobsync import api
 from blobsync.backends.base import BlobProperties
-from blobsync.cli.common import handle_errors, logging_options, output_options, run_job, setup_logging, start_output
+from blobsync.cli.common import (
+    handle_errors,
+    logging_options,
+    output_options,
+    proxy_option,
+    run_job,
+    setup_logging,
+    start_output,
+)
 from blobsync.cli.output import JsonLines, human_bytes
 from blobsync.config import TransferConfig
 from blobsync.engine.context import Progress
@@ -40,9 +48,11 @@ def _line(props: BlobProperties) -> str:
 @click.option("--output-type", type=click.Choice(["text", "json"], case_sensitive=False), default="text",
               show_default=True, help="json: one JSON object per blob, then a summary object.")
 @click.option("--max-retries", type=int, default=8, show_default=True, help="Retries per listing request.")
+@proxy_option
 @logging_options
 @handle_errors
-def ls(url: str, output_type: str, max_retries: int, log_level: str, log_file: Path | None) -> None:
+def ls(url: str, output_type: str, max_retries: int, proxy: str | None, log_level: str,
+       log_file: Path | None) -> None:
     """List the blob URL names, or every blob under a container or folder URL.
 
     One line per blob: last modified (UTC), size in bytes, access tier, Content-MD5 (hex) and name, then a
@@ -53,7 +63,7 @@ def ls(url: str, output_type: str, max_retries: int, log_level: str, log_file: P
 
     async def show() -> tuple[int, int]:
         count = total = 0
-        async for props in api.list_blobs_async(url, max_retries=max_retries):
+        async for props in api.list_blobs_async(url, max_retries=max_retries, proxy=proxy):
             count += 1
             total += props.size
             if json_out is not None:
@@ -85,12 +95,13 @@ def ls(url: str, output_type: str, max_retries: int, log_level: str, log_file: P
               help="Remove the blobs this file names, one path (relative to the URL) per line.")
 @click.option("--concurrency", type=int, default=16, show_default=True, help="Deletes in flight.")
 @click.option("--max-retries", type=int, default=8, show_default=True, help="Retries per request.")
+@proxy_option
 @output_options
 @handle_errors
 def rm(url: str, recursive: bool, include_pattern: str | None, exclude_pattern: str | None,
        include_path: str | None, exclude_path: str | None, include_regex: str | None, exclude_regex: str | None,
        include_after: str | None, include_before: str | None, dry_run: bool, list_of_files: Path | None,
-       concurrency: int, max_retries: int,
+       concurrency: int, max_retries: int, proxy: str | None,
        output_type: str, progress_interval: float | None, quiet: bool, log_level: str,
        log_file: Path | None) -> None:
     """Remove the blob URL names or, with -r, the blobs under a container or folder URL.
@@ -106,7 +117,7 @@ def rm(url: str, recursive: bool, include_pattern: str | None, exclude_pattern: 
     )
     if not recursive and not list_of_files and filters != Filters():
         raise click.UsageError("filters choose among many blobs: use them with -r or --list-of-files")
-    config = TransferConfig(concurrency=concurrency, max_retries=max_retries)
+    config = TransferConfig(concurrency=concurrency, max_retries=max_retries, proxy=proxy)
     json_out = start_output("rm", output_type, url=url, recursive=recursive, dry_run=dry_run)
 
     def on_action(action: Action) -> None:

@@ -16,6 +16,7 @@ from blobsync.cli.common import (
     F,
     handle_errors,
     output_options,
+    proxy_option,
     run_job,
     setup_logging,
     start_output,
@@ -73,6 +74,7 @@ def _transfer_options(fn: F) -> F:
                      help="Seconds after which a request stops retrying."),
         click.option("--cap-mbps", type=float, default=None,
                      help="Cap the job's bandwidth, in megabits per second (all connections, both directions)."),
+        proxy_option,
         click.option("--stall-timeout", type=float, default=120, show_default=True,
                      help="Seconds without progress (request body or response) before a request is aborted "
                           "and retried."),
@@ -87,7 +89,7 @@ def _config(*, recursive: bool, overwrite: str = "true", preserve_last_modified_
             put_md5: bool, check_md5: str, content_type: str | None, metadata: str | None,
             block_blob_tier: str | None, create_container: bool, follow_symlinks: bool, journal_path: Path | None,
             max_retries: int, retry_deadline: float, stall_timeout: float,
-            cap_mbps: float | None) -> TransferConfig:
+            cap_mbps: float | None, proxy: str | None) -> TransferConfig:
     tier = next((t for t in TIERS if block_blob_tier and t.lower() == block_blob_tier.lower()), None)
     return TransferConfig.from_mib(
         block_size_mb=block_size_mb,
@@ -109,6 +111,7 @@ def _config(*, recursive: bool, overwrite: str = "true", preserve_last_modified_
         retry_deadline=retry_deadline,
         stall_timeout=stall_timeout,
         cap_mbps=cap_mbps,
+        proxy=proxy,
     )
 
 
