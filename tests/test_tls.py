@@ -78,3 +78,17 @@ def test_an_untrusted_certificate_is_one_clear_error(tls_azurite: tuple[Azurite,
         done = run([*args, *(["--journal", str(tmp_path / "j.db")] if args[0] == "cp" else [])])
         assert done.returncode == 1, done.stderr
         assert "Traceback" not in done.stderr and "CERTIFICATE_VERIFY_FAILED" in done.stderr
+
+
+def test_an_untrusted_certificate_fails_at_once_not_after_every_retry(tls_azurite: tuple[Azurite, Path],
+                                                                      tmp_path: Path) -> None:
+    import time
+
+    azurite, _ = tls_azurite
+    (tmp_path / "f").write_bytes(b"x")
+    started = time.monotonic()
+    done = run(["cp", str(tmp_path / "f"), f"{azurite.blob_endpoint}/tls", "--journal", str(tmp_path / "j.db")])
+    assert time.monotonic() - started < 10  # 9 tries with backoff took 25-32 s
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    line = next(line for line in done.stderr.splitlines() if line.startswith("blobsync: error:"))
+    assert "127.0.0.1" in line and "not trusted" in line and "SSL_CERT_FILE" in line, line

@@ -161,6 +161,44 @@ def test_token_credential_sets_bearer_header_and_caches() -> None:
     assert source.scopes == ("https://storage.azure.com/.default",)
 
 
+class _SlowIdentity(_FakeIdentity):
+    def __init__(self) -> None:
+        super().__init__()
+        self.closed = False
+        self.inflight = 0
+        self.most = 0
+
+    async def get_token(self, *scopes: str) -> _Token:
+        self.inflight += 1
+        self.most = max(self.most, self.inflight)
+        await asyncio.sleep(0.05)  # IMDS is not instant: every cold request would ask meanwhile
+        self.inflight -= 1
+        return await super().get_token(*scopes)
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+def test_many_cold_requests_share_one_token_fetch_and_the_source_is_closed() -> None:
+    source = _SlowIdentity()
+    cred = TokenCredential(source)
+
+    async def burst() -> list[str]:
+        requests = [Request("GET", f"/cont/{i}", [], {}) for i in range(64)]
+        await asyncio.gather(*(cred.authorize(r) for r in requests))
+        await cred.close()
+        return [r.headers["Authorization"] for r in requests]
+
+    assert set(asyncio.run(burst())) == {"Bearer tok1"}
+    assert source.calls == 1 and source.most == 1 and source.closed
+
+
+def test_an_azure_ad_token_is_never_sent_over_plain_http() -> None:
+    loc = parse_location("http://acct.blob.core.windows.net/cont/x")
+    with pytest.raises(UsageError, match="HTTPS only"):
+        resolve_credential(loc, {})
+
+
 def test_bad_account_key_is_usage_error() -> None:
     with pytest.raises(UsageError, match="not valid base64"):
         SharedKeyCredential("acct", "not base64!!")

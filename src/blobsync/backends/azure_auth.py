@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import hmac
+import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -19,6 +21,7 @@ from blobsync.redact import register_secret
 EMULATOR_ACCOUNT = "devstoreaccount1"
 EMULATOR_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 STORAGE_SCOPE = "https://storage.azure.com/.default"
+log = logging.getLogger("blobsync")
 
 
 @dataclass
@@ -40,9 +43,16 @@ class Credential(Protocol):
 
     async def authorize(self, request: Request) -> None: ...
 
+    async def close(self) -> None: ...
+
+
+class _NothingToClose:
+    async def close(self) -> None:
+        return None
+
 
 @dataclass
-class AnonymousCredential:
+class AnonymousCredential(_NothingToClose):
     description: str = "no credentials (anonymous access)"
     is_sas: bool = False
 
@@ -51,7 +61,7 @@ class AnonymousCredential:
 
 
 @dataclass
-class SasCredential:
+class SasCredential(_NothingToClose):
     sas: str
     description: str = "SAS token from the URL"
     is_sas: bool = True
@@ -77,7 +87,7 @@ def _canonical_resource(account: str, path: str, query: list[tuple[str, str]]) -
 
 
 @dataclass
-class SharedKeyCredential:
+class SharedKeyCredential(_NothingToClose):
     """Shared Key authorization as the Azure REST reference specifies (service version 2015-02-21+)."""
 
     account: str
@@ -131,28 +141,46 @@ class _TokenSource(Protocol):
 
 @dataclass
 class TokenCredential:
-    """Azure AD bearer tokens from an azure-identity async credential, refreshed before they expire."""
+    """Azure AD bearer tokens from an azure-identity async credential, refreshed before they expire.
+
+    One fetch at a time, shared by every request that needs it (64 cold requests ask once: IMDS and Entra ID
+    throttle a burst), and the source is closed with the store."""
 
     source: _TokenSource
     description: str = "Azure AD (DefaultAzureCredential)"
     is_sas: bool = False
     _token: str | None = field(default=None, init=False, repr=False)
     _expires_on: float = field(default=0.0, init=False, repr=False)
+    _fetching: asyncio.Lock | None = field(default=None, init=False, repr=False)
+
+    def _fresh(self) -> bool:
+        return self._token is not None and self._expires_on - time.time() >= 300
 
     async def authorize(self, request: Request) -> None:
-        if self._token is None or self._expires_on - time.time() < 300:
-            try:
-                token = await self.source.get_token(STORAGE_SCOPE)
-            except Exception as exc:  # azure-identity raises its own tree; name it for the user
-                raise AuthError(
-                    f"could not get an Azure AD token: {type(exc).__name__}",
-                    hint="run 'az login', set AZURE_CLIENT_ID/AZURE_TENANT_ID/AZURE_CLIENT_SECRET, "
-                    "or use a SAS URL or AZURE_STORAGE_KEY",
-                ) from exc
-            self._token = str(token.token)
-            self._expires_on = float(token.expires_on)
-            register_secret(self._token)
+        if not self._fresh():
+            self._fetching = self._fetching or asyncio.Lock()
+            async with self._fetching:
+                if not self._fresh():  # another request fetched it while this one waited
+                    await self._fetch()
         request.headers["Authorization"] = f"Bearer {self._token}"
+
+    async def _fetch(self) -> None:
+        try:
+            token = await self.source.get_token(STORAGE_SCOPE)
+        except Exception as exc:  # azure-identity raises its own tree; name it for the user
+            raise AuthError(
+                f"could not get an Azure AD token: {type(exc).__name__}",
+                hint="run 'az login', set AZURE_CLIENT_ID/AZURE_TENANT_ID/AZURE_CLIENT_SECRET, "
+                "or use a SAS URL or AZURE_STORAGE_KEY",
+            ) from exc
+        self._token = str(token.token)
+        self._expires_on = float(token.expires_on)
+        register_secret(self._token)
+
+    async def close(self) -> None:
+        closer = getattr(self.source, "close", None)
+        if closer is not None:
+            await closer()
 
 
 def parse_connection_string(text: str) -> dict[str, str]:
@@ -224,10 +252,26 @@ def resolve_credential(loc: BlobLocation, env: Mapping[str, str]) -> Credential:
     if loc.account == EMULATOR_ACCOUNT and loc.is_loopback:
         return SharedKeyCredential(EMULATOR_ACCOUNT, EMULATOR_KEY, description="emulator key")
     if not loc.is_loopback:
+        if loc.scheme != "https":
+            raise UsageError(f"{loc.display} is plain http: an Azure AD token is sent over HTTPS only",
+                             hint="use the https:// URL, or a SAS or account key")
         cred = _default_azure_credential()
         if cred is not None:
             return cred
     return AnonymousCredential()
+
+
+_warned_plain_http = False
+
+
+def warn_if_plain_http(loc: BlobLocation, credential: Credential) -> None:
+    """A SAS or an account key signs requests anyone on the path can replay over plain http: say so, once."""
+    global _warned_plain_http
+    if loc.scheme == "http" and not loc.is_loopback and not isinstance(credential, AnonymousCredential) \
+            and not _warned_plain_http:
+        _warned_plain_http = True
+        log.warning("%s is plain http: the %s travels unencrypted and can be replayed; use https://",
+                    loc.display, "SAS" if credential.is_sas else "signed request")
 
 
 def sas_permissions(loc: BlobLocation) -> str | None:

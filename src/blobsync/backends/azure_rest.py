@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import quote, unquote, urlsplit
 
 from blobsync._version import __version__
-from blobsync.backends.azure_auth import Credential, Request
+from blobsync.backends.azure_auth import Credential, Request, warn_if_plain_http
 from blobsync.backends.azure_batch import SubRequest, batch_body, parse_batch
 from blobsync.backends.azure_errors import error_from_response
 from blobsync.backends.base import (
@@ -352,6 +352,7 @@ class AzureContainerStore:
         env: Mapping[str, str] | None = None,
     ) -> None:
         """`proxy` overrides the proxies of `env` (HTTPS_PROXY, NO_PROXY...); `env` also names CA bundles."""
+        warn_if_plain_http(loc, credential)
         self._loc = loc
         self._cred = credential
         self._base = loc.container_url
@@ -374,7 +375,10 @@ class AzureContainerStore:
         return self._loc
 
     async def close(self) -> None:
-        await self._raw.close()
+        try:
+            await self._raw.close()
+        finally:
+            await self._cred.close()
 
     # --- transport ----------------------------------------------------------------------------------------
 

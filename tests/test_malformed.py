@@ -1,0 +1,89 @@
+"""Malformed answers from the endpoint (a broken proxy, a middlebox, a fake service): one clear line, no traceback,
+no hang past the stall timeout. A scripted server on 127.0.0.1 sends each answer to every request."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from support.cli import run
+
+_XML = b'<?xml version="1.0" encoding="utf-8"?><EnumerationResults><Blobs></Blobs><NextMarker/></EnumerationResults>'
+
+ANSWERS = {
+    "superscript-status": b"HTTP/1.1 2\xc2\xb900 OK\r\nContent-Length: 0\r\n\r\n",
+    "superscript-length": "HTTP/1.1 200 OK\r\nContent-Length: \u00b2\r\n\r\n".encode(),
+    "duplicate-length": b"HTTP/1.1 200 OK\r\nContent-Length: 5, 5\r\n\r\nhello",
+    "two-lengths": b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello!",
+    "negative-length": b"HTTP/1.1 200 OK\r\nContent-Length: -5\r\n\r\nhello",
+    "hex-prefixed-chunk": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0x5\r\nhello\r\n0\r\n\r\n",
+    "plus-chunk": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n+5\r\nhello\r\n0\r\n\r\n",
+    "huge-head": b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * 200_000 + b"\r\nContent-Length: 0\r\n\r\n",
+    "not-http": b"SSH-2.0-OpenSSH_9.2\r\n",
+    "short-body": b"HTTP/1.1 200 OK\r\nContent-Length: 500\r\n\r\nonly a little",
+}
+
+
+class _Server:
+    def __init__(self, answer: bytes) -> None:
+        self.answer = answer
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.port = 0
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(Exception):
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(self.answer)
+            await writer.drain()
+            await asyncio.sleep(0.2)
+        writer.close()
+
+    def __enter__(self) -> _Server:
+        self.thread.start()
+        server = asyncio.run_coroutine_threadsafe(asyncio.start_server(self._handle, "127.0.0.1", 0),
+                                                  self.loop).result(10)
+        self.server = server
+        self.port = server.sockets[0].getsockname()[1]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.loop.call_soon_threadsafe(self.server.close)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+@pytest.fixture(params=sorted(ANSWERS))
+def bad_server(request: pytest.FixtureRequest) -> Iterator[_Server]:
+    with _Server(ANSWERS[request.param]) as server:
+        yield server
+
+
+def test_a_malformed_answer_is_one_clear_line_and_no_hang(bad_server: _Server, tmp_path: Path) -> None:
+    base = f"http://127.0.0.1:{bad_server.port}/devstoreaccount1/cont"
+    for args in (["ls", base, "--max-retries", "1"],
+                 ["cp", f"{base}/blob.bin", str(tmp_path / "got.bin"), "--max-retries", "1", "--stall-timeout", "2",
+                  "--journal", str(tmp_path / "j.db")]):
+        started = time.monotonic()
+        done = run(args, timeout=60)
+        assert time.monotonic() - started < 30, args
+        assert done.returncode == 1, (args, done.stdout, done.stderr)
+        assert "Traceback" not in done.stderr, done.stderr
+        errors = [line for line in done.stderr.splitlines() if line.startswith("blobsync: error:")]
+        assert len(errors) == 1, done.stderr
+    assert not (tmp_path / "got.bin").exists()
+
+
+def test_a_bad_content_md5_header_is_no_crash(tmp_path: Path) -> None:
+    answer = (b"HTTP/1.1 200 OK\r\nContent-Length: " + str(len(_XML)).encode() + b"\r\nContent-MD5: not base64!\r\n"
+              b"Content-Type: application/xml\r\n\r\n" + _XML)
+    with _Server(answer) as server:
+        done = run(["ls", f"http://127.0.0.1:{server.port}/devstoreaccount1/cont"], timeout=60)
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.returncode == 0 and "0 blob(s)" in done.stdout, done.stderr
