@@ -20,6 +20,15 @@ def _rewrite_keeping_times(path: Path, seed: int) -> bytes:
     return data
 
 
+def _six_mib_upload(container: ContainerHandle, proxy: FaultProxy, tmp_path: Path, seed: int
+                    ) -> tuple[Path, list[str]]:
+    path = tmp_path / "f.bin"
+    random_file(path, 6 * MiB, seed=seed)
+    url = f"{proxy.endpoint()}/{container.name}/f.bin"
+    return path, ["cp", str(path), url, "--journal", str(tmp_path / "j.db"), "--block-size-mb", "1",
+                  "--concurrency", "2", "--quiet"]
+
+
 def test_follow_symlinks_through_loops_ends_and_uploads_the_rest(container: ContainerHandle, tmp_path: Path) -> None:
     src = tmp_path / "src"
     data = {rel: random_file(src / rel, 100 + i, seed=i) for i, rel in enumerate(["top.bin", "a/x.bin", "b/y.bin"])}
@@ -89,11 +98,7 @@ def test_a_backslash_name_that_collides_with_a_real_path_is_refused(container: C
 def test_a_file_rewritten_with_its_times_put_back_during_the_upload_is_not_committed(
     container: ContainerHandle, proxy: FaultProxy, tmp_path: Path
 ) -> None:
-    path = tmp_path / "f.bin"
-    random_file(path, 6 * MiB, seed=5)
-    url = f"{proxy.endpoint()}/{container.name}/f.bin"
-    args = ["cp", str(path), url, "--journal", str(tmp_path / "j.db"), "--block-size-mb", "1",
-            "--concurrency", "2", "--quiet"]
+    path, args = _six_mib_upload(container, proxy, tmp_path, seed=5)
     proxy.hold_after("put_block", 2)
     proc = start(args)
     try:
@@ -116,11 +121,7 @@ def test_a_file_rewritten_with_its_times_put_back_during_the_upload_is_not_commi
 def test_a_file_rewritten_with_its_times_put_back_between_a_kill_and_the_rerun_is_sent_whole(
     container: ContainerHandle, proxy: FaultProxy, tmp_path: Path
 ) -> None:
-    path = tmp_path / "f.bin"
-    random_file(path, 6 * MiB, seed=7)
-    url = f"{proxy.endpoint()}/{container.name}/f.bin"
-    args = ["cp", str(path), url, "--journal", str(tmp_path / "j.db"), "--block-size-mb", "1",
-            "--concurrency", "2", "--quiet"]
+    path, args = _six_mib_upload(container, proxy, tmp_path, seed=7)
     proxy.hold_after("put_block", 3)
     kill_when_held(args, proxy)
     new = _rewrite_keeping_times(path, seed=8)

@@ -160,19 +160,25 @@ class HttpClient:
         self.env = os.environ if env is None else env
         self.connections = connections  # at most this many connections (0: no limit; the request limit bounds them)
         self._session: aiohttp.ClientSession | None = None
+        self._proxy: Any = self.proxy  # a yarl URL or str, or None
+        self._proxy_auth: Any = None
 
     def _open(self) -> aiohttp.ClientSession:
         import aiohttp
 
         connector = aiohttp.TCPConnector(limit=self.connections, ssl=ssl_context(self.env) if self.https else False,
                                          enable_cleanup_closed=True)
-        # trust_env: proxies (and their credentials) from the environment, NO_PROXY honoured. No automatic
-        # headers: Content-Type in particular is part of the Shared Key signature.
+        # The environment's proxy (and its credentials, from the URL or ~/.netrc; NO_PROXY honoured) is looked up
+        # once, as aiohttp's trust_env would: trust_env itself does it again for every request, in a worker
+        # thread (2,000 small uploads: 1.1 -> 2.3 s of CPU). All endpoint requests go to one host.
+        if self.proxy is None:
+            self._proxy, self._proxy_auth = _env_proxy_and_auth(self.base + "/")
+        # No automatic headers: Content-Type in particular is part of the Shared Key signature.
         self._session = aiohttp.ClientSession(
-            connector=connector, trust_env=True, auto_decompress=False,
+            connector=connector, trust_env=False, auto_decompress=False,
             skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
             timeout=aiohttp.ClientTimeout(total=None, connect=None, sock_connect=self.connect_timeout),
-            read_bufsize=256 * 1024,
+            read_bufsize=2 * 1024 * 1024,
         )
         return self._session
 
@@ -220,7 +226,8 @@ class HttpClient:
         data = self._payload(body, watch) if body is not None else None
         try:
             async with session.request(method, URL(self.base + target, encoded=True), headers=dict(headers),
-                                       data=data, proxy=self.proxy, allow_redirects=False) as resp:
+                                       data=data, proxy=self._proxy, proxy_auth=self._proxy_auth,
+                                       allow_redirects=False) as resp:
                 watch.sending = False
                 watch.touch()
                 answer = {k.lower(): v for k, v in resp.headers.items()}
@@ -232,7 +239,7 @@ class HttpClient:
         except HttpError:
             raise
         except aiohttp.ClientError as exc:
-            raise _mapped(exc, self.netloc, self.proxy or _env_proxy(self.base + target)) from exc
+            raise _mapped(exc, self.netloc, str(self._proxy) if self._proxy is not None else None) from exc
         except (OSError, ValueError) as exc:  # a malformed header aiohttp refused to send, a socket error
             raise HttpError(f"{type(exc).__name__}: {exc}") from exc
 
@@ -247,8 +254,11 @@ class HttpClient:
 
     async def _into(self, resp: aiohttp.ClientResponse, sink: memoryview, watch: _Watch) -> int:
         pos = 0
-        async for chunk in resp.content.iter_any():
+        # readchunk hands over aiohttp's buffered pieces one by one; readany would first join them (a copy more).
+        async for chunk, _ in resp.content.iter_chunks():
             n = len(chunk)
+            if not n:
+                continue
             if pos + n > sink.nbytes:
                 raise HttpError(f"the response body does not fit the {sink.nbytes}-byte range asked for")
             sink[pos:pos + n] = chunk
@@ -330,16 +340,22 @@ def proxy_for(url: str, proxy: str | None, env: Mapping[str, str]) -> tuple[str 
     return _without_password(chosen), ", ".join(names) or "the environment"
 
 
-def _env_proxy(url: str) -> str | None:
-    """The proxy the environment names for `url` (as aiohttp chose it), for messages."""
+def _env_proxy_and_auth(url: str) -> tuple[Any, Any]:
+    """The proxy the process environment names for `url` and its Basic credentials, as aiohttp's trust_env finds
+    them (HTTPS_PROXY, HTTP_PROXY, ALL_PROXY in either case, NO_PROXY; credentials from the URL or ~/.netrc)."""
     from aiohttp.helpers import get_env_proxy_for_url
     from yarl import URL
 
     try:
-        proxy, _ = get_env_proxy_for_url(URL(url, encoded=True))
+        return get_env_proxy_for_url(URL(url, encoded=True))
     except LookupError:
-        return None
-    return str(proxy)
+        return None, None
+
+
+def _env_proxy(url: str) -> str | None:
+    """The proxy the environment names for `url`, for messages."""
+    proxy, _ = _env_proxy_and_auth(url)
+    return str(proxy) if proxy is not None else None
 
 
 def _without_password(url: str) -> str:
