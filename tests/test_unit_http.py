@@ -278,3 +278,14 @@ def test_a_stall_on_a_kept_alive_connection_is_not_retried_behind_the_callers_ba
     with pytest.raises(HttpError, match=r"no data for 0\.3s"):
         _run(handler, call, stall_timeout=0.3)
     assert connections == 1
+
+
+def test_a_connection_attempt_nobody_answers_says_what_to_try() -> None:
+    import aiohttp
+
+    from blobsync.backends.http import _mapped
+
+    err = _mapped(aiohttp.ConnectionTimeoutError("Connection timeout to host"), "acct.blob.core.windows.net", None)
+    assert "cannot connect to acct.blob.core.windows.net" in str(err) and "HTTPS_PROXY" in str(err)
+    via = _mapped(aiohttp.ConnectionTimeoutError("x"), "acct.blob.core.windows.net", "http://u:pw@proxy:3128")
+    assert "through the proxy http://u@proxy:3128" in str(via) and "pw" not in str(via)

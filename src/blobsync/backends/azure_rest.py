@@ -344,7 +344,7 @@ class AzureContainerStore:
         credential: Credential,
         *,
         connections: int = 64,
-        connect_timeout: float = 30.0,
+        connect_timeout: float = 10.0,  # an Azure endpoint answers a SYN in well under a second
         read_timeout: float = 120.0,
         throttle: Throttle | None = None,
         on_wire: Callable[[int], None] | None = None,

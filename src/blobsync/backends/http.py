@@ -314,6 +314,11 @@ def _mapped(exc: Exception, netloc: str, proxy: str | None) -> HttpError:
                              "the proxy URL", kind="proxy-auth")
         return HttpError(f"{shown_proxy} refused to connect to {netloc}: HTTP {exc.status} {exc.message}",
                          kind="proxy")
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        via = f" through {shown_proxy}" if proxy else ""
+        hint = "" if proxy else "; if the only way out is a proxy, set HTTPS_PROXY or pass --proxy"
+        return HttpError(f"cannot connect to {netloc}{via}: no answer to the connection attempt (a firewall may "
+                         f"drop the traffic){hint}")
     if isinstance(exc, aiohttp.ClientProxyConnectionError):
         return HttpError(f"cannot reach {shown_proxy}: {exc.os_error}", kind="proxy")
     if isinstance(exc, aiohttp.ClientConnectorError):
