@@ -28,10 +28,17 @@ def _args(tmp_path: Path, url: str) -> list[str]:
             "--concurrency", "2", "--quiet"]
 
 
-def _sigint_ignored(pid: int) -> bool:
+def _as_from_cron() -> None:
+    """The script's own start: SIGHUP and SIGTERM at their defaults, whatever this test run inherited (the suite
+    itself may run under nohup, which leaves SIGHUP ignored in every child)."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _ignored(pid: int, sig: signal.Signals) -> bool:
     status = Path(f"/proc/{pid}/status").read_text()
     ignored = int(next(line for line in status.splitlines() if line.startswith("SigIgn:")).split()[1], 16)
-    return bool(ignored & (1 << (signal.SIGINT - 1)))
+    return bool(ignored & (1 << (sig - 1)))
 
 
 def _alive(pid: int) -> bool:
@@ -65,12 +72,12 @@ def test_a_background_job_of_a_script_stops_on_sigterm_and_sighup_and_ignores_si
     script = '"$@" 2> "$ERR" & echo $!; wait $!; echo "rc=$?"'
     shell = subprocess.Popen(["bash", "-c", script, "bash", *blobsync_cmd(*_args(tmp_path, url))],
                              env=clean_env({"ERR": str(tmp_path / "err.txt")}), stdout=subprocess.PIPE, text=True,
-                             start_new_session=True)
+                             start_new_session=True, preexec_fn=_as_from_cron)
     try:
         assert shell.stdout is not None
         pid = int(shell.stdout.readline())
         proxy.wait_for_held(1, timeout=60)
-        assert _sigint_ignored(pid)
+        assert _ignored(pid, signal.SIGINT)
         os.kill(pid, signal.SIGINT)  # inherited as ignored: stays ignored (nohup semantics)
         time.sleep(1.0)
         assert _alive(pid)
@@ -81,6 +88,33 @@ def test_a_background_job_of_a_script_stops_on_sigterm_and_sighup_and_ignores_si
     err = (tmp_path / "err.txt").read_text()
     assert "rc=130" in out, (out, err)
     assert "interrupted" in err and "Traceback" not in err
+    _resume_completes(container, proxy, tmp_path, data, url)
+
+
+def test_a_job_started_under_nohup_keeps_sighup_ignored_and_stops_on_sigterm(
+    container: ContainerHandle, proxy: FaultProxy, tmp_path: Path
+) -> None:
+    data = random_file(tmp_path / "f.bin", SIZE, seed=3)
+    url = f"{proxy.endpoint()}/{container.name}/f.bin"
+    proxy.hold_after("put_block", 2)
+
+    def under_nohup() -> None:
+        _as_from_cron()
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    proc = subprocess.Popen(blobsync_cmd(*_args(tmp_path, url)), env=clean_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, preexec_fn=under_nohup)
+    try:
+        proxy.wait_for_held(1, timeout=60)
+        assert _ignored(proc.pid, signal.SIGHUP)
+        proc.send_signal(signal.SIGHUP)  # the terminal went away: nohup's point is to keep running
+        time.sleep(1.0)
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        kill_tree(proc.pid)
+    assert proc.returncode == 130 and "interrupted" in err and "Traceback" not in err, err
     _resume_completes(container, proxy, tmp_path, data, url)
 
 
