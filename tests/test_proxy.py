@@ -118,3 +118,18 @@ def test_the_proxy_flag_overrides_the_environment_and_doctor_names_it(https_azur
 def test_a_bad_proxy_flag_is_a_usage_error(tmp_path: Path) -> None:
     done = run(["ls", "http://127.0.0.1:1/devstoreaccount1/cont", "--proxy", "socks5://host:1080"])
     assert done.returncode == 2 and "--proxy" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_proxy_password_reaches_no_output_log_or_journal(https_azurite: tuple[Azurite, Path],
+                                                             proxy_server: ConnectProxy, tmp_path: Path) -> None:
+    azurite, cert = https_azurite
+    random_file(tmp_path / "f.bin", 10)
+    journal = tmp_path / "j.db"
+    for env, extra in ((_env(cert, HTTPS_PROXY=proxy_server.url), []), (_env(cert), ["--proxy", proxy_server.url])):
+        done = run(["cp", str(tmp_path / "f.bin"), f"{azurite.blob_endpoint}/viaproxy/secret.bin", "--journal",
+                    str(journal), "--log-level", "DEBUG", "--output-type", "json", *extra], env=env)
+        assert done.returncode == 0, done.stderr
+        assert "s3cret-pw" not in done.stdout + done.stderr
+    bad = run(["ls", f"{azurite.blob_endpoint}/viaproxy", "--proxy", "http://alice:s3cret-pw@127.0.0.1:1/\n"])
+    assert bad.returncode == 2 and "s3cret-pw" not in bad.stdout + bad.stderr
+    assert b"s3cret-pw" not in journal.read_bytes()

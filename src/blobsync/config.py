@@ -11,6 +11,7 @@ from types import MappingProxyType
 from typing import Literal, Self
 
 from blobsync.errors import UsageError
+from blobsync.redact import register_secret
 
 MiB = 1024 * 1024
 MAX_BLOCK_SIZE = 4000 * MiB
@@ -91,12 +92,15 @@ def check_proxy_url(url: str) -> None:
     """A proxy URL as --proxy takes it: http(s)://[user:password@]host[:port], nothing else."""
     from urllib.parse import urlsplit
 
-    check_header_text(url, "--proxy")
     try:
         parts = urlsplit(url)
         port = parts.port
     except ValueError as exc:
         raise UsageError(f"invalid --proxy: {exc}") from exc
+    if parts.password:
+        register_secret(parts.password)  # redacted wherever it could show: messages, logs
+    if _HEADER_CONTROL.search(url):
+        raise UsageError("invalid --proxy: line breaks and other control characters cannot be part of a URL")
     if parts.scheme not in ("http", "https") or not parts.hostname or (parts.path not in ("", "/")) or parts.query:
         shown = parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
         raise UsageError(f"invalid --proxy {shown!r}: expected http://[user:password@]host:port")

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from blobsync.backends.base import Buffer
+from blobsync.redact import register_secret
 
 if TYPE_CHECKING:
     import aiohttp
@@ -173,6 +174,9 @@ class HttpClient:
         # thread (2,000 small uploads: 1.1 -> 2.3 s of CPU). All endpoint requests go to one host.
         if self.proxy is None:
             self._proxy, self._proxy_auth = _env_proxy_and_auth(self.base + "/")
+        for secret in (getattr(self._proxy_auth, "password", None), _password_of(self._proxy)):
+            if secret:
+                register_secret(secret)
         # No automatic headers: Content-Type in particular is part of the Shared Key signature.
         self._session = aiohttp.ClientSession(
             connector=connector, trust_env=False, auto_decompress=False,
@@ -361,6 +365,15 @@ def _env_proxy(url: str) -> str | None:
     """The proxy the environment names for `url`, for messages."""
     proxy, _ = _env_proxy_and_auth(url)
     return str(proxy) if proxy is not None else None
+
+
+def _password_of(url: Any) -> str | None:
+    from yarl import URL
+
+    try:
+        return URL(str(url)).password if url is not None else None
+    except ValueError:
+        return None
 
 
 def _without_password(url: str) -> str:
