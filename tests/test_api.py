@@ -51,7 +51,8 @@ def test_subscriber_sees_queued_progress_and_done_for_every_file(container: Cont
     files = {f"f{i}.bin": random_file(src / f"f{i}.bin", size, seed=i)
              for i, size in enumerate([0, 1000, 3 * MiB + 5])}
     recorder = Recorder()
-    report = blobsync.copy(src, container.url, _config(tmp_path, recursive=True), subscribers=[recorder])
+    report = blobsync.copy(src, container.url, _config(tmp_path, recursive=True), subscribers=[recorder],
+                           as_subdir=False)
 
     assert report.files_transferred == 3 and report.ok
     assert sorted(q.rel for q in recorder.queued) == sorted(files)
@@ -90,8 +91,8 @@ def test_failures_are_in_the_report_or_raised_when_asked(container: ContainerHan
     assert report.files_transferred == 1 and report.files_failed == 1
     assert report.failures[0].rel == "bad.bin" and "MD5" in report.failures[0].reason
     assert report.exit_code == blobsync.ExitCode.INTEGRITY
-    assert (tmp_path / "out" / "good.bin").read_bytes() == good
-    assert not (tmp_path / "out" / "bad.bin").exists()
+    assert (tmp_path / "out" / "d" / "good.bin").read_bytes() == good  # the prefix is a level (AzCopy's layout)
+    assert not (tmp_path / "out" / "d" / "bad.bin").exists()
 
     with pytest.raises(blobsync.TransferFailedError) as caught:
         blobsync.copy(container.url + "/d", str(tmp_path / "out2") + "/", _config(tmp_path, recursive=True),

@@ -104,7 +104,8 @@ def test_no_secret_reaches_output_logs_or_journal(
     random_file(tmp_path / "src" / "small.txt", 10)
     sas = _sas(azurite, container.name, "racwl", datetime.now(UTC) + timedelta(hours=1))
     journal = tmp_path / "j.db"
-    done = run(["cp", "-r", str(tmp_path / "src"), f"{container.url}/pre?{sas}", "--journal", str(journal),
+    done = run(["cp", "-r", "--as-subdir=false", str(tmp_path / "src"), f"{container.url}/pre?{sas}",
+                "--journal", str(journal),
                 "--block-size-mb", "1", "--log-level", "DEBUG", "--output-type", output_type,
                 "--progress-interval", "0.05"])
     assert done.returncode == 0, done.stderr
@@ -130,7 +131,8 @@ def test_file_vanishing_mid_run_is_reported_and_the_rest_continue(
     src = tmp_path / "src"
     big = random_file(src / "a-big.bin", 4 * MiB, seed=1)
     random_file(src / "b-gone.txt", 100, seed=2)
-    args = ["cp", "-r", str(src), f"{proxy.endpoint()}/{container.name}", "--journal", str(tmp_path / "j.db"),
+    args = ["cp", "-r", "--as-subdir=false", str(src), f"{proxy.endpoint()}/{container.name}",
+            "--journal", str(tmp_path / "j.db"),
             "--block-size-mb", "1", "--concurrency", "1", "--quiet"]
     proxy.hold_after("put_block", 1)  # one worker: b-gone.txt waits until a-big.bin is done
     proc = start(args)
@@ -177,7 +179,7 @@ def test_unreadable_file_is_reported_and_the_rest_continue(container: ContainerH
     good = random_file(src / "ok.bin", 100)
     random_file(src / "secret.bin", 100)
     (src / "secret.bin").chmod(0)
-    done = run(["cp", "-r", str(src), container.url, "--journal", str(tmp_path / "j.db")])
+    done = run(["cp", "-r", "--as-subdir=false", str(src), container.url, "--journal", str(tmp_path / "j.db")])
     assert done.returncode == 1
     assert "FAILED secret.bin" in done.stdout and "Permission denied" in done.stdout
     assert container.download("ok.bin") == good
@@ -252,7 +254,7 @@ def test_a_journal_with_damaged_pages_is_one_clear_line_and_exit_2(container: Co
     for i in range(300):
         random_file(src / f"f{i}.txt", 10, seed=i)
     journal = tmp_path / "j.db"
-    first = run(["cp", "-r", str(src), container.url, "--journal", str(journal), "--quiet"])
+    first = run(["cp", "-r", "--as-subdir=false", str(src), container.url, "--journal", str(journal), "--quiet"])
     assert first.returncode == 0, first.stderr
     size = journal.stat().st_size
     assert size > 3 * 4096
@@ -261,7 +263,7 @@ def test_a_journal_with_damaged_pages_is_one_clear_line_and_exit_2(container: Co
         f.write(bytes(range(256)) * ((size - 4096) // 256 + 1))
     for extra in ("-wal", "-shm"):
         (tmp_path / f"j.db{extra}").unlink(missing_ok=True)
-    for args in (["cp", "-r", str(src), container.url], ["jobs", "list"]):
+    for args in (["cp", "-r", "--as-subdir=false", str(src), container.url], ["jobs", "list"]):
         done = run([*args, "--journal", str(journal), "--quiet"] if args[0] == "cp" else [*args, "--journal",
                                                                                         str(journal)])
         assert done.returncode == 2, (args, done.stderr)

@@ -19,7 +19,7 @@ def _json_lines(stdout: str) -> list[dict[str, object]]:
 def test_cp_json_output_is_only_json_lines(container: ContainerHandle, tmp_path: Path, azurite_env: str) -> None:
     src = tmp_path / "src"
     files = {f"d/f{i}.bin": random_file(src / "d" / f"f{i}.bin", 2 * MiB + i, seed=i) for i in range(3)}
-    done = run(["cp", "-r", str(src), container.url + "/out", "--journal", str(tmp_path / "j.db"),
+    done = run(["cp", "-r", "--as-subdir=false", str(src), container.url + "/out", "--journal", str(tmp_path / "j.db"),
                 "--block-size-mb", "1", "--cap-mbps", "40", "--output-type", "json", "--progress-interval", "0.2"])
     assert done.returncode == 0, done.stderr
     records = _json_lines(done.stdout)  # every line parses

@@ -81,6 +81,7 @@ def test_a_path_segment_ending_in_a_dot_is_refused(container: ContainerHandle, t
     random_file(tmp_path / "src" / "v1." / "a.txt", 10)
     random_file(tmp_path / "src" / "ok.txt", 10)
     report = blobsync.copy(tmp_path / "src", container.url, TransferConfig(recursive=True,
-                                                                           journal_path=tmp_path / "j.db"))
+                                                                           journal_path=tmp_path / "j.db"),
+                           as_subdir=False)
     assert report.files_failed == 1 and "ending in '.'" in report.failures[0].reason
     assert container.blob_names() == ["ok.txt"]

@@ -49,7 +49,7 @@ def test_upload_download_sync_and_ls_go_through_the_proxy(https_azurite: tuple[A
     assert up.returncode == 0, up.stderr
     assert proxy_server.tunnels > 0
     assert client.download_blob("big.bin").readall() == big and client.download_blob("small.bin").readall() == small
-    down = run(["cp", "-r", url, str(tmp_path / "back"), *common], env=env)
+    down = run(["cp", "-r", "--as-subdir=false", url, str(tmp_path / "back"), *common], env=env)
     assert down.returncode == 0, down.stderr
     assert (tmp_path / "back" / "big.bin").read_bytes() == big
     tunnels = proxy_server.tunnels

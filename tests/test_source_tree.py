@@ -35,7 +35,8 @@ def test_follow_symlinks_through_loops_ends_and_uploads_the_rest(container: Cont
     os.symlink("..", src / "a" / "up")  # two links back to the root: exponential without loop detection
     os.symlink(".", src / "a" / "here")
     os.symlink("../b", src / "a" / "to_b")  # not a loop: followed
-    done = run(["cp", "-r", str(src), container.url, "--follow-symlinks", "--journal", str(tmp_path / "j.db")],
+    done = run(["cp", "-r", "--as-subdir=false", str(src), container.url, "--follow-symlinks",
+                "--journal", str(tmp_path / "j.db")],
                timeout=60)
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
@@ -51,7 +52,7 @@ def test_a_name_that_is_not_utf8_is_skipped_with_a_clear_line_and_the_rest_goes(
     good = random_file(src / "good.bin", 10, seed=1)
     with open(os.path.join(os.fsencode(src), b"\xff\xfe.txt"), "wb") as f:
         f.write(b"z")
-    done = run(["cp", "-r", str(src), container.url, "--journal", str(tmp_path / "j.db")])
+    done = run(["cp", "-r", "--as-subdir=false", str(src), container.url, "--journal", str(tmp_path / "j.db")])
     assert done.returncode == 1, done.stderr
     assert "Traceback" not in done.stderr
     out = done.stdout + done.stderr
@@ -63,7 +64,7 @@ def test_names_with_control_characters_are_printed_escaped(container: ContainerH
     src = tmp_path / "src"
     random_file(src / "ok.bin", 10, seed=1)
     random_file(src / "bad\nname.bin", 10, seed=2)
-    done = run(["cp", "-r", str(src), container.url, "--journal", str(tmp_path / "j.db")])
+    done = run(["cp", "-r", "--as-subdir=false", str(src), container.url, "--journal", str(tmp_path / "j.db")])
     assert done.returncode == 1
     out = done.stdout + done.stderr
     assert "bad\\nname.bin" in out
@@ -89,7 +90,7 @@ def test_a_backslash_name_that_collides_with_a_real_path_is_refused(container: C
     src = tmp_path / "src"
     random_file(src / "a\\b.txt", 10, seed=3)
     real = random_file(src / "a" / "b.txt", 12, seed=4)
-    done = run(["cp", "-r", str(src), container.url, "--journal", str(tmp_path / "j.db")])
+    done = run(["cp", "-r", "--as-subdir=false", str(src), container.url, "--journal", str(tmp_path / "j.db")])
     assert done.returncode == 1
     assert "both would be the same blob" in done.stdout + done.stderr
     assert container.blob_names() == ["a/b.txt"] and container.download("a/b.txt") == real

@@ -62,7 +62,8 @@ def test_upload_retries_create_container_put_blob_and_verification(container: Co
     big = random_file(tmp_path / "src" / "big.bin", 3 * 1024 * 1024 + 5, seed=2)
     _busy(proxy, "create_container", "put_blob", "put_block", "put_block_list", "get_block_list")
     url = f"{proxy.endpoint()}/{container.name}/up"
-    summary = _cli("cp", "-r", str(tmp_path / "src"), url, "--block-size-mb", "1", tmp_path=tmp_path)
+    summary = _cli("cp", "-r", "--as-subdir=false", str(tmp_path / "src"), url, "--block-size-mb", "1",
+                   tmp_path=tmp_path)
     injected = _faults(proxy)
     assert injected >= 4
     assert summary["retries"] == injected
@@ -88,7 +89,8 @@ def test_download_of_a_prefix_retries_its_listing(container: ContainerHandle, pr
     for name, data in blobs.items():
         container.client.upload_blob(name, data)
     _busy(proxy, "list_blobs", "get_blob", times=2)
-    summary = _cli("cp", "-r", f"{proxy.endpoint()}/{container.name}/p", str(tmp_path / "dl"), tmp_path=tmp_path)
+    summary = _cli("cp", "-r", "--as-subdir=false", f"{proxy.endpoint()}/{container.name}/p", str(tmp_path / "dl"),
+                   tmp_path=tmp_path)
     assert _faults(proxy) == 4 and summary["retries"] == 4
     got = {p.name: p.read_bytes() for p in (tmp_path / "dl").rglob("*") if p.is_file()}
     assert got == {name.removeprefix("p/"): data for name, data in blobs.items()}

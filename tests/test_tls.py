@@ -62,7 +62,7 @@ def test_upload_download_sync_and_ls_over_https(tls_azurite: tuple[Azurite, Path
     assert client.download_blob("big.bin").readall() == big
     assert client.download_blob("small.bin").readall() == small
 
-    down = run(["cp", "-r", url, str(tmp_path / "back"), *journal], env=trust)
+    down = run(["cp", "-r", "--as-subdir=false", url, str(tmp_path / "back"), *journal], env=trust)
     assert down.returncode == 0, down.stderr
     assert (tmp_path / "back" / "big.bin").read_bytes() == big
     assert (tmp_path / "back" / "small.bin").read_bytes() == small

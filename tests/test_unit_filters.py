@@ -7,7 +7,7 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from blobsync.syncing.filters import Filters
+from blobsync.filters import Filters
 
 SEGMENT = st.text(alphabet="ab.", min_size=1, max_size=4).filter(lambda s: s not in (".", ".."))
 PATHS = st.lists(SEGMENT, min_size=1, max_size=3).map("/".join)
@@ -35,7 +35,9 @@ def under(rel: str, prefix: str) -> bool:
 def reference(rel: str, inc_g: list[str], exc_g: list[str], inc_p: list[str], exc_p: list[str],
               inc_r: list[str], exc_r: list[str]) -> bool:
     name = rel.split("/")[-1]
-    excluded = (any(glob_match(g, name) for g in exc_g) or any(under(rel, p) for p in exc_p)
+    # An exclude path is a string prefix (AzCopy 10.32 excludes 'sub.pt' and 'subway/' for 'sub'); an include
+    # path is a whole path or folder (AzCopy takes only 'sub/...' for 'sub').
+    excluded = (any(glob_match(g, name) for g in exc_g) or any(rel.startswith(p) for p in exc_p)
                 or any(re.search(r, rel) for r in exc_r))
     included = ((not inc_g or any(glob_match(g, name) for g in inc_g))
                 and (not inc_p or any(under(rel, p) for p in inc_p))
@@ -61,6 +63,33 @@ def test_filters_match_the_reference_model(rel: str, inc_g: list[str], exc_g: li
 
 
 @given(mtime=st.floats(min_value=0, max_value=4e9, allow_nan=False))
-def test_time_window_is_half_open(mtime: float) -> None:
+def test_time_window_includes_both_ends_as_azcopy(mtime: float) -> None:
     filters = Filters.parse(include_after="2020-01-01T00:00:00Z", include_before="2030-01-01")
-    assert filters.matches("x", mtime) == (1577836800.0 <= mtime < 1893456000.0)
+    assert filters.matches("x", mtime) == (1577836800.0 <= mtime <= 1893456000.0)
+
+
+WILDCARDS = st.text(alphabet="ab.*", min_size=1, max_size=4).filter(lambda s: "*" in s)
+
+
+@settings(max_examples=300, deadline=None)
+@given(rel=PATHS, top=st.none() | WILDCARDS, recursive=st.booleans(), exc_p=st.lists(PREFIXES, max_size=2),
+       inc_p=st.lists(PREFIXES, max_size=2), trailing=st.booleans())
+def test_source_wildcard_top_level_and_pruning(rel: str, top: str | None, recursive: bool, exc_p: list[str],
+                                               inc_p: list[str], trailing: bool) -> None:
+    filters = Filters.parse(source_wildcard=top, recursive=recursive, include_path=";".join(inc_p),
+                            exclude_path=";".join(p + "/" if trailing else p for p in exc_p))
+    first = rel.split("/")[0]
+    expected = ((recursive or "/" not in rel) and (top is None or glob_match(top, first))
+                and not any(rel.startswith(p + "/" if trailing else p) for p in exc_p)
+                and (not inc_p or any(under(rel, p) for p in inc_p)))
+    assert filters.matches(rel) == expected
+    # A pruned walk takes exactly what a full one would: a folder not entered holds nothing that matches.
+    parts = rel.split("/")
+    for depth in range(1, len(parts)):
+        if not filters.enters("/".join(parts[:depth])):
+            assert not filters.matches(rel)
+
+
+def test_wildcard_star_only_and_literal_otherwise() -> None:
+    filters = Filters.parse(source_wildcard="ckpt-[1]?.*")
+    assert filters.matches("ckpt-[1]?.pt") and not filters.matches("ckpt-1a.pt")

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
         diagnose,
         list_blobs,
         list_jobs,
+        make_container,
         remove,
         resume,
         resume_async,
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from blobsync.config import CheckMd5, Overwrite, TransferConfig
     from blobsync.doctor import Diagnosis, Finding
     from blobsync.engine.context import Progress
+    from blobsync.engine.prompt import Answer
     from blobsync.errors import (
         AuthError,
         BlobNotFoundError,
@@ -42,10 +44,10 @@ if TYPE_CHECKING:
         UsageError,
     )
     from blobsync.events import BaseSubscriber, QueuedFile, Subscriber
-    from blobsync.report import FileResult, FileStatus, Report
+    from blobsync.filters import Filters
+    from blobsync.report import Action, FileResult, FileStatus, Report
     from blobsync.syncing.compare import CompareMode
-    from blobsync.syncing.filters import Filters
-    from blobsync.syncing.job import Action, DeleteMode
+    from blobsync.syncing.job import DeleteMode
 
 # The public names load on first use (PEP 562): `import blobsync` and the CLI's start-up pay only for the modules a
 # command needs (a no-op sync never loads the doctor, watch, remove or download code, nor watchfiles). Type
@@ -53,7 +55,8 @@ if TYPE_CHECKING:
 _HOMES = {
     "aio": "blobsync.aio",
     "JobSummary": "blobsync.api", "clean_jobs": "blobsync.api", "copy": "blobsync.api", "copy_async": "blobsync.api",
-    "diagnose": "blobsync.api", "list_blobs": "blobsync.api", "list_jobs": "blobsync.api", "remove": "blobsync.api",
+    "diagnose": "blobsync.api", "list_blobs": "blobsync.api", "list_jobs": "blobsync.api",
+    "make_container": "blobsync.api", "Answer": "blobsync.engine.prompt", "remove": "blobsync.api",
     "resume": "blobsync.api", "resume_async": "blobsync.api", "show_job": "blobsync.api", "sync": "blobsync.api",
     "sync_async": "blobsync.api", "watch": "blobsync.api", "watch_async": "blobsync.api",
     "BlobProperties": "blobsync.backends.base",
@@ -64,10 +67,11 @@ _HOMES = {
     "ContainerNotFoundError": "blobsync.errors", "ExitCode": "blobsync.errors", "IntegrityError": "blobsync.errors",
     "SourceError": "blobsync.errors", "TransferFailedError": "blobsync.errors", "UsageError": "blobsync.errors",
     "BaseSubscriber": "blobsync.events", "QueuedFile": "blobsync.events", "Subscriber": "blobsync.events",
-    "FileResult": "blobsync.report", "FileStatus": "blobsync.report", "Report": "blobsync.report",
+    "Action": "blobsync.report", "FileResult": "blobsync.report", "FileStatus": "blobsync.report",
+    "Report": "blobsync.report",
     "CompareMode": "blobsync.syncing.compare",
-    "Filters": "blobsync.syncing.filters",
-    "Action": "blobsync.syncing.job", "DeleteMode": "blobsync.syncing.job",
+    "Filters": "blobsync.filters",
+    "DeleteMode": "blobsync.syncing.job",
 }
 
 
@@ -89,6 +93,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "Action",
+    "Answer",
     "AuthError",
     "BaseSubscriber",
     "BlobNotFoundError",
@@ -123,6 +128,7 @@ __all__ = [
     "diagnose",
     "list_blobs",
     "list_jobs",
+    "make_container",
     "remove",
     "resume",
     "resume_async",

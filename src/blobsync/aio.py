@@ -2,10 +2,11 @@
 
 from blobsync.api import copy_async as copy
 from blobsync.api import list_blobs_async as list_blobs
+from blobsync.api import make_container_async as make_container
 from blobsync.api import remove_async as remove
 from blobsync.api import resume_async as resume
 from blobsync.api import sync_async as sync
 from blobsync.api import watch_async as watch
 from blobsync.doctor import diagnose
 
-__all__ = ["copy", "diagnose", "list_blobs", "remove", "resume", "sync", "watch"]
+__all__ = ["copy", "diagnose", "list_blobs", "make_container", "remove", "resume", "sync", "watch"]

@@ -7,7 +7,7 @@ import concurrent.futures
 import os
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -16,18 +16,20 @@ from blobsync.backends.azure_auth import resolve_credential
 from blobsync.backends.azure_rest import AzureContainerStore
 from blobsync.backends.base import BlobProperties
 from blobsync.config import TransferConfig, check_proxy_url
+from blobsync.copying import plan_copy
 from blobsync.engine.bandwidth import TokenBucket, mbps_to_bytes
 from blobsync.engine.context import Progress
 from blobsync.engine.delete import batch_enabled
+from blobsync.engine.prompt import Answer, OverwritePrompt
 from blobsync.engine.retry import Retrier, RetryPolicy
 from blobsync.errors import BlobsyncError, TransferFailedError, UsageError
 from blobsync.events import Subscriber
+from blobsync.filters import Filters
 from blobsync.journal import FileRow, JobRow, Journal, default_journal_path
 from blobsync.location import BlobLocation, is_url, parse_location
-from blobsync.report import Report
+from blobsync.report import Action, Report
 from blobsync.syncing.compare import CompareMode
-from blobsync.syncing.filters import Filters
-from blobsync.syncing.job import Action, DeleteMode, SyncJob, SyncSpec
+from blobsync.syncing.job import DeleteMode, SyncJob, SyncSpec
 
 # Imported where used: `blobsync sync` (and `import blobsync`) then never load the doctor, the download and
 # upload jobs, remove or watch (and watchfiles), which is a good part of a no-op sync's start-up.
@@ -85,9 +87,23 @@ def _store(loc: BlobLocation, config: TransferConfig, env: Mapping[str, str],
     )
 
 
+@dataclass(frozen=True)
+class _Selection:
+    """What a copy takes beside its config: filters, and whether it only lists what it would do."""
+
+    filters: Filters = field(default_factory=Filters)
+    dry_run: bool = False
+    on_action: Callable[[Action], None] | None = None
+    confirm_overwrite: Callable[[str], Answer] | None = None
+
+    def prompt(self) -> OverwritePrompt | None:
+        return OverwritePrompt(self.confirm_overwrite) if self.confirm_overwrite is not None else None
+
+
 async def _run_download(
     loc: BlobLocation, dest: Path, config: TransferConfig, env: Mapping[str, str],
     progress: Progress | None, job: JobRow | None, journal: Journal, folder: bool = False,
+    selection: _Selection = _Selection(),
 ) -> Report:
     from blobsync.engine.download_job import DownloadJob, DownloadSpec
 
@@ -95,7 +111,9 @@ async def _run_download(
     progress = progress or Progress()
     store = _store(loc, config, env, bucket, progress)
     try:
-        runner = DownloadJob(DownloadSpec(loc, dest, config, folder), store, journal, progress=progress, job=job)
+        spec = DownloadSpec(loc, dest, config, folder, selection.filters, selection.dry_run)
+        runner = DownloadJob(spec, store, journal, progress=progress, job=job, on_action=selection.on_action,
+                             overwrite_prompt=selection.prompt())
         runner.runner.bandwidth = bucket
         return await runner.run()
     finally:
@@ -105,7 +123,7 @@ async def _run_download(
 
 async def _run_upload(
     source: Path, loc: BlobLocation, config: TransferConfig, env: Mapping[str, str],
-    progress: Progress | None, job: JobRow | None, journal: Journal,
+    progress: Progress | None, job: JobRow | None, journal: Journal, selection: _Selection = _Selection(),
 ) -> Report:
     from blobsync.engine.job import UploadJob, UploadSpec
 
@@ -113,7 +131,9 @@ async def _run_upload(
     progress = progress or Progress()
     store = _store(loc, config, env, bucket, progress)
     try:
-        runner = UploadJob(UploadSpec(source, loc, config), store, journal, progress=progress, job=job)
+        spec = UploadSpec(source, loc, config, selection.filters, selection.dry_run)
+        runner = UploadJob(spec, store, journal, progress=progress, job=job, on_action=selection.on_action,
+                           overwrite_prompt=selection.prompt())
         runner.runner.bandwidth = bucket
         return await runner.run()
     finally:
@@ -130,35 +150,40 @@ async def copy_async(
     progress: Progress | None = None,
     subscribers: Sequence[Subscriber] = (),
     raise_on_error: bool = False,
+    filters: Filters | None = None,
+    as_subdir: bool = True,
+    dry_run: bool = False,
+    on_action: Callable[[Action], None] | None = None,
+    confirm_overwrite: Callable[[str], Answer] | None = None,
 ) -> Report:
     """Upload a local file or folder to a blob URL, or download a blob (or, with `config.recursive`, every
     blob under a prefix) to a local path. The direction follows from which side is a URL. Re-running the same
     copy resumes its job.
 
+    Names follow AzCopy: a folder (or prefix) copied with `recursive` becomes a level of its own under the
+    destination (`./run1` -> `<url>/run1/...`, `<url>/sub` -> `dest/sub/...`, a container URL ->
+    `dest/<container>/...`); `as_subdir=False`, or a source ending in `/*`, copies the contents only. A last
+    segment with '*' (`./ckpt/*.pt`, `<url>/sub/*`) selects among the entries at that level. `filters` choose
+    files by name, path, regex or time; `dry_run` reports each file (`on_action`) and moves nothing.
+    With `config.overwrite` PROMPT, `confirm_overwrite(description)` is asked (in a worker thread, one file at a
+    time) about each file that exists at the destination and answers an `Answer` (yes, no, all, none).
+
     Files that fail are listed in the returned Report (`report.failures`); with `raise_on_error=True` they
     raise TransferFailedError instead. Errors that stop the whole job (credentials, a missing container, bad
     arguments) always raise. Cancelling the task leaves the job resumable."""
-    report = await _copy(source, dest, config or TransferConfig(), env, _progress(progress, subscribers))
-    return _finish(report, raise_on_error)
-
-
-async def _copy(source: str | os.PathLike[str], dest: str, config: TransferConfig, env: Mapping[str, str] | None,
-                progress: Progress) -> Report:
+    config = config or TransferConfig()
+    plan = plan_copy(os.fspath(source), dest, recursive=config.recursive, as_subdir=as_subdir, filters=filters)
     env = os.environ if env is None else env
-    src_text = os.fspath(source)
-    if is_url(src_text):
-        if is_url(dest):
-            raise UsageError("copying between two blob URLs is not supported: one side must be a local path")
-        loc = parse_location(src_text)
-        target = Path(dest).expanduser().absolute()
-        folder = dest.endswith(("/", os.sep))
-        return await _run_download(loc, target, config, env, progress, None, _journal(config, env), folder)
-    if not is_url(dest):
-        raise UsageError(f"destination {dest!r} is not a blob URL (https://<account>.blob.core.windows.net/...): "
-                         "one side must be a URL")
-    loc = parse_location(dest)
-    src = Path(source).expanduser().absolute()
-    return await _run_upload(src, loc, config, env, progress, None, _journal(config, env))
+    progress = _progress(progress, subscribers)
+    config = replace(config, recursive=plan.many)
+    selection = _Selection(plan.filters, dry_run, on_action, confirm_overwrite)
+    journal = _journal(config, env)
+    if plan.upload:
+        report = await _run_upload(plan.local, plan.remote, config, env, progress, None, journal, selection)
+    else:
+        report = await _run_download(plan.remote, plan.local, config, env, progress, None, journal,
+                                     plan.dest_is_folder, selection)
+    return _finish(report, raise_on_error)
 
 
 def copy(source: str | os.PathLike[str], dest: str, config: TransferConfig | None = None, **kwargs: Any) -> Report:
@@ -294,6 +319,7 @@ async def resume_async(
     progress: Progress | None = None,
     subscribers: Sequence[Subscriber] = (),
     raise_on_error: bool = False,
+    confirm_overwrite: Callable[[str], Answer] | None = None,
     **overrides: object,
 ) -> Report:
     """Resume a journaled copy job by id. Credentials come from `sas` or the environment, never from the
@@ -308,16 +334,19 @@ async def resume_async(
         if job.kind.startswith("sync"):
             # A sync re-compares both sides on every run; its partial files resume through the same journal.
             raise UsageError(f"job {job.id} is a sync: run the same 'blobsync sync' command again to resume it")
-        config = TransferConfig.from_journal(job.options, journal_path=journal_path, **overrides)
+        options = dict(job.options)
+        selection = _Selection(Filters.from_journal(options.pop("filters", None)),
+                               confirm_overwrite=confirm_overwrite)
+        config = TransferConfig.from_journal(options, journal_path=journal_path, **overrides)
         remote = job.source if job.kind == "download" else job.dest
         loc = parse_location(remote if not sas else f"{remote}?{sas.lstrip('?')}")
     except BaseException:
         journal.close()
         raise
     if job.kind == "download":
-        report = await _run_download(loc, Path(job.dest), config, env, progress, job, journal)
+        report = await _run_download(loc, Path(job.dest), config, env, progress, job, journal, selection=selection)
     else:
-        report = await _run_upload(Path(job.source), loc, config, env, progress, job, journal)
+        report = await _run_upload(Path(job.source), loc, config, env, progress, job, journal, selection)
     return _finish(report, raise_on_error)
 
 
@@ -390,6 +419,15 @@ async def list_blobs_async(
 ) -> AsyncIterator[BlobProperties]:
     """Every blob the URL names: the blob itself, or all blobs under the container or folder, page by page
     (memory stays flat on huge containers). Each item has name, size, tier, Content-MD5, last modified."""
+    async for _, props in blob_entries_async(url, env=env, max_retries=max_retries, proxy=proxy):
+        yield props
+
+
+async def blob_entries_async(
+    url: str, *, env: Mapping[str, str] | None = None, max_retries: int = 8, proxy: str | None = None,
+) -> AsyncIterator[tuple[str, BlobProperties]]:
+    """As `list_blobs_async`, each blob with its name relative to the URL (a blob URL: its last segment), as
+    AzCopy's list prints them."""
     from blobsync.syncing.remove import blobs_at
 
     env = os.environ if env is None else env
@@ -399,10 +437,31 @@ async def list_blobs_async(
     store = AzureContainerStore(loc, resolve_credential(loc, env), proxy=proxy, env=env)
     retrier = Retrier(RetryPolicy(max_attempts=max_retries + 1))
     try:
-        async for _, props in blobs_at(store, loc.path, retrier.call):
-            yield props
+        async for entry in blobs_at(store, loc.path, retrier.call):
+            yield entry
     finally:
         await store.close()
+
+
+async def make_container_async(url: str, *, env: Mapping[str, str] | None = None, max_retries: int = 8,
+                               proxy: str | None = None) -> bool:
+    """Create the container the URL names; False when it exists already."""
+    env = os.environ if env is None else env
+    loc = parse_location(url)
+    if loc.path:
+        raise UsageError(f"{loc.display!r} names a blob or folder: make takes a container URL")
+    if proxy is not None:
+        check_proxy_url(proxy)
+    store = AzureContainerStore(loc, resolve_credential(loc, env), proxy=proxy, env=env)
+    try:
+        return await Retrier(RetryPolicy(max_attempts=max_retries + 1)).call(store.create_container)
+    finally:
+        await store.close()
+
+
+def make_container(url: str, **kwargs: Any) -> bool:
+    """Blocking form of `blobsync.aio.make_container`."""
+    return _blocking(make_container_async(url, **kwargs))
 
 
 def list_blobs(url: str, **kwargs: Any) -> list[BlobProperties]:

@@ -9,6 +9,7 @@ from enum import Enum
 from pathlib import Path
 from types import MappingProxyType
 from typing import Literal, Self
+from urllib.parse import quote
 
 from blobsync.errors import UsageError
 from blobsync.redact import register_secret
@@ -55,6 +56,7 @@ class Overwrite(FlagEnum):
     TRUE = "true"
     FALSE = "false"
     IF_SOURCE_NEWER = "ifSourceNewer"
+    PROMPT = "prompt"  # ask for each file that exists (yes, no, all, none); needs someone to answer
 
 
 class CheckMd5(FlagEnum):
@@ -116,6 +118,36 @@ def check_metadata(key: str, value: str, what: str = "metadata") -> None:
     check_header_text(value, f"{what} value for {key!r}", ascii_only=True)
 
 
+# Properties a blob is stored with and returned on download, by AzCopy's flag names.
+PROPERTY_HEADERS = {
+    "cache_control": "x-ms-blob-cache-control",
+    "content_disposition": "x-ms-blob-content-disposition",
+    "content_encoding": "x-ms-blob-content-encoding",
+    "content_language": "x-ms-blob-content-language",
+}
+_TAG_TEXT = re.compile(r"^[A-Za-z0-9 +\-./:=_]*$")  # what Azure allows in blob index tag names and values
+
+
+def parse_blob_tags(text: str | None) -> dict[str, str]:
+    """AzCopy's --blob-tags 'k1=v1&k2=v2' (URL-encoded parts): at most 10 tags, Azure's characters and lengths."""
+    from urllib.parse import unquote
+
+    tags: dict[str, str] = {}
+    for item in (text or "").split("&"):
+        if not item.strip():
+            continue
+        key, sep, value = (unquote(part) for part in item.partition("="))
+        if not sep or not key:
+            raise UsageError(f"invalid --blob-tags item {item!r}: expected key=value, items joined by '&'")
+        if not (len(key) <= 128 and len(value) <= 256 and _TAG_TEXT.match(key) and _TAG_TEXT.match(value)):
+            raise UsageError(f"invalid --blob-tags item {item!r}: names up to 128 and values up to 256 characters, "
+                             "from letters, digits, space and + - . / : = _")
+        tags[key] = value
+    if len(tags) > 10:
+        raise UsageError(f"--blob-tags has {len(tags)} tags: a blob holds at most 10")
+    return tags
+
+
 def parse_metadata(text: str | None) -> dict[str, str]:
     """Parse AzCopy-style 'k=v;k2=v2' metadata; names must be valid C# identifiers, as Azure requires."""
     out: dict[str, str] = {}
@@ -152,6 +184,7 @@ class TransferConfig:
     check_md5: CheckMd5 = CheckMd5.FAIL_IF_DIFFERENT
     preserve_last_modified_time: bool = False
     content_type: str | None = None
+    guess_mime_type: bool = True  # False: application/octet-stream unless content_type is given
     metadata: Mapping[str, str] = field(default_factory=dict)
     tier: str | None = None
     create_container: bool = False
@@ -163,6 +196,8 @@ class TransferConfig:
     stall_timeout: float = 120.0
     cap_mbps: float | None = None  # megabits per second for the whole job, as AzCopy's --cap-mbps
     proxy: str | None = None  # http(s)://[user:pass@]host:port, over the environment's proxies; never journaled
+    properties: Mapping[str, str] = field(default_factory=dict)  # cache_control, content_encoding, ... (uploads)
+    blob_tags: Mapping[str, str] = field(default_factory=dict)  # blob index tags set on upload
 
     def __post_init__(self) -> None:
         if not (1 <= self.block_size <= MAX_BLOCK_SIZE):
@@ -193,7 +228,14 @@ class TransferConfig:
             if not isinstance(key, str) or not isinstance(value, str):
                 raise UsageError(f"invalid metadata {key!r}: names and values are text")
             check_metadata(key, value)
+        for key, value in self.properties.items():
+            if key not in PROPERTY_HEADERS:
+                raise UsageError(f"unknown blob property {key!r}: use one of {', '.join(PROPERTY_HEADERS)}")
+            check_header_text(value, "--" + key.replace("_", "-"))
         object.__setattr__(self, "metadata", MappingProxyType(dict(self.metadata)))
+        object.__setattr__(self, "properties", MappingProxyType(dict(self.properties)))
+        object.__setattr__(self, "blob_tags", MappingProxyType(parse_blob_tags(
+            "&".join(f"{quote(k)}={quote(v)}" for k, v in self.blob_tags.items()))))
 
     @property
     def auto_concurrency(self) -> bool:
@@ -243,11 +285,14 @@ class TransferConfig:
             "check_md5": self.check_md5.value,
             "preserve_last_modified_time": self.preserve_last_modified_time,
             "content_type": self.content_type,
+            "guess_mime_type": self.guess_mime_type,
             "metadata": dict(self.metadata),
             "tier": self.tier,
             "recursive": self.recursive,
             "follow_symlinks": self.follow_symlinks,
             "cap_mbps": self.cap_mbps,
+            "properties": dict(self.properties),
+            "blob_tags": dict(self.blob_tags),
         }
 
     @classmethod

@@ -24,6 +24,7 @@ PERMISSIONS = {
     "r": "read", "a": "add", "c": "create", "w": "write", "d": "delete", "x": "delete versions",
     "y": "permanent delete", "l": "list", "t": "tags", "f": "find by tags", "m": "move", "e": "execute",
     "o": "ownership", "p": "permissions", "i": "immutability policy",
+    "u": "update (queues and tables; no blob operation needs it)",
 }
 
 # What each blobsync operation needs. Uploads read too: the commit is verified and resumes ask which

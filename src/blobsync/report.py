@@ -18,6 +18,16 @@ class FileStatus(Enum):
 
 
 @dataclass(frozen=True)
+class Action:
+    """One thing a job does (or, in a dry run, would do), with its reason."""
+
+    kind: str  # upload | download | delete
+    path: str  # relative path
+    reason: str
+    size: int = 0
+
+
+@dataclass(frozen=True)
 class FileResult:
     rel: str
     blob: str

@@ -17,7 +17,7 @@ from binascii import a2b_base64
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
-from urllib.parse import quote, unquote, urlsplit
+from urllib.parse import quote, unquote, urlencode, urlsplit
 
 from blobsync._version import __version__
 from blobsync.backends.azure_auth import Credential, Request, warn_if_plain_http
@@ -315,6 +315,9 @@ def _blob_headers(headers: BlobHeaders, prefix: str) -> dict[str, str]:
         out[f"x-ms-meta-{key}"] = value
     if headers.tier:
         out["x-ms-access-tier"] = headers.tier
+    out.update(headers.properties)
+    if headers.tags:
+        out["x-ms-tags"] = urlencode(headers.tags, quote_via=quote)
     return out
 
 

@@ -64,6 +64,8 @@ class BlobHeaders:
     content_md5: bytes | None
     metadata: Mapping[str, str]
     tier: str | None = None
+    properties: Mapping[str, str] = field(default_factory=dict)  # header name -> value: x-ms-blob-cache-control..
+    tags: Mapping[str, str] = field(default_factory=dict)  # blob index tags
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ import sqlite3
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -19,6 +20,7 @@ from blobsync.cli.output import JsonEvents, JsonLines, ProgressDisplay, summary,
 from blobsync.engine.context import Progress
 from blobsync.errors import BlobsyncError, ExitCode
 from blobsync.events import Subscriber
+from blobsync.filters import Filters
 from blobsync.journal.store import damaged
 from blobsync.redact import RedactingFilter, printable, redact, strip_query
 from blobsync.report import Report
@@ -60,8 +62,12 @@ def handle_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+_LEVELS = {"PANIC": "CRITICAL", "NONE": None}  # AzCopy's words; NONE logs nothing
+
+
 def setup_logging(level: str, log_file: Path | None = None) -> None:
     """Logs go to stderr, or to `log_file`; never to stdout, where results and JSON lines go."""
+    name = _LEVELS.get(level.upper(), level.upper())
     try:
         handler: logging.Handler = logging.FileHandler(log_file, encoding="utf-8") if log_file \
             else logging.StreamHandler(sys.stderr)
@@ -71,7 +77,7 @@ def setup_logging(level: str, log_file: Path | None = None) -> None:
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger("blobsync")
     root.handlers[:] = [handler]
-    root.setLevel(level.upper())
+    root.setLevel(name or logging.CRITICAL + 10)
     root.propagate = False
 
 
@@ -85,27 +91,61 @@ def logging_options(fn: F) -> F:
     fn = click.option("--log-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
                       help="Write logs to this file instead of stderr.")(fn)
     return click.option(
-        "--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
-        default="WARNING", show_default=True, help="Log detail (secrets are always redacted).",
+        "--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR", "PANIC", "NONE"],
+                                         case_sensitive=False),
+        default="WARNING", show_default=True, help="Log detail (secrets are always redacted); NONE: no logs.",
     )(fn)
+
+
+def exit_codes_option(fn: F) -> F:
+    """--exit-codes: read by `main` from the command line (it maps the code the command exits with)."""
+    return click.option(
+        "--exit-codes", type=click.Choice(["blobsync", "azcopy"], case_sensitive=False), default=None,
+        expose_value=False, help="azcopy: exit 0 or 1 only, as AzCopy does [default: $BLOBSYNC_EXIT_CODES, "
+                                 "else blobsync's codes].")(fn)
+
+
+@dataclass(frozen=True)
+class OutputMode:
+    """How a command shows what it does: text or JSON lines, the progress display, and how much of it."""
+
+    json: bool = False
+    interval: float | None = None
+    quiet: bool = False  # no progress display
+    silent: bool = False  # no summary either (AzCopy's --output-level quiet): errors only
 
 
 def output_options(fn: F) -> F:
-    """--output-type, --progress-interval, --quiet and the logging options."""
-    fn = logging_options(fn)
-    fn = click.option("--quiet", is_flag=True, help="No progress display (results and the summary still print).")(fn)
-    fn = click.option("--progress-interval", type=click.FloatRange(min=0.05), default=None,
-                      help="Seconds between progress lines [default: 0.5 on a terminal, else 10].")(fn)
-    return click.option(
+    """--output-type, --output-level, --progress-interval, --quiet (given to the command as `out`), the logging
+    options and --exit-codes."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, output_type: str, output_level: str, progress_interval: float | None, quiet: bool,
+                **kwargs: Any) -> Any:
+        level = output_level.lower()
+        out = OutputMode(output_type.lower() == "json", progress_interval, quiet or level != "default",
+                         level == "quiet")
+        return fn(*args, out=out, **kwargs)
+
+    decorated: Any = exit_codes_option(logging_options(wrapper))
+    decorated = click.option("--quiet", is_flag=True,
+                             help="No progress display (results and the summary still print).")(decorated)
+    decorated = click.option("--progress-interval", type=click.FloatRange(min=0.05), default=None,
+                             help="Seconds between progress lines [default: 0.5 on a terminal, else 10].")(decorated)
+    decorated = click.option(
+        "--output-level", type=click.Choice(["default", "essential", "quiet"], case_sensitive=False),
+        default="default", show_default=True,
+        help="essential: no progress display; quiet: errors only (no summary either).")(decorated)
+    return click.option(  # type: ignore[no-any-return]
         "--output-type", type=click.Choice(["text", "json"], case_sensitive=False), default="text",
         show_default=True, help="json: stdout carries only JSON lines (start, files, progress, summary).",
-    )(fn)
+    )(decorated)
 
 
-def start_output(command: str, output_type: str, **fields: object) -> JsonLines | None:
+def start_output(command: str, out: OutputMode, **fields: object) -> JsonLines | None:
     """In JSON mode, print the start record and route fatal errors to stdout as JSON too."""
     global _json_out
-    if output_type.lower() != "json":
+    if not out.json:
         return None
     _json_out = JsonLines()
     shown = {k: strip_query(v) if isinstance(v, str) else v for k, v in fields.items()}
@@ -114,14 +154,14 @@ def start_output(command: str, output_type: str, **fields: object) -> JsonLines 
     return _json_out
 
 
-def run_job(call: Callable[[Progress], Report], *, quiet: bool, json_out: JsonLines | None,
-            interval: float | None, dry_run: bool = False, show_files: bool = True) -> None:
+def run_job(call: Callable[[Progress], Report], out: OutputMode, *, json_out: JsonLines | None,
+            dry_run: bool = False, show_files: bool = True, quiet: bool = False) -> None:
     """Run a job with its progress display, then print the summary and exit with the report's code."""
     subscribers: Sequence[Subscriber] = (JsonEvents(json_out),) if json_out is not None and show_files else ()
     progress = Progress(subscribers=subscribers)
     stop_on_signals()
-    display = contextlib.nullcontext() if quiet else ProgressDisplay(progress, interval=interval,
-                                                                         json_out=json_out)
+    display = contextlib.nullcontext() if out.quiet or quiet else ProgressDisplay(progress, interval=out.interval,
+                                                                                     json_out=json_out)
     try:
         with display:
             report = call(progress)
@@ -135,9 +175,38 @@ def run_job(call: Callable[[Progress], Report], *, quiet: bool, json_out: JsonLi
         sys.exit(int(ExitCode.INTERRUPTED))
     if json_out is not None:
         json_out.emit(summary_record(report, dry_run=dry_run))
-    else:
+    elif not out.silent:
         click.echo(summary(report, dry_run=dry_run))
     if report.files_failed and report.kind != "remove":
         click.echo(f"blobsync: {report.files_failed} file(s) failed; run the same command again (or "
                    f"'blobsync jobs resume {report.job_id}') to retry them", err=True)
     sys.exit(int(report.exit_code))
+
+
+_FILTER_FLAGS = (
+    ("--include-pattern", "Only file names matching these globs, 'a*.pt;*.h5'."),
+    ("--exclude-pattern", "Skip file names matching these globs (excludes win over includes)."),
+    ("--include-path", "Only these relative paths or folders, 'a/b;c'."),
+    ("--exclude-path", "Skip relative paths starting with these, as AzCopy ('sub' also skips 'sub.pt'; 'sub/' "
+                       "only the folder)."),
+    ("--include-regex", "Only relative paths matching these regexes ('x;y')."),
+    ("--exclude-regex", "Skip relative paths matching these regexes."),
+    ("--include-after", "Only files modified on or after this ISO 8601 time."),
+    ("--include-before", "Only files modified before or on this ISO 8601 time."),
+)
+
+
+def filter_options(fn: F) -> F:
+    """The filter flags of cp, sync and rm, given to the command parsed, as `filters` (a bad one is a usage
+    error before any request)."""
+    names = [flag[2:].replace("-", "_") for flag, _ in _FILTER_FLAGS]
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        given = {name: kwargs.pop(name) for name in names}
+        return fn(*args, filters=Filters.parse(**given), **kwargs)
+
+    decorated: Any = wrapper
+    for flag, text in reversed(_FILTER_FLAGS):
+        decorated = click.option(flag, default=None, help=text)(decorated)
+    return decorated  # type: ignore[no-any-return]

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import gc
+import os
 import sys
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -12,9 +14,14 @@ import click
 
 from blobsync import api
 from blobsync._version import __version__
+from blobsync.cli.azcopy import AzCommand, azcopy_flags
 from blobsync.cli.common import (
     F,
+    OutputMode,
+    exit_codes_option,
+    filter_options,
     handle_errors,
+    logging_options,
     output_options,
     proxy_option,
     run_job,
@@ -24,15 +31,25 @@ from blobsync.cli.common import (
 from blobsync.cli.doctor import doctor
 from blobsync.cli.listing import ls, rm
 from blobsync.cli.output import JsonLines, human_bytes, summary, summary_record
-from blobsync.config import TIERS, CheckMd5, Overwrite, TransferConfig, parse_concurrency, parse_metadata
+from blobsync.config import (
+    PROPERTY_HEADERS,
+    TIERS,
+    CheckMd5,
+    Overwrite,
+    TransferConfig,
+    parse_blob_tags,
+    parse_concurrency,
+    parse_metadata,
+)
 from blobsync.engine.context import Progress
+from blobsync.engine.prompt import Answer
 from blobsync.errors import BlobsyncError, ExitCode, UsageError
-from blobsync.redact import printable, redact
-from blobsync.report import Report
+from blobsync.filters import Filters
+from blobsync.redact import printable, redact, strip_query
+from blobsync.report import Action, Report
 from blobsync.stopping import stop_on_signals
 from blobsync.syncing.compare import CompareMode
-from blobsync.syncing.filters import Filters
-from blobsync.syncing.job import Action, DeleteMode, parse_max_delete
+from blobsync.syncing.job import DeleteMode, parse_max_delete
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
@@ -54,16 +71,25 @@ def _transfer_options(fn: F) -> F:
         click.option("--memory-mb", type=float, default=256, show_default=True,
                      help="Bytes in flight (buffers), shared by all files."),
         click.option("--put-md5/--no-put-md5", default=True, show_default=True,
-                     help="Uploads: store the whole-file MD5 as the blob's Content-MD5 (blocks carry their own)."),
+                     help="Uploads: store the whole-file MD5 as the blob's Content-MD5 (blocks carry their own); "
+                          "AzCopy's --put-md5=false also works."),
         click.option("--check-md5",
                      type=click.Choice(["NoCheck", "LogOnly", "FailIfDifferent", "FailIfDifferentOrMissing"],
                                        case_sensitive=False),
                      default="FailIfDifferent", show_default=True,
                      help="Downloads: compare the bytes' MD5 with the blob's Content-MD5."),
-        click.option("--content-type", default=None, help="Content type [default: guessed from the file name]."),
+        click.option("--content-type", default=None,
+                     help="Content type [default: guessed from the file name; model files "
+                          "application/octet-stream]."),
+        click.option("--no-guess-mime-type", is_flag=True,
+                     help="Content type application/octet-stream unless --content-type."),
+        *(click.option(f"--{name.replace('_', '-')}", name, default=None,
+                       help=f"Uploads: the blob's {name.replace('_', '-').title()} header (returned on download).")
+          for name in PROPERTY_HEADERS),
         click.option("--metadata", default=None, help="Blob metadata, 'key=value;key2=value2'."),
-        click.option("--block-blob-tier", type=click.Choice(TIERS, case_sensitive=False), default=None,
-                     help="Access tier for uploaded blobs."),
+        click.option("--blob-tags", default=None, help="Blob index tags, 'k1=v1&k2=v2' (at most 10)."),
+        click.option("--block-blob-tier", type=click.Choice([*TIERS, "None"], case_sensitive=False), default=None,
+                     help="Access tier for uploaded blobs [default: the account's]."),
         click.option("--create-container", is_flag=True, help="Create the container if it does not exist."),
         click.option("--follow-symlinks", is_flag=True,
                      help="Follow symbolic links (default: skip them with a note)."),
@@ -86,10 +112,11 @@ def _transfer_options(fn: F) -> F:
 
 def _config(*, recursive: bool, overwrite: str = "true", preserve_last_modified_time: bool = False,
             block_size_mb: float, put_blob_size_mb: float | None, memory_mb: float, concurrency: str,
-            put_md5: bool, check_md5: str, content_type: str | None, metadata: str | None,
-            block_blob_tier: str | None, create_container: bool, follow_symlinks: bool, journal_path: Path | None,
-            max_retries: int, retry_deadline: float, stall_timeout: float,
-            cap_mbps: float | None, proxy: str | None) -> TransferConfig:
+            put_md5: bool, check_md5: str, content_type: str | None, no_guess_mime_type: bool,
+            metadata: str | None, blob_tags: str | None, block_blob_tier: str | None, create_container: bool,
+            follow_symlinks: bool, journal_path: Path | None, max_retries: int, retry_deadline: float,
+            stall_timeout: float, cap_mbps: float | None, proxy: str | None, **properties: str | None
+            ) -> TransferConfig:
     tier = next((t for t in TIERS if block_blob_tier and t.lower() == block_blob_tier.lower()), None)
     return TransferConfig.from_mib(
         block_size_mb=block_size_mb,
@@ -101,7 +128,10 @@ def _config(*, recursive: bool, overwrite: str = "true", preserve_last_modified_
         check_md5=CheckMd5.parse(check_md5),
         preserve_last_modified_time=preserve_last_modified_time,
         content_type=content_type,
+        guess_mime_type=not no_guess_mime_type,
         metadata=parse_metadata(metadata),
+        properties={k: v for k, v in properties.items() if v is not None},
+        blob_tags=parse_blob_tags(blob_tags),
         tier=tier,
         create_container=create_container,
         recursive=recursive,
@@ -115,43 +145,75 @@ def _config(*, recursive: bool, overwrite: str = "true", preserve_last_modified_
     )
 
 
-@cli.command()
+def _ask_overwrite(description: str) -> Answer:
+    """--overwrite prompt, on the terminal: AzCopy's y/n/A/N."""
+    while True:
+        reply = click.prompt(f"{printable(description)}: overwrite? y (yes), n (no), A (all), N (none)",
+                             default="n", show_default=False, err=True).strip()
+        answer = {"y": Answer.YES, "yes": Answer.YES, "n": Answer.NO, "no": Answer.NO, "A": Answer.ALL,
+                  "all": Answer.ALL, "N": Answer.NONE, "none": Answer.NONE}.get(reply)
+        if answer is not None:
+            return answer
+
+
+def _echo_action(out: OutputMode, json_out: JsonLines | None, dry_run: bool) -> Callable[[Action], None]:
+    def on_action(action: Action) -> None:
+        if json_out is not None:
+            json_out.emit({"type": "action", "action": action.kind, "path": action.path,
+                           "reason": action.reason, "size": action.size, "dry_run": dry_run})
+        elif dry_run and not out.silent:
+            click.echo(f"{action.kind:<8} {printable(action.path)}  ({printable(action.reason)})")
+
+    return on_action
+
+
+@cli.command(cls=AzCommand)
+@handle_errors  # outermost: the option wrappers below raise usage errors too
 @click.argument("source")
 @click.argument("destination")
 @click.option("-r", "--recursive", is_flag=True,
-              help="Upload a folder's contents, or download every blob under a prefix (names = relative paths).")
-@click.option("--overwrite", type=click.Choice(["true", "false", "ifSourceNewer"], case_sensitive=False),
-              default="true", show_default=True, help="What to do when the destination exists.")
+              help="Copy a folder (or every blob under a prefix); it becomes a level under the destination, as "
+                   "in AzCopy (see --as-subdir).")
+@click.option("--as-subdir/--no-as-subdir", default=True, show_default=True,
+              help="With -r: the source folder's (or prefix's) name is a level under the destination; "
+                   "--as-subdir=false (or a source ending in '/*') copies the contents only.")
+@click.option("--overwrite", type=click.Choice(["true", "false", "ifSourceNewer", "prompt"], case_sensitive=False),
+              default="true", show_default=True, help="What to do when the destination exists (prompt: ask).")
 @click.option("--preserve-last-modified-time", is_flag=True,
               help="Downloads: set the file's mtime to the source's (stored by blobsync, else Last-Modified).")
+@click.option("--dry-run", is_flag=True, help="Print what would be copied, and where; copy nothing.")
+@filter_options
 @_transfer_options
+@azcopy_flags("copy")
 @output_options
-@handle_errors
-def cp(source: str, destination: str, output_type: str, progress_interval: float | None, quiet: bool,
+def cp(source: str, destination: str, as_subdir: bool, dry_run: bool, filters: Filters, out: OutputMode,
        log_level: str, log_file: Path | None, **options: Any) -> None:
     """Copy SOURCE to DESTINATION; one of them is a blob URL, the other a local path.
 
     Upload a file (or a folder with -r) to a container or blob URL, or download a blob (or everything under a
-    prefix with -r) to a local path. Interrupted? Run the same command again: only what is missing is sent.
+    prefix with -r) to a local path. A last segment with '*' picks entries at that level ('./ckpt/*.pt',
+    '<url>/run1/*'). Interrupted? Run the same command again: only what is missing is sent.
     """
     setup_logging(log_level, log_file)
     config = _config(**options)
-    json_out = start_output("cp", output_type, source=source, destination=destination)
-    run_job(lambda progress: api.copy(source, destination, config, progress=progress), quiet=quiet,
-            json_out=json_out, interval=progress_interval)
+    prompt = config.overwrite is Overwrite.PROMPT and not dry_run
+    if prompt and not sys.stdin.isatty():
+        raise UsageError("--overwrite prompt needs a terminal to ask on: use true, false or ifSourceNewer")
+    json_out = start_output("cp", out, source=source, destination=destination, dry_run=dry_run)
+    on_action = _echo_action(out, json_out, dry_run)
+    run_job(lambda progress: api.copy(source, destination, config, progress=progress, filters=filters,
+                                      as_subdir=as_subdir, dry_run=dry_run, on_action=on_action,
+                                      confirm_overwrite=_ask_overwrite if prompt else None),
+            out, json_out=json_out, dry_run=dry_run, show_files=not dry_run, quiet=dry_run or prompt)
 
 
-@cli.command()
+@cli.command(cls=AzCommand)
+@handle_errors  # outermost: the option wrappers below raise usage errors too
 @click.argument("source")
 @click.argument("destination")
-@click.option("--include-pattern", default=None, help="Only file names matching these globs, 'a*.pt;*.h5'.")
-@click.option("--exclude-pattern", default=None, help="Skip file names matching these globs (wins over includes).")
-@click.option("--include-path", default=None, help="Only these relative paths or folders, 'a/b;c'.")
-@click.option("--exclude-path", default=None, help="Skip these relative paths or folders.")
-@click.option("--include-regex", default=None, help="Only relative paths matching these regexes ('x;y').")
-@click.option("--exclude-regex", default=None, help="Skip relative paths matching these regexes.")
-@click.option("--include-after", default=None, help="Only files modified at or after this ISO 8601 time.")
-@click.option("--include-before", default=None, help="Only files modified before this ISO 8601 time.")
+@click.option("--recursive/--no-recursive", default=True, show_default=True,
+              help="Sync sub-folders too; --recursive=false syncs only the files at the top (as AzCopy).")
+@filter_options
 @click.option("--compare-hash", type=click.Choice(["none", "md5"], case_sensitive=False), default="none",
               show_default=True, help="md5: compare content hashes (local hashes are cached in the journal).")
 @click.option("--size-only", is_flag=True, help="Compare sizes only.")
@@ -166,14 +228,11 @@ def cp(source: str, destination: str, output_type: str, progress_interval: float
 @click.option("--settle", type=float, default=2.0, show_default=True,
               help="With --watch: send a file only once it has not been modified for this many seconds.")
 @_transfer_options
+@azcopy_flags("sync")
 @output_options
-@handle_errors
-def sync(source: str, destination: str, include_pattern: str | None, exclude_pattern: str | None,
-         include_path: str | None, exclude_path: str | None, include_regex: str | None, exclude_regex: str | None,
-         include_after: str | None, include_before: str | None, compare_hash: str, size_only: bool,
-         mirror_mode: bool, delete_destination: str, max_delete: str | None, dry_run: bool, output_type: str,
-         watch: bool, settle: float, progress_interval: float | None, quiet: bool, log_level: str,
-         log_file: Path | None, **options: Any) -> None:
+def sync(source: str, destination: str, recursive: bool, filters: Filters, compare_hash: str, size_only: bool,
+         mirror_mode: bool, delete_destination: str, max_delete: str | None, dry_run: bool, watch: bool,
+         settle: float, out: OutputMode, log_level: str, log_file: Path | None, **options: Any) -> None:
     """Make DESTINATION match SOURCE: a local folder and a container URL (with an optional prefix), either way.
 
     Files that are new, differ in size, or are newer at the source are transferred; with --delete-destination,
@@ -183,17 +242,14 @@ def sync(source: str, destination: str, include_pattern: str | None, exclude_pat
     setup_logging(log_level, log_file)
     if sum((compare_hash.lower() == "md5", size_only, mirror_mode)) > 1:
         raise UsageError("choose one of --compare-hash md5, --size-only and --mirror-mode")
-    filters = Filters.parse(
-        include_pattern=include_pattern, exclude_pattern=exclude_pattern, include_path=include_path,
-        exclude_path=exclude_path, include_regex=include_regex, exclude_regex=exclude_regex,
-        include_after=include_after, include_before=include_before,
-    )
+    if not recursive:
+        filters = Filters.parse(**{**filters.text, "recursive": False})  # type: ignore[arg-type]
     compare = (CompareMode.MD5 if compare_hash.lower() == "md5" else CompareMode.SIZE_ONLY if size_only
                else CompareMode.MIRROR if mirror_mode else CompareMode.SIZE_AND_MTIME)
     delete = DeleteMode.parse(delete_destination)
     parse_max_delete(max_delete)  # a bad value is a usage error before any work
     config = _config(recursive=True, **options)
-    json_out = start_output("sync", output_type, source=source, destination=destination, dry_run=dry_run,
+    json_out = start_output("sync", out, source=source, destination=destination, dry_run=dry_run,
                             watch=watch)
     if watch:
         if dry_run:
@@ -201,13 +257,7 @@ def sync(source: str, destination: str, include_pattern: str | None, exclude_pat
         _run_watch(source, destination, config, settle=settle, filters=filters, compare=compare, delete=delete,
                    max_delete=max_delete, json_out=json_out)
         return
-
-    def on_action(action: Action) -> None:
-        if json_out is not None:
-            json_out.emit({"type": "action", "action": action.kind, "path": action.path,
-                           "reason": action.reason, "size": action.size, "dry_run": dry_run})
-        elif dry_run:
-            click.echo(f"{action.kind:<8} {printable(action.path)}  ({printable(action.reason)})")
+    on_action = _echo_action(out, json_out, dry_run)
 
     def confirm(count: int) -> bool:
         return click.confirm(f"delete {count} file(s) at the destination that the source no longer has?",
@@ -218,8 +268,7 @@ def sync(source: str, destination: str, include_pattern: str | None, exclude_pat
                         max_delete=max_delete, dry_run=dry_run, progress=progress, on_action=on_action,
                         confirm=confirm)
 
-    run_job(call, quiet=quiet or dry_run, json_out=json_out, interval=progress_interval, dry_run=dry_run,
-            show_files=not dry_run)
+    run_job(call, out, json_out=json_out, dry_run=dry_run, show_files=not dry_run, quiet=dry_run)
 
 
 def _run_watch(source: str, destination: str, config: TransferConfig, *, settle: float, filters: Filters,
@@ -317,13 +366,15 @@ def jobs_show(job_id: str, journal_path: Path | None) -> None:
 @_journal_option
 @output_options
 @handle_errors
-def jobs_resume(job_id: str, sas: str | None, journal_path: Path | None, output_type: str,
-                progress_interval: float | None, quiet: bool, log_level: str, log_file: Path | None) -> None:
+def jobs_resume(job_id: str, sas: str | None, journal_path: Path | None, out: OutputMode, log_level: str,
+                log_file: Path | None) -> None:
     """Resume a job; credentials come from --sas or the environment."""
     setup_logging(log_level, log_file)
-    json_out = start_output("jobs resume", output_type, job=job_id)
-    run_job(lambda progress: api.resume(job_id, sas=sas, journal_path=journal_path, progress=progress),
-            quiet=quiet, json_out=json_out, interval=progress_interval)
+    json_out = start_output("jobs resume", out, job=job_id)
+    prompt = sys.stdin.isatty()
+    run_job(lambda progress: api.resume(job_id, sas=sas, journal_path=journal_path, progress=progress,
+                                        confirm_overwrite=_ask_overwrite if prompt else None),
+            out, json_out=json_out)
 
 
 @jobs.command("clean")
@@ -337,9 +388,50 @@ def jobs_clean(older_than: float | None, include_unfinished: bool, journal_path:
     click.echo(f"removed {len(removed)} job(s)")
 
 
+@cli.command(cls=AzCommand)
+@handle_errors  # outermost: the option wrappers below raise usage errors too
+@click.argument("url")
+@proxy_option
+@click.option("--max-retries", type=int, default=8, show_default=True, help="Retries per request.")
+@click.option("--cap-mbps", type=float, default=None, expose_value=False, hidden=True)  # AzCopy's global flag
+@click.option("--output-type", type=click.Choice(["text", "json"], case_sensitive=False), default="text",
+              show_default=True, help="json: one JSON line with the outcome.")
+@click.option("--output-level", type=click.Choice(["default", "essential", "quiet"], case_sensitive=False),
+              default="default", help="quiet: print nothing on success.")
+@azcopy_flags("make")
+@logging_options
+@exit_codes_option
+def make(url: str, proxy: str | None, max_retries: int, output_type: str, output_level: str, log_level: str,
+         log_file: Path | None) -> None:
+    """Create the container URL names (AzCopy's make); one that exists already is an error (exit 1)."""
+    setup_logging(log_level, log_file)
+    created = api.make_container(url, max_retries=max_retries, proxy=proxy)
+    if not created:
+        raise BlobsyncError(f"the container {strip_query(url)!r} already exists")
+    if output_type.lower() == "json":
+        JsonLines().emit({"type": "summary", "created": strip_query(url), "exit_code": 0})
+    elif output_level.lower() != "quiet":
+        click.echo(f"Successfully created the container {strip_query(url)}")
+
+
 cli.add_command(ls)
 cli.add_command(rm)
 cli.add_command(doctor)
+# AzCopy's own names, so that a script changes only the program's name.
+cli.add_command(cp, "copy")
+cli.add_command(rm, "remove")
+cli.add_command(ls, "list")
+
+
+def _azcopy_exit_codes(argv: list[str], env: Mapping[str, str]) -> bool:
+    """--exit-codes azcopy (on the command line, before any '--') or BLOBSYNC_EXIT_CODES=azcopy."""
+    args = argv[:argv.index("--")] if "--" in argv else argv
+    for i, arg in enumerate(args):
+        if arg.startswith("--exit-codes="):
+            return arg.split("=", 1)[1].lower() == "azcopy"
+        if arg == "--exit-codes" and i + 1 < len(args):
+            return args[i + 1].lower() == "azcopy"
+    return env.get("BLOBSYNC_EXIT_CODES", "").lower() == "azcopy"
 
 
 def main() -> None:
@@ -349,4 +441,10 @@ def main() -> None:
     # leaves its host's collector alone.
     gc.freeze()
     gc.set_threshold(20_000, 20, 20)
-    cli(prog_name="blobsync")
+    azcopy_codes = _azcopy_exit_codes(sys.argv[1:], os.environ)
+    try:
+        cli(prog_name="blobsync")
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+        # AzCopy exits 0 or 1: scripts written for it test `== 1`; blobsync's finer codes are in README.
+        sys.exit(min(code, 1) if azcopy_codes else code)

@@ -12,6 +12,7 @@ from typing import TypeVar
 from blobsync.backends.base import ContainerStore
 from blobsync.config import TransferConfig
 from blobsync.engine.budget import MemoryBudget, RequestLimiter
+from blobsync.engine.prompt import OverwritePrompt
 from blobsync.engine.retry import Retrier
 from blobsync.errors import ThrottledError
 from blobsync.events import QueuedFile, Subscriber
@@ -124,6 +125,7 @@ class EngineContext:
     io_pool: ThreadPoolExecutor  # positional reads + per-block MD5
     hash_pool: ThreadPoolExecutor  # whole-file MD5, one thread: updates stay in order per file
     progress: Progress
+    overwrite_prompt: OverwritePrompt | None = None  # answers --overwrite prompt
 
     @property
     def limiter(self) -> RequestLimiter:

@@ -40,8 +40,14 @@ class FileDownloader:
         if os.path.lexists(target) and cfg.overwrite is not Overwrite.TRUE:
             if cfg.overwrite is Overwrite.FALSE:
                 return self._skipped(row, props, "exists locally (--overwrite false)")
-            if os.stat(target).st_mtime_ns >= destination_mtime_ns(props):
+            newer = cfg.overwrite is Overwrite.IF_SOURCE_NEWER and os.stat(target).st_mtime_ns >= destination_mtime_ns(
+                props)
+            if newer:
                 return self._skipped(row, props, "local file is as new or newer (--overwrite ifSourceNewer)")
+            prompt = self.ctx.overwrite_prompt
+            if cfg.overwrite is Overwrite.PROMPT and prompt is not None and not await prompt(
+                    f"file {str(target)!r} exists"):
+                return self._skipped(row, props, "exists locally (not overwritten, as answered)")
         seen: set[bytes] = set()  # digests of whole fetches that differed from the stored MD5
         changed = False
         while True:

@@ -4,23 +4,25 @@ from __future__ import annotations
 
 import functools
 import posixpath
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from blobsync.backends.base import BlobProperties, ContainerStore
 from blobsync.config import TransferConfig
-from blobsync.engine.context import EngineContext, Progress
+from blobsync.engine.context import Progress
 from blobsync.engine.download import FileDownloader
 from blobsync.engine.listing import as_properties, remote_entry
 from blobsync.engine.mtime import destination_mtime_ns
+from blobsync.engine.prompt import OverwritePrompt
 from blobsync.engine.runner import JobRunner, WorkItem, batches
 from blobsync.errors import BlobNotFoundError, ExitCode, UnsafeNameError, UsageError
+from blobsync.filters import Filters
 from blobsync.journal import JobRow, Journal
 from blobsync.journal.index import Entry, SyncIndex
 from blobsync.local.target import safe_join
 from blobsync.location import BlobLocation
-from blobsync.report import FileResult, FileStatus, Report
+from blobsync.report import Action, FileResult, FileStatus, Report
 
 
 @dataclass(frozen=True)
@@ -29,15 +31,23 @@ class DownloadSpec:
     dest: Path
     config: TransferConfig
     dest_is_folder: bool = False  # the user wrote a trailing '/': a single blob keeps its own name inside
+    filters: Filters = field(default_factory=Filters)  # which blobs under the prefix take part
+    dry_run: bool = False  # list what would be downloaded (on_action), write nothing, journal nothing
+
 
 class DownloadJob:
     """One run of a download job (new or resumed). Construct with its side effects; then `await run()`."""
 
     def __init__(self, spec: DownloadSpec, store: ContainerStore, journal: Journal, *,
-                 progress: Progress | None = None, job: JobRow | None = None) -> None:
+                 progress: Progress | None = None, job: JobRow | None = None,
+                 on_action: Callable[[Action], None] | None = None,
+                 overwrite_prompt: OverwritePrompt | None = None) -> None:
         self.spec = spec
         self.store = store
-        self.runner = JobRunner("download", store, journal, spec.config, progress, job)
+        self.on_action = on_action or (lambda action: None)
+        self.runner = JobRunner("download", store, journal, spec.config, progress, job,
+                                extra_options={"filters": spec.filters.text or None},
+                                overwrite_prompt=overwrite_prompt)
 
     def _prefix(self) -> str:
         name = self.spec.source.path
@@ -52,6 +62,10 @@ class DownloadJob:
                              "everything under a prefix")
         props = await self.runner.requests(lambda: self.store.get_properties(name))
         if props is None:
+            under, _ = await self.runner.requests(lambda: self.store.list_page(name + "/"))
+            if under:
+                raise UsageError(f"{name!r} is a folder (blobs are under {name + '/'!r}): pass -r/--recursive to "
+                                 f"download it, or end the URL with '/*' for the blobs at its top")
             raise BlobNotFoundError(f"blob {name!r} not found in container {spec.source.container!r}",
                                     hint="check the URL (names are case-sensitive)")
         base = posixpath.basename(name)
@@ -62,45 +76,75 @@ class DownloadJob:
     async def _list_into(self, index: SyncIndex) -> None:
         """Every blob under the prefix into the scratch index, page by page: memory stays flat however many."""
         prefix = self._prefix()
+        filters = self.spec.filters
         batch: list[Entry] = []
+        listed = 0
         async for props in self.store.list_blobs(prefix, request=self.runner.requests):
             if props.name.endswith("/"):
                 continue  # folder markers of hierarchical tools
-            batch.append(remote_entry(prefix, props))
+            listed += 1
+            entry = remote_entry(prefix, props)
+            if not filters.matches(entry.rel, props.last_modified.timestamp()):
+                continue
+            batch.append(entry)
             if len(batch) >= 1000:
                 index.add("src", batch)
                 batch = []
         index.add("src", batch)
+        if not listed and prefix and filters.top is None and self.runner.job is None:
+            # A folder URL with nothing under it is most likely a typo; AzCopy fails too. (A wildcard that
+            # matches nothing, or filters that take nothing, are a successful empty copy.)
+            raise BlobNotFoundError(f"no blobs under {prefix!r} in container {self.spec.source.container!r}",
+                                    hint="check the URL (names are case-sensitive)")
 
     async def run(self) -> Report:
         spec = self.spec
         if not spec.config.recursive:
             root, rel, props = await self._one_blob()
-            return await self._run(
-                lambda ctx, report: self._items(root, [(rel, props)], report, FileDownloader(ctx)), None)
+            return await self._run(root, lambda: iter([[(rel, props)]]), None)
         if spec.dest.exists() and not spec.dest.is_dir():
             raise UsageError(f"destination {str(spec.dest)!r} is a file: -r needs a folder")
         index = SyncIndex(self.runner.journal.path.parent)
         try:
             await self._list_into(index)
 
-            def work(ctx: EngineContext, report: Report) -> Iterator[WorkItem]:
-                downloader = FileDownloader(ctx)
+            def listed() -> Iterator[list[tuple[str, BlobProperties]]]:
                 for batch in batches(index.entries("src")):
-                    yield from self._items(spec.dest, [(e.rel, as_properties(e)) for e in batch], report, downloader)
+                    yield [(e.rel, as_properties(e)) for e in batch]
 
-            return await self._run(work, index.totals("src"))
+            return await self._run(spec.dest, listed, index.totals("src"))
         finally:
             index.close()
 
-    async def _run(self, work: Callable[[EngineContext, Report], Iterable[WorkItem]],
+    async def _run(self, root: Path, blobs: Callable[[], Iterator[list[tuple[str, BlobProperties]]]],
                    totals: tuple[int, int] | None) -> Report:
+        """Download `blobs` (batches of relative name and properties) under `root`, or list them in a dry run."""
         spec = self.spec
+        if spec.dry_run:
+            return self._dry_run(root, blobs())
         job = self.runner.open_job(spec.source.display, str(spec.dest))
         report = Report(job.id, spec.source.display, str(spec.dest), kind="download",
                         listener=self.runner.progress.finished)
         ctx = self.runner.new_context()
-        await self.runner.run(ctx, report, work(ctx, report), totals)
+        downloader = FileDownloader(ctx)
+        work = (item for batch in blobs() for item in self._items(root, batch, report, downloader))
+        await self.runner.run(ctx, report, work, totals)
+        return report
+
+    def _dry_run(self, root: Path, blobs: Iterator[list[tuple[str, BlobProperties]]]) -> Report:
+        """cp --dry-run: each blob that would come down, and its local path; nothing is written or journaled."""
+        spec = self.spec
+        report = Report("dry-run", spec.source.display, str(spec.dest), kind="download")
+        for rel, props in (pair for batch in blobs for pair in batch):
+            try:
+                target = str(safe_join(root, rel))
+            except UnsafeNameError as exc:
+                report.add(FileResult(rel, props.name, props.size, FileStatus.FAILED, reason=str(exc),
+                                      exit_code=ExitCode.PARTIAL))
+                continue
+            self.on_action(Action("download", rel, f"to {target}", props.size))
+            report.add(FileResult(rel, props.name, props.size, FileStatus.TRANSFERRED,
+                                  reason=f"would download to {target}"))
         return report
 
     def _items(self, root: Path, blobs: list[tuple[str, BlobProperties]], report: Report,

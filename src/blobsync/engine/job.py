@@ -4,22 +4,24 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from blobsync.backends.base import ContainerStore
 from blobsync.config import TransferConfig
 from blobsync.engine.context import Progress
 from blobsync.engine.enumerate import index_in_thread
+from blobsync.engine.prompt import OverwritePrompt
 from blobsync.engine.runner import JobRunner, WorkItem, batches
 from blobsync.engine.upload import FileUploader
 from blobsync.errors import ExitCode
+from blobsync.filters import Filters
 from blobsync.journal import JobRow, Journal
 from blobsync.journal.index import Entry, SyncIndex
 from blobsync.local.files import SkippedEntry, SourceFile, blob_rel, check_source, stat_file, walk, warm_if_cold
 from blobsync.location import BlobLocation
-from blobsync.report import FileResult, FileStatus, Report
+from blobsync.report import Action, FileResult, FileStatus, Report
 
 log = logging.getLogger("blobsync")
 
@@ -29,6 +31,8 @@ class UploadSpec:
     source: Path
     dest: BlobLocation
     config: TransferConfig
+    filters: Filters = field(default_factory=Filters)  # which files of a folder take part
+    dry_run: bool = False  # list what would be uploaded (on_action), send nothing, journal nothing
 
 
 def blob_name_for(spec: UploadSpec, rel: str, single: bool) -> str:
@@ -58,46 +62,74 @@ class UploadJob:
         *,
         progress: Progress | None = None,
         job: JobRow | None = None,
+        on_action: Callable[[Action], None] | None = None,
+        overwrite_prompt: OverwritePrompt | None = None,
     ) -> None:
         self.spec = spec
         self.store = store
-        self.runner = JobRunner("upload", store, journal, spec.config, progress, job)
+        self.on_action = on_action or (lambda action: None)
+        self.runner = JobRunner("upload", store, journal, spec.config, progress, job,
+                                extra_options={"filters": spec.filters.text or None},
+                                overwrite_prompt=overwrite_prompt)
 
     async def run(self) -> Report:
         spec = self.spec
         check_source(spec.source, spec.config.recursive)
-        job = self.runner.open_job(str(spec.source), spec.dest.display)
-        report = Report(job.id, str(spec.source), spec.dest.display, listener=self.runner.progress.finished)
-        if spec.config.create_container and await self.runner.requests(self.store.create_container):
-            log.info("created container %s", spec.dest.container)
-        ctx = self.runner.new_context()
-        uploader = FileUploader(ctx)
         if not spec.source.is_dir():
             identity = stat_file(spec.source)
             entry = Entry(spec.source.name, identity.size, identity.mtime_ns, inode=identity.inode)
-            await self.runner.run(ctx, report, self._items([entry], uploader, report, single=True))
-            return report
+            return await self._run((), lambda uploader, report: self._items([entry], uploader, report, single=True),
+                                   None)
         # A folder is walked into a scratch index first (in a worker thread): the totals are known before
         # the first byte moves, and however many files there are, only a batch of them is in memory at once.
         index = SyncIndex(self.runner.journal.path.parent)
         try:
             skipped: list[SkippedEntry] = []
             await index_in_thread(index, "src", lambda: self._walk(skipped))
-            for item in skipped:
-                report.add(_skipped_result(item))
-            await self.runner.run(ctx, report, self._batches(index, uploader, report), index.totals("src"))
+            return await self._run(skipped, lambda uploader, report: self._batches(index, uploader, report),
+                                   index, index.totals("src"))
         finally:
             index.close()
+
+    async def _run(self, skipped: Sequence[SkippedEntry], work: Callable[[FileUploader, Report], Iterator[WorkItem]],
+                   index: SyncIndex | None, totals: tuple[int, int] | None = None) -> Report:
+        spec = self.spec
+        if spec.dry_run:
+            return self._dry_run(index)
+        job = self.runner.open_job(str(spec.source), spec.dest.display)
+        report = Report(job.id, str(spec.source), spec.dest.display, listener=self.runner.progress.finished)
+        for item in skipped:
+            report.add(_skipped_result(item))
+        if spec.config.create_container and await self.runner.requests(self.store.create_container):
+            log.info("created container %s", spec.dest.container)
+        ctx = self.runner.new_context()
+        await self.runner.run(ctx, report, work(FileUploader(ctx), report), totals)
+        return report
+
+    def _dry_run(self, index: SyncIndex | None) -> Report:
+        """cp --dry-run: each file that would go up, and its blob name; nothing is sent or journaled."""
+        spec = self.spec
+        report = Report("dry-run", str(spec.source), spec.dest.display)
+        entries = index.entries("src") if index is not None else [
+            Entry(spec.source.name, stat_file(spec.source).size, 0)]
+        for e in entries:
+            name = blob_name_for(spec, blob_rel(e.rel), index is None)
+            self.on_action(Action("upload", e.rel, f"to {name}", e.size))
+            report.add(FileResult(e.rel, name, e.size, FileStatus.TRANSFERRED, reason=f"would upload to {name}"))
         return report
 
     def _walk(self, skipped: list[SkippedEntry]) -> Iterator[Entry]:
-        """The folder's files as index entries (runs in a worker thread); skipped ones are set aside."""
-        for item in walk(self.spec.source, follow_symlinks=self.spec.config.follow_symlinks):
+        """The folder's files the filters take, as index entries (runs in a worker thread); skipped ones are set
+        aside. Folders nothing could match in are not even listed."""
+        filters = self.spec.filters
+        for item in walk(self.spec.source, follow_symlinks=self.spec.config.follow_symlinks, enters=filters.enters):
             if isinstance(item, SkippedEntry):
-                skipped.append(item)
+                if filters.matches(item.rel):
+                    skipped.append(item)
                 continue
             f: SourceFile = item
-            yield Entry(f.rel, f.identity.size, f.identity.mtime_ns, inode=f.identity.inode)
+            if filters.matches(f.rel, f.identity.mtime_ns / 1e9):
+                yield Entry(f.rel, f.identity.size, f.identity.mtime_ns, inode=f.identity.inode)
 
     def _batches(self, index: SyncIndex, uploader: FileUploader, report: Report) -> Iterator[WorkItem]:
         entries = index.entries("src")

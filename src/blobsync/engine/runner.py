@@ -7,18 +7,19 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
 from blobsync.backends.base import ContainerStore
-from blobsync.config import AUTO_CEILING, AUTO_START, TransferConfig
+from blobsync.config import AUTO_CEILING, AUTO_START, Overwrite, TransferConfig
 from blobsync.engine.autotune import ConcurrencyTuner, autotune
 from blobsync.engine.bandwidth import TokenBucket, mbps_to_bytes
 from blobsync.engine.budget import MemoryBudget, RequestLimiter
 from blobsync.engine.context import EngineContext, Progress, RequestPath
 from blobsync.engine.controls import follow_cap
+from blobsync.engine.prompt import OverwritePrompt
 from blobsync.engine.retry import Retrier, RetryPolicy
 from blobsync.errors import (
     AuthError,
@@ -28,6 +29,7 @@ from blobsync.errors import (
     DiskFullError,
     ExitCode,
     TransientError,
+    UsageError,
 )
 from blobsync.journal import FileRow, JobRow, Journal
 from blobsync.redact import redact
@@ -67,8 +69,15 @@ class JobRunner:
     """Runs the files of one job (new or resumed) under shared budgets, recording the job's state."""
 
     def __init__(self, kind: str, store: ContainerStore, journal: Journal, config: TransferConfig,
-                 progress: Progress | None, job: JobRow | None) -> None:
+                 progress: Progress | None, job: JobRow | None,
+                 extra_options: Mapping[str, object] | None = None,
+                 overwrite_prompt: OverwritePrompt | None = None) -> None:
+        if config.overwrite is Overwrite.PROMPT and overwrite_prompt is None:
+            raise UsageError("--overwrite prompt needs someone to answer: pass confirm_overwrite= (library) or "
+                             "run in a terminal; otherwise use true, false or ifSourceNewer")
+        self.overwrite_prompt = overwrite_prompt
         self.kind = kind
+        self.extra_options = dict(extra_options or {})  # kept with the job beside the config (cp's filters)
         self.store = store
         self.journal = journal
         self.config = config
@@ -83,9 +92,13 @@ class JobRunner:
     def open_job(self, source: str, dest: str) -> JobRow:
         """Resume the unfinished job for (source, dest) if there is one, else start a new one."""
         job = self.job or self.journal.find_unfinished_job(self.kind, source, dest)
+        if job is not None and self.job is None and any(
+                job.options.get(k) != v for k, v in self.extra_options.items()):
+            job = None  # the same folders with other filters is another job
         fresh = job is None
         if job is None:
-            job = self.journal.create_job(self.kind, source, dest, self.config.journal_options())
+            job = self.journal.create_job(self.kind, source, dest,
+                                          {**self.config.journal_options(), **self.extra_options})
         else:
             self.journal.claim_job(job)
         self.job = job
@@ -110,6 +123,7 @@ class JobRunner:
             ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2) + 2), thread_name_prefix="bs-io"),
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="bs-md5"),
             self.progress,
+            self.overwrite_prompt,
         )
 
     async def run(self, ctx: EngineContext, report: Report, items: Iterable[WorkItem],

@@ -6,11 +6,11 @@ import asyncio
 import hashlib
 import logging
 import mimetypes
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from blobsync.backends.base import BlobHeaders, BlockList, BlockState, Conditions, PutResult
-from blobsync.config import Overwrite
+from blobsync.config import PROPERTY_HEADERS, Overwrite
 from blobsync.engine.budget import BlockBuffer, Window
 from blobsync.engine.context import EngineContext
 from blobsync.engine.delta import DeltaBase, committed_record, find_base
@@ -66,14 +66,20 @@ class FileUploader:
             if props is not None:
                 if cfg.overwrite is Overwrite.FALSE:
                     return self._skipped(row, identity, "exists at the destination (--overwrite false)")
-                if identity.mtime_ns <= destination_mtime_ns(props):
+                if cfg.overwrite is Overwrite.IF_SOURCE_NEWER and identity.mtime_ns <= destination_mtime_ns(props):
                     return self._skipped(row, identity, "destination is as new or newer (--overwrite ifSourceNewer)")
+                prompt = self.ctx.overwrite_prompt
+                if cfg.overwrite is Overwrite.PROMPT and prompt is not None and not await prompt(
+                        f"blob {row.blob!r} exists ({props.size} bytes)"):
+                    return self._skipped(row, identity, "exists at the destination (not overwritten, as answered)")
                 conditions = Conditions(if_match=props.etag)
             else:
                 conditions = Conditions(if_none_match_any=True)
-        content_type = cfg.content_type or _guess_type(path)
+        content_type = cfg.content_type or (_guess_type(path) if cfg.guess_mime_type else OCTET_STREAM)
         metadata = {**cfg.metadata, MTIME_KEY: format_mtime(identity.mtime_ns)}
-        plan = _Plan(row.blob, identity, BlobHeaders(content_type, None, metadata, cfg.tier), conditions)
+        properties = {PROPERTY_HEADERS[k]: v for k, v in cfg.properties.items()}
+        headers = BlobHeaders(content_type, None, metadata, cfg.tier, properties, cfg.blob_tags)
+        plan = _Plan(row.blob, identity, headers, conditions)
         if identity.size <= cfg.single_put_limit:
             return await self._put_single(row, src, plan)
         return await self._put_blocks(row, src, plan)
@@ -105,7 +111,7 @@ class FileUploader:
                     raise
             if src.identity() != before:
                 raise SourceChangedError(f"{src.path}: file changed while it was being read")
-            headers = BlobHeaders(plan.headers.content_type, md5, plan.headers.metadata, plan.headers.tier)
+            headers = replace(plan.headers, content_md5=md5)
             result = await ctx.request(lambda: ctx.store.put_blob(plan.blob, data, headers, plan.conditions))
         finally:
             ctx.memory.unreserve(reserved)
@@ -267,7 +273,7 @@ class FileUploader:
             raise
 
         whole_md5 = whole.digest() if whole is not None else None
-        headers = BlobHeaders(plan.headers.content_type, whole_md5, plan.headers.metadata, plan.headers.tier)
+        headers = replace(plan.headers, content_md5=whole_md5)
         entries = list(zip(ids, states, strict=True))
         # A delta names committed blocks of one exact version: commit only over that version.
         conditions = Conditions(if_match=base.etag) if base is not None else plan.conditions
@@ -363,6 +369,15 @@ class FileUploader:
         return True
 
 
+OCTET_STREAM = "application/octet-stream"
+# Model and array formats: bytes for a program, never text or a type a browser would act on. The platform's table
+# gets some wrong (.pt is 'application/vnd.snesdev-page-table' on Debian).
+_BINARY_SUFFIXES = frozenset((".pt", ".pth", ".ckpt", ".safetensors", ".h5", ".hdf5", ".joblib", ".pkl", ".pickle",
+                              ".onnx", ".npy", ".npz", ".parquet", ".bin", ".gguf", ".tflite", ".pb", ".msgpack"))
+
+
 def _guess_type(path: Path) -> str:
+    if path.suffix.lower() in _BINARY_SUFFIXES:
+        return OCTET_STREAM
     guessed, _ = mimetypes.guess_type(path.name, strict=False)
-    return guessed or "application/octet-stream"
+    return guessed or OCTET_STREAM

@@ -90,8 +90,10 @@ class _Folder:
         return False
 
 
-def walk(root: Path, *, follow_symlinks: bool = False) -> Iterator[SourceFile | SkippedEntry]:
-    """Yield every regular file under `root` (sorted, depth first) and every entry that had to be skipped.
+def walk(root: Path, *, follow_symlinks: bool = False, enters: Callable[[str], bool] = lambda rel: True
+         ) -> Iterator[SourceFile | SkippedEntry]:
+    """Yield every regular file under `root` (sorted, depth first) and every entry that had to be skipped;
+    a folder (relative path, no trailing '/') for which `enters` says False is not listed at all.
 
     With `follow_symlinks`, a link to a folder that contains it (a loop) is skipped with a note, as rclone
     and AzCopy do: each folder is entered at most once per path from the root, so the walk ends."""
@@ -110,7 +112,8 @@ def walk(root: Path, *, follow_symlinks: bool = False) -> Iterator[SourceFile | 
         for entry in entries:
             item = _visit(entry, folder, follow_symlinks)
             if isinstance(item, _Folder):
-                subfolders.append(item)
+                if enters(item.rel[:-1]):
+                    subfolders.append(item)
             elif item is not None:
                 yield item
         stack.extend(reversed(subfolders))

@@ -18,13 +18,13 @@ from blobsync.engine.enumerate import index_in_thread
 from blobsync.engine.listing import as_properties, remote_entry
 from blobsync.engine.runner import JobRunner, WorkItem, batches
 from blobsync.errors import BlobsyncError, ExitCode, UnsafeNameError, UsageError
+from blobsync.filters import Filters
 from blobsync.journal import FileRow, Journal
 from blobsync.journal.index import Entry, SyncIndex
 from blobsync.local.files import SkippedEntry, SourceFile, walk, warm_if_cold
 from blobsync.location import BlobLocation
-from blobsync.report import FileResult, FileStatus, Report
+from blobsync.report import Action, FileResult, FileStatus, Report
 from blobsync.syncing.compare import MTIME_WINDOWS, CompareMode, decide
-from blobsync.syncing.filters import Filters
 
 log = logging.getLogger("blobsync")
 
@@ -55,16 +55,6 @@ def parse_max_delete(text: str | None) -> tuple[int | None, float | None]:
         return count, None
     except ValueError as exc:
         raise UsageError(f"invalid --max-delete {text!r}: a count (e.g. 100) or a percentage (e.g. 5%)") from exc
-
-
-@dataclass(frozen=True)
-class Action:
-    """One thing a sync does (or, in a dry run, would do), with its reason."""
-
-    kind: str  # upload | download | delete
-    path: str  # relative path
-    reason: str
-    size: int = 0
 
 
 @dataclass(frozen=True)

@@ -16,11 +16,10 @@ from blobsync.engine.context import Progress, RequestPath
 from blobsync.engine.delete import BlobDeleter, Doomed, Outcome
 from blobsync.engine.retry import Retrier, RetryPolicy
 from blobsync.errors import BlobNotFoundError, BlobsyncError, ExitCode, UsageError
+from blobsync.filters import Filters
 from blobsync.location import BlobLocation
 from blobsync.redact import redact
-from blobsync.report import FileResult, FileStatus, Report
-from blobsync.syncing.filters import Filters
-from blobsync.syncing.job import Action
+from blobsync.report import Action, FileResult, FileStatus, Report
 
 log = logging.getLogger("blobsync")
 

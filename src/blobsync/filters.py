@@ -1,4 +1,4 @@
-"""AzCopy-style filters: name globs, relative-path prefixes, regexes and time windows; excludes win."""
+"""Which files a transfer takes, as AzCopy chooses them: name globs, paths, regexes, times, a source wildcard."""
 
 from __future__ import annotations
 
@@ -30,10 +30,19 @@ def _regex(pattern: str, flag: str) -> re.Pattern[str]:
 
 
 def _prefix(path: str, flag: str) -> str:
+    given = path
     path = path.replace("\\", "/").strip("/")
     if not path or any(part in ("", ".", "..") for part in path.split("/")):
-        raise UsageError(f"invalid {flag} {path!r}: a path relative to the source, without '.' or '..' segments")
-    return path
+        raise UsageError(f"invalid {flag} {given!r}: a path relative to the source, without '.' or '..' segments")
+    # An exclude path is a string prefix, as AzCopy has it ('sub' also excludes 'sub.pt' and 'subway/'); a
+    # trailing '/' given by the user keeps it to the folder.
+    return path + "/" if flag == "--exclude-path" and given.replace("\\", "/").endswith("/") else path
+
+
+def wildcard(pattern: str) -> re.Pattern[str]:
+    """A source wildcard (the last segment of a cp source, e.g. '*.pt'): only '*' is special, as in AzCopy, and it
+    never crosses a '/'."""
+    return re.compile("[^/]*".join(re.escape(part) for part in pattern.split("*")) + r"\Z", re.S)
 
 
 def parse_time(text: str, flag: str) -> float:
@@ -63,7 +72,9 @@ class Filters:
     exclude_regexes: tuple[re.Pattern[str], ...] = ()
     include_after: float | None = None
     include_before: float | None = None
-    text: dict[str, str] = field(default_factory=dict, compare=False)  # the options as given, for the journal
+    top: re.Pattern[str] | None = None  # a source wildcard: the first segment of a relative path must match it
+    recursive: bool = True  # False: only files at the top of the source folder or prefix
+    text: dict[str, object] = field(default_factory=dict, compare=False)  # the options as given, for the journal
 
     @classmethod
     def parse(
@@ -77,12 +88,17 @@ class Filters:
         exclude_regex: str | None = None,
         include_after: str | None = None,
         include_before: str | None = None,
+        source_wildcard: str | None = None,
+        recursive: bool = True,
     ) -> Filters:
-        given = {k: v for k, v in locals().items() if k != "cls" and v}
+        """Validate the options as the flags give them (';'-separated lists); any bad one is a UsageError."""
+        given: dict[str, object] = {k: v for k, v in locals().items() if k not in ("cls", "recursive") and v}
+        if not recursive:
+            given["recursive"] = False
         after = parse_time(include_after, "--include-after") if include_after else None
         before = parse_time(include_before, "--include-before") if include_before else None
-        if after is not None and before is not None and after >= before:
-            raise UsageError("--include-after must be earlier than --include-before")
+        if after is not None and before is not None and after > before:
+            raise UsageError("--include-after must not be later than --include-before")
         return cls(
             tuple(_glob(p, "--include-pattern") for p in _split(include_pattern)),
             tuple(_glob(p, "--exclude-pattern") for p in _split(exclude_pattern)),
@@ -92,23 +108,45 @@ class Filters:
             tuple(_regex(p, "--exclude-regex") for p in _split(exclude_regex)),
             after,
             before,
+            wildcard(source_wildcard) if source_wildcard else None,
+            recursive,
             given,
         )
+
+    @classmethod
+    def from_journal(cls, text: object) -> Filters:
+        """The filters a journaled job was started with (`text` as `Filters.text` recorded it)."""
+        return cls.parse(**text) if isinstance(text, dict) else cls()
 
     @functools.cached_property
     def active(self) -> bool:
         return bool(self.include_patterns or self.exclude_patterns or self.include_paths or self.exclude_paths
                     or self.include_regexes or self.exclude_regexes or self.include_after is not None
-                    or self.include_before is not None)
+                    or self.include_before is not None or self.top is not None or not self.recursive)
+
+    def enters(self, folder: str) -> bool:
+        """Whether a walk need look inside `folder` (relative, no trailing '/'): False only when nothing under
+        it could match, so a pruned walk takes exactly the files an unpruned one would."""
+        if not self.recursive:
+            return False
+        if self.top is not None and not self.top.match(folder.split("/", 1)[0]):
+            return False
+        if any((folder + "/").startswith(p) for p in self.exclude_paths):
+            return False  # every path below starts with the excluded prefix
+        return not self.include_paths or any(_under(folder, p) or _under(p, folder) for p in self.include_paths)
 
     def matches(self, rel: str, mtime: float | None = None) -> bool:
         """True when `rel` (a '/'-separated relative path) takes part; excludes win over includes."""
         if not self.active:
             return True
+        if not self.recursive and "/" in rel:
+            return False
+        if self.top is not None and not self.top.match(rel.split("/", 1)[0]):
+            return False
         name = rel.rsplit("/", 1)[-1]
         if any(p.match(name) for p in self.exclude_patterns):
             return False
-        if any(_under(rel, p) for p in self.exclude_paths):
+        if any(rel.startswith(p) for p in self.exclude_paths):
             return False
         if any(r.search(rel) for r in self.exclude_regexes):
             return False
@@ -121,6 +159,6 @@ class Filters:
         if mtime is not None:
             if self.include_after is not None and mtime < self.include_after:
                 return False
-            if self.include_before is not None and mtime >= self.include_before:
+            if self.include_before is not None and mtime > self.include_before:  # "before or on", as AzCopy
                 return False
         return True

@@ -1,0 +1,103 @@
+"""How cp reads its two arguments, as AzCopy does: the direction, a trailing wildcard, the level --as-subdir adds."""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from dataclasses import dataclass
+from pathlib import Path
+
+from blobsync.errors import UsageError
+from blobsync.filters import Filters
+from blobsync.location import BlobLocation, is_url, parse_location
+
+
+@dataclass(frozen=True)
+class CopyPlan:
+    """What a cp moves: `local` is the file or folder read (upload) or the target (download); `remote` the blob,
+    or the prefix names go under; `many` says a folder or prefix is listed (with -r, or a wildcard)."""
+
+    upload: bool
+    local: Path
+    remote: BlobLocation
+    filters: Filters
+    many: bool
+    dest_is_folder: bool = False  # download of one blob: the user wrote a trailing '/'
+
+
+def _join(prefix: str, name: str) -> str:
+    if not name:
+        return prefix
+    return f"{prefix}{name}" if not prefix or prefix.endswith("/") else f"{prefix}/{name}"
+
+
+def _wildcard_tail(path: str, what: str) -> tuple[str, str | None]:
+    """(`path` without a last segment holding '*', that segment) or (`path`, None); '*' elsewhere is refused."""
+    head, sep, tail = path.rstrip("/").rpartition("/")
+    if "*" not in tail:
+        if "*" in path:
+            raise UsageError(f"{what}: '*' works only in the last segment (e.g. folder/*.pt)")
+        return path, None
+    if "*" in head:
+        raise UsageError(f"{what}: '*' works only in the last segment (e.g. folder/*.pt)")
+    return head + sep, tail
+
+
+def _narrow(filters: Filters, wildcard: str | None, recursive: bool) -> Filters:
+    if wildcard is None and recursive:
+        return filters
+    return Filters.parse(**{**filters.text, "source_wildcard": wildcard, "recursive": recursive})  # type: ignore[arg-type]
+
+
+def plan_upload(source: str, dest: str, *, recursive: bool, as_subdir: bool, filters: Filters) -> CopyPlan:
+    loc = parse_location(dest)
+    given = os.path.expanduser(source)
+    # A name that exists as written is taken literally, even with a '*' in it.
+    path, wildcard = (given, None) if os.path.lexists(given) else _wildcard_tail(given, f"source {source!r}")
+    local = Path(os.path.abspath(path or "."))
+    if wildcard is not None:
+        if not local.is_dir():
+            raise UsageError(f"source folder {str(local)!r} (before the wildcard) does not exist or is not a folder")
+        return CopyPlan(True, local, loc, _narrow(filters, wildcard, recursive), many=True)
+    if not local.exists():
+        raise UsageError(f"source {source!r} does not exist")
+    if not local.is_dir():
+        return CopyPlan(True, local, loc, filters, many=False)
+    if not recursive:
+        raise UsageError(f"source {source!r} is a folder: pass -r/--recursive to upload it (or 'folder/*' for the "
+                         "files at its top)")
+    # AzCopy's layout: the folder itself becomes a level under the destination, unless --as-subdir=false.
+    remote = loc.with_path(_join(loc.path, local.name)) if as_subdir else loc
+    return CopyPlan(True, local, remote, filters, many=True)
+
+
+def plan_download(source: str, dest: str, *, recursive: bool, as_subdir: bool, filters: Filters) -> CopyPlan:
+    if is_url(dest):
+        raise UsageError("copying between two blob URLs is not supported: one side must be a local path")
+    base, _, query = source.partition("?")
+    # Before parse_location unquotes the path: a '*' written %2A is part of a name, not a wildcard.
+    scheme_host, _, path = base.partition("://")
+    host, slash, blob_path = path.partition("/")
+    kept, wildcard = _wildcard_tail(blob_path, f"source URL {scheme_host}://{host}/...")
+    loc = parse_location(f"{scheme_host}://{host}{slash}{kept}" + (f"?{query}" if query else ""))
+    target = Path(os.path.abspath(os.path.expanduser(dest)))
+    folder = dest.endswith(("/", os.sep))
+    if wildcard is not None:
+        prefix = loc.path if not loc.path or loc.path.endswith("/") else loc.path + "/"
+        return CopyPlan(False, target, loc.with_path(prefix), _narrow(filters, wildcard, recursive), many=True)
+    if not recursive:
+        return CopyPlan(False, target, loc, filters, many=False, dest_is_folder=folder)
+    level = posixpath.basename(loc.path.rstrip("/")) or loc.container
+    return CopyPlan(False, target / level if as_subdir else target, loc, filters, many=True)
+
+
+def plan_copy(source: str, dest: str, *, recursive: bool, as_subdir: bool = True,
+              filters: Filters | None = None) -> CopyPlan:
+    """Read cp's arguments; a bad one is a UsageError naming it. The direction follows from which side is a URL."""
+    filters = filters or Filters()
+    if is_url(source):
+        return plan_download(source, dest, recursive=recursive, as_subdir=as_subdir, filters=filters)
+    if not is_url(dest):
+        raise UsageError(f"destination {dest!r} is not a blob URL (https://<account>.blob.core.windows.net/...): "
+                         "one side must be a URL")
+    return plan_upload(source, dest, recursive=recursive, as_subdir=as_subdir, filters=filters)
