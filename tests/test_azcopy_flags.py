@@ -6,22 +6,27 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import pty
 import re
+import select
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import click
 import pytest
-from azure.storage.blob import ContainerSasPermissions, generate_container_sas
+from azure.storage.blob import BlobServiceClient, ContainerSasPermissions, generate_container_sas
 
 import blobsync
 from blobsync.cli.azcopy import BLOBSYNC_NAMES, FLAGS, booleans_rewritten, check_from_to, compatibility_table
 from blobsync.cli.main import cli
 from blobsync.errors import UsageError
 from conftest import ContainerHandle
-from support.azcopy import AZCOPY_BIN, azcopy_missing
+from support.azcopy import AZCOPY_BIN, azcopy_missing, run_azcopy
 from support.azurite import REPO_ROOT, Azurite
-from support.cli import kill_when_held, random_file, run
+from support.cli import blobsync_cmd, clean_env, kill_when_held, random_file, run
+from support.processes import kill_tree
 from support.proxy import FaultProxy
 
 
@@ -119,17 +124,27 @@ def test_refused_flags_say_why_in_one_line_and_harmless_values_pass(container: C
 
 
 def test_azcopy_flags_scripts_carry_do_what_they_say(container: ContainerHandle, azurite: Azurite,
-                                                     tmp_path: Path) -> None:
+                                                     blob_service: BlobServiceClient, tmp_path: Path) -> None:
     src = tmp_path / "models"
     data = random_file(src / "w.pt", 300_000, seed=1)
     random_file(src / "cfg.json", 10, seed=2)
     url = f"{container.url}?{_sas(azurite, container.name)}"
-    done = run(["copy", str(src), url, "--recursive=true", "--from-to", "LocalBlob", "--put-md5=true",
-                "--log-level", "NONE", "--output-level", "quiet", "--check-length=true", "--no-guess-mime-type",
-                "--blob-type", "BlockBlob", "--overwrite", "true", "--cache-control", "max-age=3600",
-                "--content-language", "en", "--blob-tags", "team=ml&run=7", "--block-blob-tier", "None"],
-               env={"XDG_STATE_HOME": str(tmp_path / "state")})
+    flags = ["--recursive=true", "--from-to", "LocalBlob", "--put-md5=true", "--log-level", "NONE",
+             "--output-level", "quiet", "--check-length=true", "--no-guess-mime-type", "--blob-type", "BlockBlob",
+             "--overwrite", "true", "--cache-control", "max-age=3600", "--content-language", "en",
+             "--blob-tags", "team=ml&run=7", "--block-blob-tier", "None"]
+    done = run(["copy", str(src), url, *flags], env={"XDG_STATE_HOME": str(tmp_path / "state")})
     assert done.returncode == 0, done.stderr
+    if azcopy_missing() is None:  # the same command line is one AzCopy takes, with the same names
+        peer = f"{container.name[:50]}-az"
+        client = blob_service.create_container(peer)
+        try:
+            peer_url = f"{azurite.blob_endpoint}/{peer}?{_sas(azurite, peer)}"
+            theirs = run_azcopy(["copy", str(src), peer_url, *flags], cwd=tmp_path, state=tmp_path / "az")
+            assert theirs.returncode == 0, theirs.stdout
+            assert sorted(b.name for b in client.list_blobs()) == container.blob_names()
+        finally:
+            client.delete_container()
     assert done.stdout == "" and done.stderr == ""  # --output-level quiet, --log-level NONE
     blob = container.client.get_blob_client("models/w.pt")
     assert blob.download_blob().readall() == data
@@ -270,3 +285,44 @@ def test_make_creates_a_container_once(azurite: Azurite, tmp_path: Path) -> None
     assert again.returncode == 1 and "already exists" in again.stderr
     assert run(["make", f"{url}/path"], env=env).returncode == 2
     assert run(["rm", f"{url}/nothing"], env=env).returncode != 0  # the container is there to talk to
+
+
+def test_overwrite_prompt_on_a_terminal(container: ContainerHandle, tmp_path: Path) -> None:
+    for name in ("a", "b"):
+        random_file(tmp_path / "src" / f"{name}.pt", 100, seed=ord(name))
+        container.client.upload_blob(f"src/{name}.pt", b"old")
+    random_file(tmp_path / "src" / "new.pt", 100, seed=3)
+    cmd = blobsync_cmd("cp", "-r", str(tmp_path / "src"), container.url, "--overwrite", "prompt",
+                       "--journal", str(tmp_path / "j.db"))
+    env = clean_env({"AZURE_STORAGE_CONNECTION_STRING": _conn(container)})
+    pid, master = pty.fork()
+    if pid == 0:  # the child: the pty is its terminal, as a shell would run it
+        os.execve(sys.executable, cmd, env)
+    output, answers = b"", [b"y\r", b"n\r"]
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 1.0)
+            if not ready:
+                continue
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not chunk:
+                break
+            output += chunk
+            if output.count(b"overwrite?") > 2 - len(answers):
+                os.write(master, answers.pop(0))
+        _, status = os.waitpid(pid, 0)
+        pid = 0
+    finally:
+        if pid:
+            kill_tree(pid)
+        os.close(master)
+    text = output.decode(errors="replace")
+    assert os.waitstatus_to_exitcode(status) == 0, text
+    assert text.count("overwrite?") == 2 and "new.pt" not in text.split("Job ")[0], text  # only files that exist
+    olds = [n for n in ("a", "b") if container.download(f"src/{n}.pt") == b"old"]
+    assert len(olds) == 1, text
+    assert container.download("src/new.pt") == (tmp_path / "src" / "new.pt").read_bytes()

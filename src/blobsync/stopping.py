@@ -21,7 +21,8 @@ def stop_on_signals() -> None:
     with `cmd &` from a script inherits SIGINT as ignored, and a SIGTERM that only raised SIGINT went nowhere.
     An inherited 'ignore' is kept (nohup leaves SIGHUP ignored; SIGINT ignored stays ignored)."""
     global _stop_signals
-    wanted = [getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)]
+    # SIGBREAK: Ctrl-Break in a Windows console (Ctrl-C is SIGINT there too, and asyncio.run cancels on it).
+    wanted = [getattr(signal, name) for name in ("SIGTERM", "SIGHUP", "SIGBREAK") if hasattr(signal, name)]
     _stop_signals = tuple(s for s in wanted if s == signal.SIGTERM or signal.getsignal(s) != signal.SIG_IGN)
 
 
@@ -41,17 +42,22 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
             task.cancel()
 
         installed = []
+        previous: dict[int, Any] = {}
         for sig in _stop_signals:
             try:
                 loop.add_signal_handler(sig, on_signal, sig)
-            except (NotImplementedError, RuntimeError, ValueError):  # no loop signal handling here (Windows)
+                installed.append(sig)
+            except NotImplementedError:  # Windows' loops: a plain handler that hands the signal to the loop
+                previous[sig] = signal.signal(sig, lambda signum, _frame: loop.call_soon_threadsafe(on_signal, signum))
+            except (RuntimeError, ValueError):
                 continue
-            installed.append(sig)
         try:
             return await coro
         finally:
             for sig in installed:
                 loop.remove_signal_handler(sig)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
 
     try:
         return asyncio.run(main())

@@ -19,7 +19,8 @@ from types import TracebackType
 from support.processes import LONG_LIVED
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-AZURITE_BIN = REPO_ROOT / ".tools/azurite/node_modules/.bin/azurite-blob"
+AZURITE_BIN = REPO_ROOT / ".tools/azurite/node_modules/.bin" / ("azurite-blob.cmd" if os.name == "nt"
+                                                               else "azurite-blob")
 
 # The well-known development-storage account baked into Azurite (public, not a secret).
 DEV_ACCOUNT = "devstoreaccount1"

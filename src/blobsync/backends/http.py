@@ -15,13 +15,13 @@ import asyncio
 import os
 import ssl
 import struct
-import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from blobsync.backends.base import Buffer
+from blobsync.local.platform import features
 from blobsync.redact import register_secret
 
 if TYPE_CHECKING:
@@ -96,8 +96,8 @@ class _Watch:
 
 def _unsent(fd: int) -> int:
     """Bytes the kernel holds in a socket's send queue (not yet taken by the peer); OSError where it cannot say."""
-    if sys.platform != "linux":
-        raise OSError("no send queue size on this platform")
+    if not features().send_queue:
+        raise OSError("no send queue size on this platform")  # the stall watch then goes by write progress alone
     import fcntl
     import termios
 

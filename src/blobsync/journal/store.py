@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import sys
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
@@ -54,11 +55,16 @@ def damaged(exc: sqlite3.Error) -> UsageError:
     return UsageError(f"cannot open the journal{where}: {exc}", hint="pass --journal PATH or move it aside")
 
 
-def default_journal_path(env: Mapping[str, str] | None = None) -> Path:
-    """$XDG_STATE_HOME/blobsync/journal.db, else ~/.local/state/blobsync/journal.db."""
+def default_journal_path(env: Mapping[str, str] | None = None, platform: str | None = None) -> Path:
+    """$XDG_STATE_HOME/blobsync/journal.db, else ~/.local/state/blobsync/journal.db; on Windows
+    %LOCALAPPDATA%\\blobsync\\journal.db (XDG_STATE_HOME still wins where it is set)."""
     env = os.environ if env is None else env
-    base = env.get("XDG_STATE_HOME") or str(Path(env.get("HOME") or Path.home()) / ".local" / "state")
-    return Path(base) / "blobsync" / "journal.db"
+    if env.get("XDG_STATE_HOME"):
+        return Path(env["XDG_STATE_HOME"]) / "blobsync" / "journal.db"
+    if (platform or sys.platform) == "win32":
+        local = env.get("LOCALAPPDATA") or str(Path(env.get("USERPROFILE") or Path.home()) / "AppData" / "Local")
+        return Path(local) / "blobsync" / "journal.db"
+    return Path(env.get("HOME") or Path.home()) / ".local" / "state" / "blobsync" / "journal.db"
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,8 @@ import errno
 import hashlib
 import os
 import stat
+import sys
+import unicodedata
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,9 +15,9 @@ from pathlib import Path
 import xxhash
 
 from blobsync.errors import SourceChangedError, SourceError, UsageError
+from blobsync.local.platform import features, open_positional
 from blobsync.redact import printable
 
-_NOWAIT: int | None = getattr(os, "RWF_NOWAIT", None)  # Linux: fail a read that would wait for the disk
 INLINE_READ_MAX = 64 * 1024  # files up to this size are read and hashed on the event loop when cached
 
 
@@ -43,12 +45,24 @@ class SourceFile:
 
     @property
     def blob_rel(self) -> str:
-        """The relative name as the blob service stores it: Azure turns a '\\' in a blob name into '/'."""
+        """The relative name as the blob service stores it: Azure turns a '\\' in a blob name into '/' (and, on
+        macOS, the name in NFC)."""
         return blob_rel(self.rel)
 
 
+# macOS file systems hand out names decomposed (HFS+ stores NFD; APFS keeps either but treats them as one), while
+# Azure keeps a name's exact bytes: compared and stored as NFC, a file keeps one blob name wherever it was written.
+NFC_NAMES = sys.platform == "darwin"
+
+
 def blob_rel(rel: str) -> str:
-    return rel.replace("\\", "/")
+    name = rel.replace("\\", "/")
+    return unicodedata.normalize("NFC", name) if NFC_NAMES else name
+
+
+def local_rel(rel: str) -> str:
+    """A local relative name as a download sync compares it with blob names (NFC on macOS)."""
+    return unicodedata.normalize("NFC", rel) if NFC_NAMES else rel
 
 
 @dataclass(frozen=True)
@@ -167,14 +181,16 @@ def check_source(path: Path, recursive: bool) -> None:
 
 
 class OpenFile:
-    """An open source file read with pread: many threads may read different offsets at once."""
+    """An open source file read at offsets: many threads may read different offsets at once."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         try:
-            self.fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+            self.file = open_positional(str(path), os.O_RDONLY)
         except OSError as exc:
             raise SourceError(f"{path}: {_os_error_text(exc)}") from exc
+        self.fd = self.file.fd
+        self._nowait = features().nowait
         st = os.fstat(self.fd)
         if not stat.S_ISREG(st.st_mode):
             os.close(self.fd)
@@ -195,7 +211,7 @@ class OpenFile:
         size = len(buf)
         try:
             while done < size:
-                n = os.preadv(self.fd, [buf[done:]], offset + done)
+                n = self.file.read_into(buf[done:], offset + done)
                 if n == 0:
                     raise SourceChangedError(f"{self.path}: file shrank while it was being read")
                 done += n
@@ -207,7 +223,7 @@ class OpenFile:
     def read_all(self, size: int) -> tuple[bytes, bytes]:
         """Read a small file whole; return its bytes and MD5. A size change is reported as SourceError."""
         try:
-            data = os.pread(self.fd, size + 1, 0)
+            data = self.file.read(size + 1, 0)
         except OSError as exc:
             raise SourceError(f"{self.path}: {_os_error_text(exc)}") from exc
         if len(data) != size:
@@ -218,11 +234,11 @@ class OpenFile:
         """Like read_all, but only if the whole file is in the page cache: a read that would wait for the disk
         is refused (RWF_NOWAIT) and this returns None, so the caller can do it in a worker thread instead of
         stalling the event loop. None also where the OS cannot read without waiting."""
-        if _NOWAIT is None:
+        if self._nowait is None:
             return None
         buf = bytearray(size + 1)
         try:
-            n = os.preadv(self.fd, [buf], 0, _NOWAIT)
+            n = os.preadv(self.fd, [buf], 0, self._nowait)
         except BlockingIOError:
             return None
         except OSError as exc:
@@ -235,6 +251,7 @@ class OpenFile:
         return buf, hashlib.md5(buf).digest()
 
     def close(self) -> None:
+        self.file.close_extra()
         os.close(self.fd)
 
     def __enter__(self) -> OpenFile:
@@ -246,14 +263,15 @@ class OpenFile:
 
 def looks_cold(path: Path) -> bool:
     """Whether the start of this file is not in the page cache (a one-byte read that refuses to wait)."""
-    if _NOWAIT is None:
+    nowait = features().nowait
+    if nowait is None:
         return False
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
         return False
     try:
-        os.preadv(fd, [bytearray(1)], 0, _NOWAIT)
+        os.preadv(fd, [bytearray(1)], 0, nowait)
         return False
     except BlockingIOError:
         return True
@@ -266,7 +284,7 @@ def looks_cold(path: Path) -> bool:
 def will_need(paths: Sequence[Path]) -> None:
     """Ask the kernel to start reading these files into the page cache, without waiting for it (WILLNEED)."""
     advise = getattr(os, "posix_fadvise", None)
-    if advise is None:
+    if advise is None or not features().fadvise:
         return
     for path in paths:
         try:

@@ -7,10 +7,13 @@ import ctypes
 import errno
 import hashlib
 import os
+import re
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
 from blobsync.errors import DiskFullError, LocalWriteError, UnsafeNameError
+from blobsync.local.platform import boot_identifier, data_sync, extended_path, features, full_sync, open_positional
 
 PART_SUFFIX = ".blobsync-part"
 _MAX_NAME_BYTES = 255
@@ -21,7 +24,7 @@ _DIRECT_ALIGN = 4096  # offset, length and address alignment that O_DIRECT asks 
 def direct_io_wanted(env: Mapping[str, str] | None = None) -> bool:
     """Whether downloads may write with O_DIRECT (Linux). BLOBSYNC_DIRECT_IO=0 turns it off."""
     env = os.environ if env is None else env
-    return hasattr(os, "O_DIRECT") and env.get("BLOBSYNC_DIRECT_IO", "1").strip().lower() not in ("0", "false", "no")
+    return features(env).direct and env.get("BLOBSYNC_DIRECT_IO", "1").strip().lower() not in ("0", "false", "no")
 
 
 def _address(view: memoryview) -> int:
@@ -36,15 +39,29 @@ def current_boot_id(env: Mapping[str, str] | None = None) -> str | None:
     env = os.environ if env is None else env
     if env.get("BLOBSYNC_BOOT_ID"):
         return env["BLOBSYNC_BOOT_ID"]
-    try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
-            return f.read().strip() or None
-    except OSError:
-        return None
+    return boot_identifier()
 
 
-def safe_join(root: Path, rel: str) -> Path:
-    """`root / rel` for a blob-derived relative name, refusing names that escape `root` or are not valid here."""
+_WINDOWS_FORBIDDEN = re.compile(r'[<>:"|?*\x00-\x1f]')
+_WINDOWS_RESERVED = frozenset(("CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(1, 10)),
+                               *(f"LPT{i}" for i in range(1, 10))))
+
+
+def windows_name_problem(part: str) -> str | None:
+    """Why Windows cannot hold `part` as a file or folder name, or None."""
+    bad = _WINDOWS_FORBIDDEN.search(part)
+    if bad:
+        return f"the character {bad.group()!r} is not allowed in Windows names"
+    if part.endswith((".", " ")):
+        return "Windows drops a trailing dot or space, so the file would get another name"
+    if part.split(".", 1)[0].rstrip(" ").upper() in _WINDOWS_RESERVED:
+        return f"{part.split('.', 1)[0]!r} is a reserved device name on Windows"
+    return None
+
+
+def safe_join(root: Path, rel: str, *, windows: bool | None = None) -> Path:
+    """`root / rel` for a blob-derived relative name, refusing names that escape `root` or are not valid here
+    (with `windows`, the default on Windows: also names Windows cannot hold)."""
     if not rel or rel.endswith("/"):
         raise UnsafeNameError(f"{rel!r}: not a file name (a folder marker?)")
     if "\x00" in rel:
@@ -60,6 +77,9 @@ def safe_join(root: Path, rel: str) -> Path:
             raise UnsafeNameError(f"{rel!r}: a segment is longer than {_MAX_NAME_BYTES} bytes")
         if part.endswith(PART_SUFFIX):
             raise UnsafeNameError(f"{rel!r}: ends in {PART_SUFFIX}, which blobsync keeps for partial files")
+        problem = windows_name_problem(part) if (sys.platform == "win32" if windows is None else windows) else None
+        if problem:
+            raise UnsafeNameError(f"{rel!r}: {problem}; this blob is not downloaded, the others are")
     if "\\" in rel:
         raise UnsafeNameError(f"{rel!r}: contains a backslash, a path separator on Windows")
     path = root.joinpath(*parts)
@@ -72,11 +92,17 @@ def part_path(target: Path) -> Path:
     return target.with_name(target.name + PART_SUFFIX)
 
 
+_SHARING_VIOLATIONS = (32, 33)  # Windows: ERROR_SHARING_VIOLATION, ERROR_LOCK_VIOLATION
+
+
 def _write_error(path: Path, exc: OSError) -> LocalWriteError:
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return DiskFullError(
             f"{path}: disk full", hint="free some space, then run the same command again: the download resumes"
         )
+    if getattr(exc, "winerror", None) in _SHARING_VIOLATIONS:
+        return LocalWriteError(f"{path}: the file is open in another program (sharing violation): close it, then "
+                               "run the same command again")
     return LocalWriteError(f"{path}: {exc.strerror or exc}")
 
 
@@ -91,7 +117,8 @@ class PartFile:
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             flags = os.O_RDWR | os.O_CREAT | (0 if keep else os.O_TRUNC)
-            self.fd = os.open(self.path, flags, 0o644)
+            self.file = open_positional(str(self.path), flags, 0o644)
+            self.fd = self.file.fd
         except OSError as exc:
             raise _write_error(self.path, exc) from exc
         try:
@@ -108,7 +135,7 @@ class PartFile:
         self._direct_fd = -1
         if self._direct:  # opened here, not on first use: several worker threads write one file at once
             try:
-                self._direct_fd = os.open(self.path, os.O_WRONLY | os.O_DIRECT)
+                self._direct_fd = os.open(self.path, os.O_WRONLY | getattr(os, "O_DIRECT", 0))
             except OSError:
                 self._direct = False
 
@@ -125,7 +152,7 @@ class PartFile:
                 # high-order free blocks are exactly the ones the host took back, so every page of them faults on
                 # the host. Measured here: 1 GiB in 8 MiB writes cost 1.4-2.9 s of kernel time, in 256 KiB writes
                 # 0.27 s. Elsewhere the extra syscalls (4 per MiB) cost nothing measurable.
-                n = os.pwrite(self.fd, view[:WRITE_SLICE], offset)
+                n = self.file.write(view[:WRITE_SLICE], offset)
                 offset += n
                 view = view[n:]
         except OSError as exc:
@@ -152,19 +179,19 @@ class PartFile:
     def sync(self) -> None:
         """fdatasync: every range written so far survives a power cut (called in a worker thread)."""
         try:
-            os.fdatasync(self.fd)
+            data_sync(self.fd)
         except OSError as exc:
             raise _write_error(self.path, exc) from exc
 
     def read(self, offset: int, length: int) -> bytes:
-        return os.pread(self.fd, length, offset)
+        return self.file.read(length, offset)
 
     def md5_of_range(self, hasher: hashlib._Hash, offset: int, length: int) -> None:
         """Feed bytes already on disk (from an earlier run) to the whole-file hash, in order."""
         step = 8 * 1024 * 1024
         end = offset + length
         while offset < end:
-            data = os.pread(self.fd, min(step, end - offset), offset)
+            data = self.file.read(min(step, end - offset), offset)
             if not data:
                 raise LocalWriteError(f"{self.path}: partial file is shorter than expected")
             hasher.update(data)
@@ -173,13 +200,14 @@ class PartFile:
     def finish(self, mtime_ns: int | None) -> None:
         """fsync, set the mtime, and rename into place: the final name never holds a partial file."""
         try:
-            os.fsync(self.fd)
+            full_sync(self.fd)
             self._close_direct()
+            self.file.close_extra()
             os.close(self.fd)
             self.fd = -1
             if mtime_ns is not None:
-                os.utime(self.path, ns=(mtime_ns, mtime_ns))
-            os.replace(self.path, self.target)
+                os.utime(extended_path(str(self.path)), ns=(mtime_ns, mtime_ns))
+            os.replace(extended_path(str(self.path)), extended_path(str(self.target)))
         except OSError as exc:
             raise _write_error(self.target, exc) from exc
 
@@ -190,6 +218,7 @@ class PartFile:
 
     def close(self) -> None:
         self._close_direct()
+        self.file.close_extra()
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1

@@ -21,7 +21,7 @@ from blobsync.errors import BlobsyncError, ExitCode, UnsafeNameError, UsageError
 from blobsync.filters import Filters
 from blobsync.journal import FileRow, Journal
 from blobsync.journal.index import Entry, SyncIndex
-from blobsync.local.files import SkippedEntry, SourceFile, walk, warm_if_cold
+from blobsync.local.files import SkippedEntry, SourceFile, local_rel, walk, warm_if_cold
 from blobsync.location import BlobLocation
 from blobsync.report import Action, FileResult, FileStatus, Report
 from blobsync.syncing.compare import MTIME_WINDOWS, CompareMode, decide
@@ -110,7 +110,11 @@ class SyncJob:
             return
         if not spec.local.is_dir():
             raise UsageError(f"{str(spec.local)!r} is not a folder: sync works on folders (use cp for one file)")
-        for item in walk(spec.local, follow_symlinks=self.config.follow_symlinks):
+        # Folders nothing could match in are not listed (--recursive=false lists one folder). One whose name has
+        # a backslash is, since its files are compared under names with '/' there.
+        enters = spec.filters.enters if spec.filters.active else (lambda rel: True)
+        for item in walk(spec.local, follow_symlinks=self.config.follow_symlinks,
+                         enters=lambda rel: "\\" in rel or enters(rel)):
             if isinstance(item, SkippedEntry):
                 if not spec.filters.matches(item.rel):
                     continue
@@ -123,7 +127,7 @@ class SyncJob:
                 continue
             f: SourceFile = item
             # A source file is compared under the name the service will give it; a local target under its own.
-            rel = f.blob_rel if spec.upload else f.rel
+            rel = f.blob_rel if spec.upload else local_rel(f.rel)
             if spec.filters.matches(rel, f.identity.mtime_ns / 1e9):
                 yield Entry(rel, f.identity.size, f.identity.mtime_ns, True, inode=f.identity.inode,
                             name=f.rel if rel != f.rel else None)
