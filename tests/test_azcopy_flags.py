@@ -326,3 +326,17 @@ def test_overwrite_prompt_on_a_terminal(container: ContainerHandle, tmp_path: Pa
     olds = [n for n in ("a", "b") if container.download(f"src/{n}.pt") == b"old"]
     assert len(olds) == 1, text
     assert container.download("src/new.pt") == (tmp_path / "src" / "new.pt").read_bytes()
+
+
+def test_folder_stubs_are_skipped_as_azcopy_does(container: ContainerHandle, tmp_path: Path) -> None:
+    """Data Lake tools write a zero-length 'dir' blob with hdi_isfolder=true beside 'dir/a.pt': a file named 'dir'
+    would stand where the folder must be."""
+    container.client.upload_blob("dir", b"", metadata={"hdi_isfolder": "true"})
+    container.client.upload_blob("dir/a.pt", b"model")
+    env = {"AZURE_STORAGE_CONNECTION_STRING": _conn(container)}
+    done = run(["cp", "-r", container.url, str(tmp_path / "dl"), "--journal", str(tmp_path / "j.db")], env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (tmp_path / "dl" / container.name / "dir" / "a.pt").read_bytes() == b"model"
+    synced = run(["sync", container.url, str(tmp_path / "s"), "--journal", str(tmp_path / "j.db")], env=env)
+    assert synced.returncode == 0, synced.stdout + synced.stderr
+    assert sorted(str(p.relative_to(tmp_path / "s")) for p in (tmp_path / "s").rglob("*")) == ["dir", "dir/a.pt"]

@@ -12,7 +12,7 @@ from blobsync.backends.base import BlobProperties, ContainerStore
 from blobsync.config import TransferConfig
 from blobsync.engine.context import Progress
 from blobsync.engine.download import FileDownloader
-from blobsync.engine.listing import as_properties, remote_entry
+from blobsync.engine.listing import as_properties, is_folder_marker, remote_entry
 from blobsync.engine.mtime import destination_mtime_ns
 from blobsync.engine.prompt import OverwritePrompt
 from blobsync.engine.runner import JobRunner, WorkItem, batches
@@ -80,8 +80,8 @@ class DownloadJob:
         batch: list[Entry] = []
         listed = 0
         async for props in self.store.list_blobs(prefix, request=self.runner.requests):
-            if props.name.endswith("/"):
-                continue  # folder markers of hierarchical tools
+            if is_folder_marker(props):
+                continue
             listed += 1
             entry = remote_entry(prefix, props)
             if not filters.matches(entry.rel, props.last_modified.timestamp()):

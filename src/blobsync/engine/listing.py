@@ -9,6 +9,14 @@ from blobsync.engine.mtime import MTIME_KEY, format_mtime, parse_mtime
 from blobsync.journal.index import Entry
 
 
+def is_folder_marker(props: BlobProperties) -> bool:
+    """A blob that stands for a folder, not a file: a name ending in '/', or a Data Lake / hierarchical-namespace
+    stub (metadata hdi_isfolder=true, as AzCopy skips them by default). Never downloaded, never compared."""
+    if props.name.endswith("/"):
+        return True
+    return any(k.lower() == "hdi_isfolder" and v.lower() == "true" for k, v in props.metadata.items())
+
+
 def remote_entry(prefix: str, props: BlobProperties) -> Entry:
     """A listed blob under `prefix` as an index entry: its relative name, size, mtime (the stored one if any)."""
     stored = props.metadata.get(MTIME_KEY)

@@ -115,7 +115,7 @@ class PartFile:
         self.path = part_path(target)
         self.size = size
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
+            Path(extended_path(str(target.parent))).mkdir(parents=True, exist_ok=True)
             flags = os.O_RDWR | os.O_CREAT | (0 if keep else os.O_TRUNC)
             self.file = open_positional(str(self.path), flags, 0o644)
             self.fd = self.file.fd

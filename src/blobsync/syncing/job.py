@@ -15,7 +15,7 @@ from blobsync.config import FlagEnum, TransferConfig
 from blobsync.engine.context import EngineContext, Progress
 from blobsync.engine.delete import Doomed
 from blobsync.engine.enumerate import index_in_thread
-from blobsync.engine.listing import as_properties, remote_entry
+from blobsync.engine.listing import as_properties, is_folder_marker, remote_entry
 from blobsync.engine.runner import JobRunner, WorkItem, batches
 from blobsync.errors import BlobsyncError, ExitCode, UnsafeNameError, UsageError
 from blobsync.filters import Filters
@@ -148,8 +148,8 @@ class SyncJob:
         # Each page is retried on its own; a page that keeps failing stops the sync, and with it any delete.
         async for props in self.store.list_blobs(prefix, expected=lambda: self.local_count,
                                                  request=self.runner.requests):
-            if props.name.endswith("/"):
-                continue  # folder markers of hierarchical tools
+            if is_folder_marker(props):
+                continue
             entry = remote_entry(prefix, props)
             if filters.matches(entry.rel, entry.mtime_ns / 1e9):
                 batch.append(entry)
