@@ -198,3 +198,14 @@ def test_macos_names_are_compared_and_stored_as_nfc(monkeypatch: pytest.MonkeyPa
     assert again.files_transferred == 0 and again.files_in_sync == 1
     down = blobsync.sync(container.url, tmp_path / "src", config, env=env, raise_on_error=True)
     assert down.files_transferred == 0  # the NFD file on disk is the NFC blob
+
+
+def test_a_target_open_in_another_program_is_a_per_file_failure_naming_it(tmp_path: Path) -> None:
+    from blobsync.errors import DiskFullError, LocalWriteError
+    from blobsync.local.target import _write_error
+
+    busy = PermissionError(13, "Permission denied")
+    busy.winerror = 32  # type: ignore[attr-defined]  # what Windows sets for ERROR_SHARING_VIOLATION
+    error = _write_error(tmp_path / "model.pt", busy)
+    assert type(error) is LocalWriteError and "open in another program" in str(error)
+    assert not isinstance(_write_error(tmp_path / "x", PermissionError(13, "Permission denied")), DiskFullError)

@@ -38,3 +38,13 @@ def test_every_exit_code_is_in_the_readme() -> None:
     table = README[README.index("### Exit codes"):]
     for code in ExitCode:
         assert f"| {int(code)} |" in table, code
+
+
+def test_the_performance_tables_are_made_from_the_committed_results() -> None:
+    import subprocess
+    import sys
+
+    current = Path(__file__).resolve().parents[1] / "bench" / "current.py"
+    done = subprocess.run([sys.executable, str(current), "--check"], capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert done.returncode == 0, done.stderr

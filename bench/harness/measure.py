@@ -95,6 +95,8 @@ class ChildResult:
     maxrss_kib: int
     timed_out: bool
     killed_by_us: bool = False
+    page_faults: int = 0  # minor + major, of the tool's process tree
+    context_switches: int = 0  # voluntary + involuntary
 
 
 # Forks and execs the measured command, reaps it with wait4 and writes wall time and rusage as JSON. It runs as
@@ -117,7 +119,8 @@ with open(out + ".pid", "w") as f:
 _, status, ru = os.wait4(pid, 0)
 wall = time.perf_counter() - t0
 with open(out, "w") as f:
-    json.dump({"status": status, "wall": wall, "utime": ru.ru_utime, "stime": ru.ru_stime, "maxrss": ru.ru_maxrss}, f)
+    json.dump({"status": status, "wall": wall, "utime": ru.ru_utime, "stime": ru.ru_stime, "maxrss": ru.ru_maxrss,
+               "faults": ru.ru_minflt + ru.ru_majflt, "switches": ru.ru_nvcsw + ru.ru_nivcsw}, f)
 """
 
 
@@ -187,4 +190,6 @@ def run_measured(
         maxrss_kib=r["maxrss"],  # kilobytes on Linux
         timed_out=timed_out,
         killed_by_us=killed,
+        page_faults=r.get("faults", 0),
+        context_switches=r.get("switches", 0),
     )

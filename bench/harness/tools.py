@@ -17,11 +17,17 @@ BLOBSYNC_BIN = REPO / ".venv/bin/blobsync"
 CHILD = Path(__file__).resolve().parent / "child.py"
 PYCACHE = Path(tempfile.gettempdir()) / "blobsync-bench-pycache"  # the children's .pyc files (see env_for)
 
-# Which tools exist for which direction. Peers that are not installed are skipped, with a note in the report.
-UPLOAD_TOOLS = ("blobsync", "blobsync-nomd5", "sdk", "sdk-validate", "obstore", "rclone")
+# Which tools exist for which direction, AzCopy first among the peers. Peers that are not installed are skipped,
+# with a note in the report.
+UPLOAD_TOOLS = ("blobsync", "blobsync-nomd5", "azcopy", "azcopy-md5", "sdk", "sdk-validate", "obstore", "rclone")
 REFERENCE_TOOLS = ("minimal",)  # not peers: run only when named in --tools
-DOWNLOAD_TOOLS = ("blobsync", "blobsync-nocheck", "sdk", "sdk-validate", "obstore", "rclone", "rclone-1stream")
-SYNC_TOOLS = ("blobsync", "rclone")
+DOWNLOAD_TOOLS = ("blobsync", "blobsync-nocheck", "azcopy", "azcopy-nocheck", "sdk", "sdk-validate", "obstore",
+                  "rclone", "rclone-1stream")
+SYNC_TOOLS = ("blobsync", "azcopy", "rclone")
+AZCOPY_BIN = REPO / ".tools/azcopy/node_modules/@azure-tools/azcopy-linux/dist/bin/azcopy_linux_amd64"
+# AzCopy's own knobs (AZCOPY_CONCURRENCY_VALUE, AZCOPY_BUFFER_GB, GOGC...): its defaults unless a measured
+# setting serves it better on this machine (bench/RESULTS.md, "AzCopy's settings").
+AZCOPY_ENV: dict[str, str] = {}
 
 DESCRIPTIONS = {
     "blobsync": "`blobsync cp` / `blobsync sync`, defaults (16 requests in flight, 8 MiB blocks, per-block MD5 and "
@@ -41,6 +47,11 @@ DESCRIPTIONS = {
     "block, MD5s it and PUTs it, 16 in flight, then commits; no journal, whole-file MD5, checks or retries: the "
     "ceiling this Azurite allows a client (one file up only)",
     "rclone-1stream": "rclone download with `--multi-thread-streams 0`: one GET, MD5 checked as it arrives",
+    "azcopy": "AzCopy 10.32.2 (npm @azure-tools/azcopy-linux), `--from-to LocalBlob|BlobLocal --block-size-mb 8`, a "
+    "container SAS; defaults otherwise (no `--put-md5`; downloads `--check-md5 FailIfDifferent`, its default); "
+    "AzCopy's default concurrency and buffers",
+    "azcopy-md5": "AzCopy with `--put-md5` (the whole-file MD5 stored as Content-MD5, as blobsync does by default)",
+    "azcopy-nocheck": "AzCopy download with `--check-md5 NoCheck`",
 }
 
 
@@ -98,6 +109,11 @@ def available(tool: str, python: Path = VENV_PYTHON, rclone: str = "rclone") -> 
         return "" if ok else f"{module} is not importable by {python} (pip install {kind if kind != 'sdk' else ''})"
     if kind == "rclone":
         return "" if shutil.which(rclone) else "rclone not installed (apt-get install -y rclone)"
+    if kind == "azcopy":
+        if not AZCOPY_BIN.is_file():
+            return f"AzCopy not installed at {AZCOPY_BIN} (bash bench/setup.sh)"
+        done = subprocess.run([str(AZCOPY_BIN), "--version"], capture_output=True, text=True, timeout=60)
+        return "" if done.returncode == 0 else f"AzCopy does not run here (libsecret-1-0?): {done.stderr.strip()[:200]}"
     return f"unknown tool {tool}"
 
 
@@ -107,6 +123,9 @@ def tool_version(tool: str, st: Settings) -> str:
         if kind == "rclone":
             out = subprocess.run([st.rclone, "version"], capture_output=True, text=True, timeout=60).stdout
             return out.splitlines()[0] if out else "unknown"
+        if kind == "azcopy":
+            out = subprocess.run([str(AZCOPY_BIN), "--version"], capture_output=True, text=True, timeout=60).stdout
+            return out.strip() or "unknown"
         dist = {"blobsync": "blobsync", "sdk": "azure-storage-blob", "obstore": "obstore", "minimal": "aiohttp"}[kind]
         code = f"import importlib.metadata as m; print(m.version({dist!r}))"
         return subprocess.run([str(st.python), "-c", code], capture_output=True, text=True, timeout=60).stdout.strip()
@@ -130,8 +149,45 @@ def env_for(target: Target, tmp: Path) -> dict[str, str]:
         XDG_STATE_HOME=str(tmp / "state"),  # nothing lands in the user's real state dir
         NO_PROXY=target.host,  # a proxy from the environment must never sit between client and Azurite
         no_proxy=target.host,
+        # AzCopy's job plans and logs stay in the run's temp dir, and it never looks for a newer version.
+        AZCOPY_JOB_PLAN_LOCATION=str(tmp / "azcopy-plans"),
+        AZCOPY_LOG_LOCATION=str(tmp / "azcopy-logs"),
+        **AZCOPY_ENV,
     )
     return env
+
+
+def sas_url(target: Target, container: str, blob: str = "") -> str:
+    """A URL with a container SAS (AzCopy takes no Shared Key), signed with the emulator's public dev key."""
+    import datetime
+
+    from azure.storage.blob import ContainerSasPermissions, generate_container_sas
+
+    from harness.azurite import DEV_ACCOUNT, DEV_KEY
+
+    sas = generate_container_sas(
+        DEV_ACCOUNT, container, account_key=DEV_KEY,
+        permission=ContainerSasPermissions(read=True, add=True, create=True, write=True, delete=True, list=True),
+        expiry=datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=6))
+    return f"{target.blob_endpoint}/{container}{'/' + blob if blob else ''}?{sas}"
+
+
+def resume_cmd(tool: str, first: list[str], target: Target, container: str, env: dict[str, str]) -> list[str]:
+    """The command that resumes an interrupted upload: the same one again, or for AzCopy its own
+    `azcopy jobs resume` of the job it left in the run's plan folder."""
+    if base_tool(tool) != "azcopy":
+        return first
+    listed = subprocess.run([str(AZCOPY_BIN), "jobs", "list"], capture_output=True, text=True, timeout=60, env=env)
+    job = next((line.split(":", 1)[1].strip() for line in listed.stdout.splitlines() if line.startswith("JobId:")),
+               None)
+    if job is None:
+        raise ValueError(f"azcopy jobs list shows no job to resume: {listed.stdout[-300:]}")
+    sas = sas_url(target, container).split("?", 1)[1]
+    return _azcopy("jobs", "resume", job, "--destination-sas", sas)
+
+
+def _azcopy(*args: str) -> list[str]:
+    return [str(AZCOPY_BIN), *args, "--log-level", "ERROR", "--output-level", "essential"]
 
 
 def in_netns(target: Target, cmd: list[str]) -> list[str]:
@@ -189,6 +245,9 @@ def upload_cmd(
     elif tool == "rclone":
         dest = f"az:{container}" if recursive else f"az:{container}/{src.name}"
         cmd = _rclone(st, target, tmp, "copy" if recursive else "copyto", str(src), dest, "--transfers", "16")
+    elif kind == "azcopy":
+        cmd = _azcopy("copy", str(src), sas_url(target, container), "--from-to", "LocalBlob", "--block-size-mb", "8",
+                      *(["--recursive"] if recursive else []), *(["--put-md5"] if tool == "azcopy-md5" else []))
     else:
         raise ValueError(f"{tool} cannot upload")
     return in_netns(target, cmd)
@@ -208,6 +267,10 @@ def download_cmd(tool: str, container: str, blob: str, out: Path, target: Target
         streams = 0 if tool == "rclone-1stream" else st.rclone_streams
         cmd = _rclone(st, target, tmp, "copyto", f"az:{container}/{blob}", str(out), "--transfers", "16",
                       "--multi-thread-streams", str(streams))  # fmt: skip
+    elif kind == "azcopy":
+        check = "NoCheck" if tool == "azcopy-nocheck" else "FailIfDifferent"
+        cmd = _azcopy("copy", sas_url(target, container, blob), str(out), "--from-to", "BlobLocal",
+                      "--block-size-mb", "8", "--check-md5", check)
     else:
         raise ValueError(f"{tool} cannot download")
     return in_netns(target, cmd)
@@ -219,6 +282,8 @@ def sync_cmd(tool: str, tree: Path, container: str, target: Target, tmp: Path, s
                *_blobsync_tail(tool, tmp, st)]  # fmt: skip
     elif tool == "rclone":
         cmd = _rclone(st, target, tmp, "sync", str(tree), f"az:{container}", "--transfers", "16", "--checkers", "16")
+    elif tool == "azcopy":
+        cmd = _azcopy("sync", str(tree), sas_url(target, container), "--from-to", "LocalBlob")
     else:
         raise ValueError(f"{tool} cannot sync")
     return in_netns(target, cmd)

@@ -29,6 +29,7 @@ from harness.tools import (
     Target,
     download_cmd,
     env_for,
+    resume_cmd,
     sync_cmd,
     upload_cmd,
 )
@@ -202,6 +203,9 @@ def measure(
     run.azurite_rss_mib = azurite.peak_rss_mib()
     run.wall_s = res.wall_s
     run.cpu_s = res.user_s + res.sys_s
+    # Where the CPU went: a tool can spend much of it in the kernel (page faults of fresh buffers on this VM).
+    run.extra |= {"kernel_s": res.sys_s, "page_faults_k": res.page_faults / 1000,
+                  "context_switches_k": res.context_switches / 1000}
     run.rss_mib = res.maxrss_kib / 1024 if res.maxrss_kib else float("nan")
     run.returncode = res.returncode
     return res
@@ -472,7 +476,7 @@ class Resume(Workload):
     """Kill a 1 GiB upload once half the file has gone out, then run the same command again."""
 
     kind = "bytes"
-    tools = ("blobsync", "sdk", "obstore", "rclone")
+    tools = ("blobsync", "azcopy", "sdk", "obstore", "rclone")
     container = "bench-resume"
 
     def __init__(self, cache: Path, size_mib: int, kill_at: float = 0.5) -> None:
@@ -529,7 +533,8 @@ class Resume(Workload):
                         staged = again
                     uncommitted, committed = staged
                     relay.bytes_up = 0
-                    res = measure(run, cmd, env, tmp, azurite, st, quiet_check=False)
+                    again_cmd = resume_cmd(tool, cmd, target, self.container, env)
+                    res = measure(run, again_cmd, env, tmp, azurite, st, quiet_check=False)
                     sent2 = relay.bytes_up
                     remainder = self.total_bytes - uncommitted - committed
                     run.extra |= {
@@ -554,7 +559,8 @@ class Resume(Workload):
             "Each run: a fresh Azurite behind a counting TCP relay (in the benchmark process, no delay); the tool "
             f"uploads the file and is SIGKILLed once {self.kill_at:.0%} of the file's bytes have gone through the "
             "relay; Get Block List then tells what the service holds (staged); the same command runs again (blobsync: "
-            "same journal) and the relay counts what it sends. Remainder = file size - staged bytes; excess = "
+            "same journal; AzCopy: its own `azcopy jobs resume <job> --destination-sas`) and the relay counts what it "
+            "sends. Remainder = file size - staged bytes; excess = "
             "re-sent - remainder (request headers included, ~1 KiB per request). Wall/CPU/RSS columns are the "
             "second (resuming) run; the relay's Python CPU is not in them but shares the 2 cores.",
         ]
@@ -566,8 +572,8 @@ class SlowLinkUpload(Upload):
     def __init__(self, name: str, src_fn: Callable[[], Path], recursive: bool, description: str,
                  rate_mbit: float, delay_ms: float) -> None:  # fmt: skip
         # --cap-mbps is judged on the large file; many small files never reach the cap (latency-bound).
-        tools = ("blobsync", "sdk", "obstore", "rclone") if recursive else ("blobsync", "blobsync-cap", "sdk",
-                                                                           "obstore", "rclone")  # fmt: skip
+        tools = ("blobsync", "azcopy", "sdk", "obstore", "rclone") if recursive else (
+            "blobsync", "blobsync-cap", "azcopy", "sdk", "obstore", "rclone")
         super().__init__(name, src_fn, recursive, description, tools)
         self.rate_mbit, self.delay_ms = rate_mbit, delay_ms
         self.link: SlowLink | None = None

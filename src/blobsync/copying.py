@@ -31,9 +31,12 @@ def _join(prefix: str, name: str) -> str:
     return f"{prefix}{name}" if not prefix or prefix.endswith("/") else f"{prefix}/{name}"
 
 
-def _wildcard_tail(path: str, what: str) -> tuple[str, str | None]:
-    """(`path` without a last segment holding '*', that segment) or (`path`, None); '*' elsewhere is refused."""
-    head, sep, tail = path.rstrip("/").rpartition("/")
+def _wildcard_tail(path: str, what: str, seps: str = "/") -> tuple[str, str | None]:
+    """(`path` without a last segment holding '*', that segment) or (`path`, None); '*' elsewhere is refused.
+    `seps`: the separators of the path (a URL's '/', or a local path's, with '\\' on Windows)."""
+    trimmed = path.rstrip(seps)
+    cut = max(trimmed.rfind(s) for s in seps)
+    head, sep, tail = (trimmed[:cut], trimmed[cut], trimmed[cut + 1:]) if cut >= 0 else ("", "", trimmed)
     if "*" not in tail:
         if "*" in path:
             raise UsageError(f"{what}: '*' works only in the last segment (e.g. folder/*.pt)")
@@ -53,7 +56,8 @@ def plan_upload(source: str, dest: str, *, recursive: bool, as_subdir: bool, fil
     loc = parse_location(dest)
     given = os.path.expanduser(source)
     # A name that exists as written is taken literally, even with a '*' in it.
-    path, wildcard = (given, None) if os.path.lexists(given) else _wildcard_tail(given, f"source {source!r}")
+    seps = os.sep + (os.altsep or "")
+    path, wildcard = (given, None) if os.path.lexists(given) else _wildcard_tail(given, f"source {source!r}", seps)
     local = Path(os.path.abspath(path or "."))
     if wildcard is not None:
         if not local.is_dir():

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The benchmark's peers: AzCopy (npm, via scripts/setup.sh, with Debian's libsecret-1-0), rclone (Debian) and obstore
+# (PyPI). Each is best effort: a peer that cannot be installed is skipped by bench/run.py with the reason.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh  # .venv, Azurite, AzCopy into .tools/azcopy
+if ! command -v rclone >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "bench/setup: installing rclone"
+  apt-get install -y -q rclone >/dev/null 2>&1 || echo "bench/setup: rclone not installed (skipped in runs)" >&2
+fi
+.venv/bin/python -c "import obstore" 2>/dev/null || .venv/bin/python -m pip install -q obstore || \
+  echo "bench/setup: obstore not installed (skipped in runs)" >&2
+echo "bench/setup: ok"
