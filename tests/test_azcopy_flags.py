@@ -6,12 +6,8 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import pty
 import re
-import select
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import click
@@ -26,7 +22,7 @@ from conftest import ContainerHandle
 from support.azcopy import AZCOPY_BIN, azcopy_missing, run_azcopy
 from support.azurite import REPO_ROOT, Azurite
 from support.cli import blobsync_cmd, clean_env, kill_when_held, random_file, run
-from support.processes import kill_tree
+from support.processes import on_a_terminal, read_terminal
 from support.proxy import FaultProxy
 
 
@@ -295,33 +291,16 @@ def test_overwrite_prompt_on_a_terminal(container: ContainerHandle, tmp_path: Pa
     cmd = blobsync_cmd("cp", "-r", str(tmp_path / "src"), container.url, "--overwrite", "prompt",
                        "--journal", str(tmp_path / "j.db"))
     env = clean_env({"AZURE_STORAGE_CONNECTION_STRING": _conn(container)})
-    pid, master = pty.fork()
-    if pid == 0:  # the child: the pty is its terminal, as a shell would run it
-        os.execve(sys.executable, cmd, env)
-    output, answers = b"", [b"y\r", b"n\r"]
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([master], [], [], 1.0)
-            if not ready:
-                continue
-            try:
-                chunk = os.read(master, 4096)
-            except OSError:  # EIO: the child closed the terminal
-                break
-            if not chunk:
-                break
-            output += chunk
-            if output.count(b"overwrite?") > 2 - len(answers):
-                os.write(master, answers.pop(0))
-        _, status = os.waitpid(pid, 0)
-        pid = 0
-    finally:
-        if pid:
-            kill_tree(pid)
-        os.close(master)
+    answers = [b"y\r", b"n\r"]
+    with on_a_terminal(cmd, env) as term:
+
+        def answer(output: bytes) -> None:
+            if answers and output.count(b"overwrite?") > 2 - len(answers):
+                os.write(term.master, answers.pop(0))
+
+        output = read_terminal(term.master, 60, answer)
     text = output.decode(errors="replace")
-    assert os.waitstatus_to_exitcode(status) == 0, text
+    assert term.exit_code == 0, text
     assert text.count("overwrite?") == 2 and "new.pt" not in text.split("Job ")[0], text  # only files that exist
     olds = [n for n in ("a", "b") if container.download(f"src/{n}.pt") == b"old"]
     assert len(olds) == 1, text

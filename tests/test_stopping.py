@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import os
-import pty
-import select
 import signal
 import sqlite3
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,7 +14,7 @@ import pytest
 from blobsync.config import MiB
 from conftest import ContainerHandle
 from support.cli import blobsync_cmd, clean_env, random_file, run
-from support.processes import kill_tree
+from support.processes import kill_tree, on_a_terminal, read_terminal
 from support.proxy import FaultProxy
 
 SIZE = 8 * MiB + 3
@@ -125,32 +122,11 @@ def test_ctrl_c_on_a_terminal_stops_the_job_resumably(container: ContainerHandle
     proxy.hold_after("put_block", 2)
     cmd = blobsync_cmd(*_args(tmp_path, url))
     env = clean_env()
-    pid, master = pty.fork()
-    if pid == 0:  # the child: a session of its own with the pty as its terminal, as a shell would run it
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.execve(sys.executable, cmd, env)
-    output = b""
-    try:
+    with on_a_terminal(cmd, env) as term:
         proxy.wait_for_held(1, timeout=60)
-        os.write(master, b"\x03")  # Ctrl-C: the terminal sends SIGINT to its foreground job
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([master], [], [], 1.0)
-            if ready:
-                try:
-                    chunk = os.read(master, 4096)
-                except OSError:  # EIO: the child closed the terminal
-                    break
-                if not chunk:
-                    break
-                output += chunk
-        _, status = os.waitpid(pid, 0)
-        pid = 0
-    finally:
-        if pid:
-            kill_tree(pid)
-        os.close(master)
+        os.write(term.master, b"\x03")  # Ctrl-C: the terminal sends SIGINT to its foreground job
+        output = read_terminal(term.master, 60)
     text = output.decode(errors="replace")
-    assert os.waitstatus_to_exitcode(status) == 130, text
+    assert term.exit_code == 130, text
     assert "interrupted" in text and "Traceback" not in text
     _resume_completes(container, proxy, tmp_path, data, url)

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pty
+import select
 import signal
 import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 # Children meant to outlive a test (the session's Azurite): never reported as left behind.
@@ -64,3 +68,51 @@ def kill_tree(pid: int) -> None:
         if done:
             return
         time.sleep(0.05)
+
+
+def read_terminal(master: int, timeout: float = 60,
+                  on_output: Callable[[bytes], None] | None = None) -> bytes:
+    """Everything a child writes to its pty (`master`: our end), until it closes the terminal or `timeout`
+    passes; `on_output(all_so_far)` after each piece, to answer prompts."""
+    output = b""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([master], [], [], 1.0)
+        if not ready:
+            continue
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        output += chunk
+        if on_output is not None:
+            on_output(output)
+    return output
+
+
+@dataclass
+class Terminal:
+    master: int  # our end of the child's pty
+    exit_code: int | None = None  # once the child has exited
+
+
+@contextlib.contextmanager
+def on_a_terminal(cmd: list[str], env: dict[str, str]) -> Iterator[Terminal]:
+    """Run `cmd` with a pty as its terminal, in a session of its own, as a shell would (SIGINT at its default).
+    Leaving the block waits for it and sets `exit_code`; on an error it is killed instead."""
+    pid, master = pty.fork()
+    if pid == 0:  # the child
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.execve(cmd[0], cmd, env)
+    term = Terminal(master)
+    try:
+        yield term
+        _, status = os.waitpid(pid, 0)
+        pid = 0
+        term.exit_code = os.waitstatus_to_exitcode(status)
+    finally:
+        if pid:
+            kill_tree(pid)
+        os.close(master)
