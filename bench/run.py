@@ -28,7 +28,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import NoReturn
 
-from harness.azurite import BenchError
+from harness.azurite import BenchError, NullServer
 from harness.netns import netns_available
 from harness.report import derived, fmt, report, src_state
 from harness.tools import REFERENCE_TOOLS, UPLOAD_TOOLS, VENV_PYTHON, Settings, available
@@ -36,6 +36,7 @@ from harness.workloads import (
     DEFAULT_CACHE,
     Download,
     NoopSync,
+    NullDownload,
     Resume,
     Run,
     SlowLinkUpload,
@@ -48,7 +49,7 @@ from harness.workloads import (
 )
 
 WORKLOADS = ("upload-large", "upload-small", "download-large", "noop-sync", "resume", "slow-link", "slow-small",
-             "sparse-rss")  # fmt: skip
+             "sparse-rss", "null-upload-large", "null-upload-small", "null-download-large")  # fmt: skip
 ORIG_ARGV_ENV = "BLOBSYNC_BENCH_ORIG_ARGV"  # survives the re-exec under the venv so the report shows what was typed
 
 
@@ -115,6 +116,17 @@ def make_workload(name: str, a: argparse.Namespace) -> Workload:
                       f"{a.small_files:,} files of {a.small_kib} KiB (random bytes) up, 20 nested folders")  # fmt: skip
     if name == "download-large":
         return Download(cache, a.large_mib)
+    # The same against the null server: what each client costs, with no server on the two cores.
+    if name == "null-upload-large":
+        return Upload(name, lambda: large_file(cache, a.large_mib), False,
+                      f"one {size_label(a.large_mib)} file up to the null server (client cost only)",
+                      server=NullServer)  # fmt: skip
+    if name == "null-upload-small":
+        return Upload(name, lambda: small_tree(cache, a.small_files, a.small_kib * 1024), True,
+                      f"{a.small_files:,} files of {a.small_kib} KiB up to the null server (client cost only)",
+                      server=NullServer)  # fmt: skip
+    if name == "null-download-large":
+        return NullDownload(cache, a.large_mib)
     if name == "noop-sync":
         return NoopSync(cache, a.noop_files)
     if name == "resume":

@@ -7,6 +7,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -157,3 +158,24 @@ def azurite_version() -> str:
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+
+
+class NullServer(Azurite):
+    """bench/harness/nullserver.py in Azurite's place: it keeps sizes and declared MD5s, never the bytes, so what
+    is measured is the client alone (uploads, and downloads of zero-filled blobs named in `seeds`)."""
+
+    def __init__(self, workdir: Path, seeds: tuple[str, ...] = (), **kwargs: object) -> None:
+        super().__init__(workdir)
+        self.seeds = seeds
+
+    def start(self) -> None:
+        script = Path(__file__).resolve().parent / "nullserver.py"
+        cmd = [sys.executable, str(script), "--port", str(self.port), *(f"--seed={s}" for s in self.seeds)]
+        with self.log.open("wb") as log:
+            self.proc = subprocess.Popen(cmd, cwd=self.workdir, stdin=subprocess.DEVNULL, stdout=log,
+                                         stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent)
+        try:
+            self._wait_until_listening()
+        except BaseException:
+            self.stop()
+            raise

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.azurite import Azurite, BenchError
+from harness.azurite import Azurite, BenchError, NullServer
 from harness.measure import ChildResult, group_cpu_seconds, run_measured, system_busy_seconds, tail, wait_for_quiet
 from harness.netns import SlowLink
 from harness.tcpproxy import DelayRelay
@@ -288,8 +288,10 @@ class Upload(Workload):
     container = "bench"
 
     def __init__(self, name: str, src_fn: Callable[[], Path], recursive: bool, description: str,
-                 tools: tuple[str, ...] = UPLOAD_TOOLS, in_memory: bool = True) -> None:  # fmt: skip
+                 tools: tuple[str, ...] = UPLOAD_TOOLS, in_memory: bool = True,
+                 server: type[Azurite] = Azurite) -> None:  # fmt: skip
         self.name, self.src_fn, self.recursive, self.description = name, src_fn, recursive, description
+        self.server = server  # NullServer: the client's cost alone
         self.kind = "files" if recursive else "bytes"
         self.tools = tools
         self.in_memory = in_memory
@@ -306,7 +308,7 @@ class Upload(Workload):
 
     def one(self, rnd: int, tool: str, st: Settings) -> Run:
         run = Run(rnd, tool)
-        with run_dir(tool, st) as tmp, recorded(run), Azurite(tmp, in_memory=self.in_memory) as azurite:
+        with run_dir(tool, st) as tmp, recorded(run), self.server(tmp, in_memory=self.in_memory) as azurite:
             target = Target(azurite.blob_endpoint)
             mkcontainer(target, self.container, st)
             cmd = upload_cmd(tool, self.src_for(tool), self.recursive, self.container, target, tmp, st)
@@ -378,12 +380,15 @@ class Download(Workload):
             got = hashlib.file_digest(f, "sha256").hexdigest()
         return "" if got == self.sha256 else f"SHA-256 of the download {got[:16]}... differs from the source's"
 
+    def server(self, tmp: Path) -> Azurite:
+        return Azurite(tmp)
+
     def one(self, rnd: int, tool: str, st: Settings) -> Run:
         run = Run(rnd, tool)
         with run_dir(tool, st) as tmp:
             (tmp / "dl").mkdir()
             out = tmp / "dl" / "out.bin"
-            with recorded(run), Azurite(tmp) as azurite:
+            with recorded(run), self.server(tmp) as azurite:
                 target = Target(azurite.blob_endpoint)
                 self.seed(target)
                 cmd = download_cmd(tool, self.container, self.src.name, out, target, tmp, st)
@@ -658,3 +663,30 @@ class SparseRss(Upload):
             "pushes further (a slow request holds its buffer while later blocks are read) up to the `--memory-mb` "
             "budget (256 MiB), and no further. The check is that bound; the ratio of sizes is for information.",
         ]
+
+
+class NullDownload(Download):
+    """download-large against the null server: a zero-filled blob with its true MD5, served from memory."""
+
+    def __init__(self, cache: Path, size_mib: int) -> None:
+        super().__init__(cache, size_mib)
+        self.name = "null-download-large"
+        self.description = f"one {size_label(size_mib)} zero-filled blob down from the null server (client cost only)"
+
+    def prepare(self) -> None:
+        self.total_bytes = self.size_mib * MiB
+        self.src = Path("zero.bin")
+        sha = hashlib.sha256()
+        for _ in range(self.size_mib):
+            sha.update(bytes(MiB))
+        self.sha256 = sha.hexdigest()
+
+    def server(self, tmp: Path) -> Azurite:
+        return NullServer(tmp, seeds=(f"{self.container}/{self.src.name}:{self.total_bytes}",))
+
+    def seed(self, target: Target) -> None:
+        """Seeded by the server itself."""
+
+    def notes(self) -> list[str]:
+        return ["The null server (bench/harness/nullserver.py) answers ranged GETs with zeros from memory and the "
+                "blob's true MD5: the client's CPU per GiB is measured with no server cost on the two cores."]

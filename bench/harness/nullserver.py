@@ -1,0 +1,224 @@
+"""A null Blob service for measuring client cost alone: it takes Put Block / Put Block List / Put Blob bodies and
+throws the bytes away, keeping only names, sizes and the MD5 the client declared, and answers HEAD, Get Block List,
+List Blobs and ranged GETs of what it holds (GETs return zeros), with almost no CPU of its own. No auth is checked.
+
+    python bench/harness/nullserver.py --port 10100     (the harness starts it; see NullServer)
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import re
+import time
+from dataclasses import dataclass, field
+from email.utils import formatdate
+from xml.sax.saxutils import escape
+
+from aiohttp import web
+
+ZEROS = bytes(1 << 20)
+
+
+@dataclass
+class Blob:
+    size: int
+    md5: str | None  # base64, as the client declared it
+    etag: str
+    modified: float
+    blocks: list[tuple[str, int]] = field(default_factory=list)
+    content_type: str = "application/octet-stream"
+    metadata: dict[str, str] = field(default_factory=dict)
+
+
+class Store:
+    def __init__(self) -> None:
+        self.blobs: dict[tuple[str, str], Blob] = {}
+        self.staged: dict[tuple[str, str], dict[str, int]] = {}
+        self.containers: set[str] = set()
+        self.counter = 0
+
+    def etag(self) -> str:
+        self.counter += 1
+        return f'"0x{self.counter:016X}"'
+
+
+def _split(path: str) -> tuple[str, str]:
+    parts = path.lstrip("/").split("/", 2)  # account/container/blob
+    return (parts[1] if len(parts) > 1 else ""), (parts[2] if len(parts) > 2 else "")
+
+
+def _headers(blob: Blob) -> dict[str, str]:
+    out = {"ETag": blob.etag, "Last-Modified": formatdate(blob.modified, usegmt=True), "x-ms-blob-type": "BlockBlob",
+           "Content-Type": blob.content_type, "Accept-Ranges": "bytes", "x-ms-version": "2021-08-06"}
+    if blob.md5:
+        out["Content-MD5"] = blob.md5
+    out.update({f"x-ms-meta-{k}": v for k, v in blob.metadata.items()})
+    return out
+
+
+async def _drain(request: web.Request) -> int:
+    n = 0
+    async for chunk in request.content.iter_chunked(1 << 20):
+        n += len(chunk)
+    return n
+
+
+def _props(request: web.Request, size: int, md5: str | None, etag: str) -> Blob:
+    meta = {k[len("x-ms-meta-"):]: v for k, v in request.headers.items() if k.lower().startswith("x-ms-meta-")}
+    return Blob(size, md5, etag, time.time(), content_type=request.headers.get("x-ms-blob-content-type",
+                                                                                  "application/octet-stream"),
+                metadata=meta)
+
+
+async def handle_put(request: web.Request) -> web.StreamResponse:
+    store: Store = request.app["store"]
+    container, name = _split(request.path)
+    q = request.query
+    if q.get("restype") == "container":
+        if container in store.containers:
+            return web.Response(status=409, headers={"x-ms-error-code": "ContainerAlreadyExists"})
+        store.containers.add(container)
+        return web.Response(status=201, headers={"ETag": store.etag()})
+    store.containers.add(container)
+    md5 = request.headers.get("Content-MD5")
+    if q.get("comp") == "block":
+        size = await _drain(request)
+        store.staged.setdefault((container, name), {})[q["blockid"]] = size
+        return web.Response(status=201, headers={"Content-MD5": md5} if md5 else {})
+    if q.get("comp") == "blocklist":
+        body = (await request.read()).decode()
+        ids = re.findall(r"<(?:Latest|Committed|Uncommitted)>([^<]*)</", body)
+        staged = store.staged.pop((container, name), {})
+        old = store.blobs.get((container, name))
+        known = dict(old.blocks) if old else {}
+        blocks = [(i, staged[i] if i in staged else known.get(i, 0)) for i in ids]
+        blob = _props(request, sum(s for _, s in blocks), request.headers.get("x-ms-blob-content-md5"), store.etag())
+        blob.blocks = blocks
+        store.blobs[(container, name)] = blob
+        return web.Response(status=201, headers={"ETag": blob.etag, "Last-Modified": formatdate(usegmt=True)})
+    size = await _drain(request)  # Put Blob
+    blob = _props(request, size, md5 or request.headers.get("x-ms-blob-content-md5"), store.etag())
+    store.blobs[(container, name)] = blob
+    return web.Response(status=201, headers={"ETag": blob.etag, "Last-Modified": formatdate(usegmt=True),
+                                             **({"Content-MD5": md5} if md5 else {})})
+
+
+def _listing(store: Store, container: str, prefix: str) -> str:
+    items = []
+    for (c, name), b in sorted(store.blobs.items()):
+        if c == container and name.startswith(prefix):
+            md5 = f"<Content-MD5>{b.md5}</Content-MD5>" if b.md5 else "<Content-MD5 />"
+            meta = "".join(f"<{k}>{escape(v)}</{k}>" for k, v in b.metadata.items())
+            items.append(f"<Blob><Name>{escape(name)}</Name><Properties><Last-Modified>"
+                         f"{formatdate(b.modified, usegmt=True)}</Last-Modified><Etag>{b.etag}</Etag>"
+                         f"<Content-Length>{b.size}</Content-Length><Content-Type>{b.content_type}</Content-Type>"
+                         f"{md5}<BlobType>BlockBlob</BlobType><AccessTier>Hot</AccessTier></Properties>"
+                         f"<Metadata>{meta}</Metadata></Blob>")
+    return ('<?xml version="1.0" encoding="utf-8"?><EnumerationResults><Blobs>' + "".join(items)
+            + "</Blobs><NextMarker /></EnumerationResults>")
+
+
+async def handle_get(request: web.Request) -> web.StreamResponse:
+    store: Store = request.app["store"]
+    container, name = _split(request.path)
+    q = request.query
+    if q.get("comp") == "list":
+        return web.Response(text=_listing(store, container, q.get("prefix", "")), content_type="application/xml")
+    if q.get("restype") == "container":
+        return web.Response(status=200, headers={"ETag": store.etag()})
+    blob = store.blobs.get((container, name))
+    if blob is None:
+        return web.Response(status=404, headers={"x-ms-error-code": "BlobNotFound"})
+    if q.get("comp") == "blocklist":
+        committed = "".join(f"<Block><Name>{i}</Name><Size>{s}</Size></Block>" for i, s in blob.blocks)
+        xml = (f'<?xml version="1.0" encoding="utf-8"?><BlockList><CommittedBlocks>{committed}</CommittedBlocks>'
+               "<UncommittedBlocks /></BlockList>")
+        headers = {k: v for k, v in _headers(blob).items() if k != "Content-Type"}
+        return web.Response(text=xml, content_type="application/xml", headers=headers)
+    if request.method == "HEAD":
+        return web.Response(headers={**_headers(blob), "Content-Length": str(blob.size)})
+    return await _ranged(request, blob)
+
+
+async def _ranged(request: web.Request, blob: Blob) -> web.StreamResponse:
+    start, end = 0, blob.size - 1
+    spec = request.headers.get("x-ms-range") or request.headers.get("Range")
+    if spec:
+        a, _, b = spec.split("=", 1)[1].partition("-")
+        start, end = int(a), min(int(b) if b else blob.size - 1, blob.size - 1)
+    length = max(0, end - start + 1)
+    headers = _headers(blob)
+    if spec:
+        headers["Content-Range"] = f"bytes {start}-{end}/{blob.size}"
+        if request.headers.get("x-ms-range-get-content-md5") == "true":
+            headers["Content-MD5"] = _zeros_md5(length)
+        elif blob.md5:
+            headers["x-ms-blob-content-md5"] = blob.md5
+    response = web.StreamResponse(status=206 if spec else 200, headers=headers)
+    response.content_length = length
+    await response.prepare(request)
+    while length > 0:
+        n = min(length, len(ZEROS))
+        await response.write(ZEROS[:n])
+        length -= n
+    return response
+
+
+_MD5S: dict[int, str] = {}
+
+
+def _zeros_md5(length: int) -> str:
+    if length not in _MD5S:
+        _MD5S[length] = base64.b64encode(hashlib.md5(bytes(length)).digest()).decode()
+    return _MD5S[length]
+
+
+async def handle_delete(request: web.Request) -> web.StreamResponse:
+    store: Store = request.app["store"]
+    container, name = _split(request.path)
+    return web.Response(status=202 if store.blobs.pop((container, name), None) else 404)
+
+
+def seed(store: Store, container: str, name: str, size: int) -> None:
+    """A blob of `size` zero bytes with its true MD5, for downloads."""
+    digest = hashlib.md5()
+    left = size
+    while left > 0:
+        n = min(left, len(ZEROS))
+        digest.update(ZEROS[:n])
+        left -= n
+    store.containers.add(container)
+    store.blobs[(container, name)] = Blob(size, base64.b64encode(digest.digest()).decode(), store.etag(), time.time())
+
+
+def app(seeds: list[tuple[str, str, int]]) -> web.Application:
+    application = web.Application(client_max_size=5000 << 20)
+    store = Store()
+    for container, name, size in seeds:
+        seed(store, container, name, size)
+    application["store"] = store
+    application.router.add_route("PUT", "/{tail:.*}", handle_put)
+    application.router.add_route("GET", "/{tail:.*}", handle_get)
+    application.router.add_route("HEAD", "/{tail:.*}", handle_get)
+    application.router.add_route("DELETE", "/{tail:.*}", handle_delete)
+    return application
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--seed", action="append", default=[], help="container/blob:size, a zero-filled blob")
+    a = p.parse_args()
+    seeds = []
+    for item in a.seed:
+        where, size = item.rsplit(":", 1)
+        container, name = where.split("/", 1)
+        seeds.append((container, name, int(size)))
+    print("null server listening", flush=True)
+    web.run_app(app(seeds), host="127.0.0.1", port=a.port, print=None, access_log=None)
+
+
+if __name__ == "__main__":
+    main()
