@@ -37,7 +37,7 @@ PY
 du -sh "$work/models"
 
 export AZURE_STORAGE_CONNECTION_STRING="UseDevelopmentStorage=true"
-dest="http://127.0.0.1:$port/devstoreaccount1/demo/models"
+dest="http://127.0.0.1:$port/devstoreaccount1/demo"  # cp -r makes the folder a level: demo/models/...
 echo "demo: blobsync cp -r $work/models $dest --create-container"
 .venv/bin/blobsync cp -r "$work/models" "$dest" --create-container --journal "$work/journal.db"
 echo
