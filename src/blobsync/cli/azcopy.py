@@ -146,7 +146,8 @@ FLAGS: tuple[AzFlag, ...] = (
     _f("trailing-dot", ["copy", "sync", "remove", "list"], A, "an Azure Files setting; blob names ending in '.' "
        "are refused per file", declare=True),
     # Global flags: every command.
-    _f("cap-mbps", ALL, S, "copy and sync; accepted elsewhere"),
+    _f("cap-mbps", _XFER, S),
+    _f("cap-mbps", ["remove", "list", "make"], A, "nothing there to cap", declare=True),
     _f("check-version", ALL, A, "no update check: blobsync --version", declare=True, boolean=True),
     _f("log-level", ALL, M, "DEBUG, INFO, WARNING (default), ERROR, PANIC (as ERROR), NONE; logs go to stderr or "
        "--log-file"),

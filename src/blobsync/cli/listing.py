@@ -55,7 +55,6 @@ def _line(rel: str, props: BlobProperties) -> str:
               default="default", help="quiet: no total line.")
 @click.option("--max-retries", type=int, default=8, show_default=True, help="Retries per listing request.")
 @proxy_option
-@click.option("--cap-mbps", type=float, default=None, expose_value=False, hidden=True)  # AzCopy's global flag
 @azcopy_flags("list")
 @logging_options
 @exit_codes_option
@@ -98,7 +97,6 @@ def ls(url: str, output_type: str, output_level: str, max_retries: int, proxy: s
 @click.option("--concurrency", type=int, default=16, show_default=True, help="Deletes in flight.")
 @click.option("--max-retries", type=int, default=8, show_default=True, help="Retries per request.")
 @proxy_option
-@click.option("--cap-mbps", type=float, default=None, expose_value=False, hidden=True)  # AzCopy's global flag
 @azcopy_flags("remove")
 @output_options
 def rm(url: str, recursive: bool, filters: Filters, dry_run: bool, list_of_files: Path | None,

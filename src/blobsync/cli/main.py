@@ -393,7 +393,6 @@ def jobs_clean(older_than: float | None, include_unfinished: bool, journal_path:
 @click.argument("url")
 @proxy_option
 @click.option("--max-retries", type=int, default=8, show_default=True, help="Retries per request.")
-@click.option("--cap-mbps", type=float, default=None, expose_value=False, hidden=True)  # AzCopy's global flag
 @click.option("--output-type", type=click.Choice(["text", "json"], case_sensitive=False), default="text",
               show_default=True, help="json: one JSON line with the outcome.")
 @click.option("--output-level", type=click.Choice(["default", "essential", "quiet"], case_sensitive=False),
