@@ -181,7 +181,7 @@ def test_list_and_remove_from_the_library(container: ContainerHandle, tmp_path: 
 def test_listing_pages_ahead_and_stopping_early_leaves_nothing_running(container: ContainerHandle,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """ls/rm/list_blobs ask for page n+1 before handing out page n; a caller that stops early drops it cleanly."""
-    from blobsync.backends.azure_rest import AzureContainerStore
+    from blobsync.backends.azure.store import AzureContainerStore
 
     monkeypatch.setattr(AzureContainerStore, "page_size", 2)
     names = [f"d/{i:02d}.txt" for i in range(7)]  # 4 pages

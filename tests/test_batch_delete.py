@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from blobsync.backends.azure_batch import SubRequest, batch_body, parse_batch
+from blobsync.backends.azure.batch import SubRequest, batch_body, parse_batch
 from conftest import ContainerHandle
 from support.cli import random_file, run
 from support.proxy import FaultProxy, Rule, respond

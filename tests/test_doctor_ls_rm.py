@@ -10,8 +10,8 @@ from urllib.parse import unquote
 
 from azure.storage.blob import ContainerSasPermissions, StandardBlobTier, generate_container_sas
 
-from blobsync.doctor import Diagnosis, Level, read_sas
-from blobsync.location import parse_location
+from blobsync.backends.azure.doctor import Diagnosis, Level, read_sas
+from blobsync.backends.azure.location import parse_location
 from conftest import ContainerHandle
 from support.azurite import Azurite
 from support.cli import run

@@ -261,7 +261,7 @@ def test_multi_page_listing_is_complete_and_in_order(container: ContainerHandle,
     """Pages are fetched one ahead of parsing; with 3 blobs a page, 11 blobs span 4 pages."""
     import blobsync
     from blobsync import TransferConfig
-    from blobsync.backends.azure_rest import AzureContainerStore
+    from blobsync.backends.azure.store import AzureContainerStore
 
     monkeypatch.setattr(AzureContainerStore, "page_size", 3)
     names = [f"p/{name}" for name in ("a&b", "c<d", "e f", *(f"n{i:02d}" for i in range(8)))]
@@ -281,8 +281,8 @@ def test_sync_asks_for_the_next_page_before_parsing_this_one(container: Containe
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """The service prepares page n+1 while page n is parsed: its request must have left by then."""
     import blobsync
-    from blobsync.backends import azure_rest
-    from blobsync.backends.azure_rest import AzureContainerStore
+    from blobsync.backends.azure import store as azure_rest
+    from blobsync.backends.azure.store import AzureContainerStore
 
     monkeypatch.setattr(AzureContainerStore, "page_size", 3)
     for i in range(7):
@@ -317,9 +317,8 @@ def test_listing_keeps_the_expected_last_page_small(container: ContainerHandle, 
     import asyncio
 
     from blobsync import TransferConfig
-    from blobsync.api import _store
-    from blobsync.backends.azure_rest import AzureContainerStore
-    from blobsync.location import parse_location
+    from blobsync.backends.azure.store import AzureContainerStore
+    from blobsync.backends.registry import open_store
 
     monkeypatch.setattr(AzureContainerStore, "page_size", 16)
     names = [f"n{i:02d}" for i in range(40)]
@@ -335,9 +334,9 @@ def test_listing_keeps_the_expected_last_page_small(container: ContainerHandle, 
     monkeypatch.setattr(AzureContainerStore, "_list_body", spy)
 
     async def listed(expected: int | None) -> list[str]:
-        store = _store(parse_location(container.url), TransferConfig(), os.environ)
+        store = open_store(container.url, TransferConfig(), os.environ)
         try:
-            return [p.name async for p in store.list_blobs(expected=lambda: expected)]
+            return [p.name async for p in store.list_objects(expected=lambda: expected)]
         finally:
             await store.close()
 

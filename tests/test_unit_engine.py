@@ -9,14 +9,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from blobsync.backends.azure_errors import error_from_response, explain_sas, parse_retry_after
+from blobsync.backends.azure.errors import error_from_response, parse_retry_after
+from blobsync.backends.azure.location import BlobLocation, parse_location
+from blobsync.backends.azure.writer import BLOCK_ID_LENGTH, block_id
 from blobsync.config import MAX_BLOCKS, MiB, TransferConfig, parse_metadata
 from blobsync.engine.budget import MemoryBudget
 from blobsync.engine.mtime import format_mtime, parse_mtime
-from blobsync.engine.plan import BLOCK_ID_LENGTH, block_count, block_id, block_ranges, choose_block_size, new_nonce
+from blobsync.engine.plan import block_count, block_ranges, choose_block_size, new_nonce
 from blobsync.engine.retry import RetryPolicy, backoff_delay
 from blobsync.errors import AuthError, ContainerNotFoundError, CorruptedInTransitError, ThrottledError, UsageError
-from blobsync.location import parse_location
 from blobsync.redact import redact
 
 
@@ -75,6 +76,10 @@ def _sas_url(**fields: str) -> str:
 def test_explain_sas() -> None:
     past = (datetime.now(UTC) - timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
     future = (datetime.now(UTC) + timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    def explain_sas(loc: BlobLocation, method: str) -> str | None:
+        assert loc.sas_token is not None
+        return loc.sas_token.explain(method, loc.scheme)
+
     assert "expired" in (explain_sas(parse_location(_sas_url(sp="rw", se=past)), "PUT") or "")
     assert "not valid before" in (explain_sas(parse_location(_sas_url(sp="rw", se=future, st=future)), "PUT") or "")
     assert "lacks 'w'" in (explain_sas(parse_location(_sas_url(sp="rl", se=future)), "PUT") or "")
@@ -203,7 +208,7 @@ def test_a_thread_job_keeps_its_buffer_however_often_the_caller_is_cancelled() -
     import time
     from concurrent.futures import ThreadPoolExecutor
 
-    from blobsync.engine.download import _in_thread
+    from blobsync.engine.tasks import in_thread
 
     buf = bytearray(b"x" * 1024)
     started, seen = threading.Event(), []
@@ -217,7 +222,7 @@ def test_a_thread_job_keeps_its_buffer_however_often_the_caller_is_cancelled() -
         loop = asyncio.get_running_loop()
         with ThreadPoolExecutor(1) as pool:
             view = memoryview(buf)
-            task = asyncio.ensure_future(_in_thread(loop, pool, job, view))
+            task = asyncio.ensure_future(in_thread(pool, job, view))
             await loop.run_in_executor(None, started.wait)
             t0 = time.monotonic()
             for _ in range(3):

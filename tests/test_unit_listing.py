@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from blobsync.backends import azure_rest
-from blobsync.backends.azure_rest import _parse_listing, _parse_listing_tree, _scan_listing, _Unsure
+from blobsync.backends.azure import store as azure_rest
+from blobsync.backends.azure.store import _parse_listing, _parse_listing_tree, _scan_listing, _Unsure
 
 # As Azurite 3.37 writes a blob (one line, no whitespace); real Azure writes the same elements in the same order.
 AZURITE_PROPS = (

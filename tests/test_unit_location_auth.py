@@ -11,7 +11,7 @@ from azure.core.pipeline import PipelineContext, PipelineRequest
 from azure.core.rest import HttpRequest
 from azure.storage.blob._shared.authentication import SharedKeyCredentialPolicy
 
-from blobsync.backends.azure_auth import (
+from blobsync.backends.azure.auth import (
     EMULATOR_KEY,
     AnonymousCredential,
     Request,
@@ -20,8 +20,8 @@ from blobsync.backends.azure_auth import (
     TokenCredential,
     resolve_credential,
 )
+from blobsync.backends.azure.location import parse_location
 from blobsync.errors import UsageError
-from blobsync.location import parse_location
 
 SAS = "sv=2023-11-03&ss=b&srt=co&sp=rwlc&se=2099-01-01T00:00:00Z&spr=https&sig=abc%2Bdef%3D"
 

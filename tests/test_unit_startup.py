@@ -10,7 +10,7 @@ from pathlib import Path
 import blobsync
 
 # Loaded on first use only: a no-op sync never needs them (see blobsync/__init__.py and api.py).
-NOT_AT_START = ("blobsync.doctor", "blobsync.syncing.watch", "watchfiles", "blobsync.syncing.remove",
+NOT_AT_START = ("blobsync.backends.azure.doctor", "blobsync.syncing.watch", "watchfiles", "blobsync.syncing.remove",
                 "blobsync.engine.download", "blobsync.engine.upload", "blobsync.engine.job",
                 "blobsync.engine.download_job", "xml.etree.ElementTree", "email.utils", "aiohttp", "tenacity")
 
@@ -32,7 +32,7 @@ def test_cli_import_leaves_the_rest_for_later() -> None:
 def test_public_names_still_load_on_use() -> None:
     loaded = _loaded_after("import blobsync\nassert blobsync.Diagnosis.__name__ == 'Diagnosis'\n"
                            "from blobsync import aio, sync, watch\nassert aio.diagnose and sync and watch")
-    assert {"blobsync.doctor", "blobsync.api", "blobsync.aio"} <= loaded
+    assert {"blobsync.backends.azure.doctor", "blobsync.api", "blobsync.aio"} <= loaded
     assert sorted(dir(blobsync)) == sorted(blobsync.__all__)
 
 

@@ -27,9 +27,9 @@ if TYPE_CHECKING:
         watch,
         watch_async,
     )
+    from blobsync.backends.azure.doctor import Diagnosis, Finding
     from blobsync.backends.base import BlobProperties
     from blobsync.config import CheckMd5, Overwrite, TransferConfig
-    from blobsync.doctor import Diagnosis, Finding
     from blobsync.engine.context import Progress
     from blobsync.engine.prompt import Answer
     from blobsync.errors import (
@@ -61,7 +61,7 @@ _HOMES = {
     "sync_async": "blobsync.api", "watch": "blobsync.api", "watch_async": "blobsync.api",
     "BlobProperties": "blobsync.backends.base",
     "CheckMd5": "blobsync.config", "Overwrite": "blobsync.config", "TransferConfig": "blobsync.config",
-    "Diagnosis": "blobsync.doctor", "Finding": "blobsync.doctor",
+    "Diagnosis": "blobsync.backends.azure.doctor", "Finding": "blobsync.backends.azure.doctor",
     "Progress": "blobsync.engine.context",
     "AuthError": "blobsync.errors", "BlobNotFoundError": "blobsync.errors", "BlobsyncError": "blobsync.errors",
     "ContainerNotFoundError": "blobsync.errors", "ExitCode": "blobsync.errors", "IntegrityError": "blobsync.errors",

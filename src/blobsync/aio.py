@@ -7,6 +7,6 @@ from blobsync.api import remove_async as remove
 from blobsync.api import resume_async as resume
 from blobsync.api import sync_async as sync
 from blobsync.api import watch_async as watch
-from blobsync.doctor import diagnose
+from blobsync.backends.azure.doctor import diagnose
 
 __all__ = ["copy", "diagnose", "list_blobs", "make_container", "remove", "resume", "sync", "watch"]

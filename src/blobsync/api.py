@@ -12,21 +12,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from blobsync import stopping
-from blobsync.backends.azure_auth import resolve_credential
-from blobsync.backends.azure_rest import AzureContainerStore
-from blobsync.backends.base import BlobProperties
-from blobsync.config import TransferConfig, check_proxy_url
+from blobsync.backends.base import BlobProperties, Location
+from blobsync.backends.registry import is_remote, open_store, parse_location
+from blobsync.config import TransferConfig
 from blobsync.copying import plan_copy
-from blobsync.engine.bandwidth import TokenBucket, mbps_to_bytes
-from blobsync.engine.context import Progress
+from blobsync.engine.context import Progress, request_path
 from blobsync.engine.delete import batch_enabled
 from blobsync.engine.prompt import Answer, OverwritePrompt
-from blobsync.engine.retry import Retrier, RetryPolicy
+from blobsync.engine.session import open_session
 from blobsync.errors import BlobsyncError, TransferFailedError, UsageError
 from blobsync.events import Subscriber
 from blobsync.filters import Filters
-from blobsync.journal import FileRow, JobRow, Journal, default_journal_path
-from blobsync.location import BlobLocation, is_url, parse_location
+from blobsync.journal import FileRow, JobKind, JobRow, JobState, Journal, default_journal_path
 from blobsync.report import Action, Report
 from blobsync.syncing.compare import CompareMode
 from blobsync.syncing.job import DeleteMode, SyncJob, SyncSpec
@@ -34,7 +31,7 @@ from blobsync.syncing.job import DeleteMode, SyncJob, SyncSpec
 # Imported where used: `blobsync sync` (and `import blobsync`) then never load the doctor, the download and
 # upload jobs, remove or watch (and watchfiles), which is a good part of a no-op sync's start-up.
 if TYPE_CHECKING:
-    from blobsync.doctor import Diagnosis
+    from blobsync.backends.azure.doctor import Diagnosis
     from blobsync.syncing.watch import Ready
 
 T = TypeVar("T")
@@ -65,26 +62,9 @@ def _finish(report: Report, raise_on_error: bool) -> Report:
     return report
 
 
-def _journal(config: TransferConfig, env: Mapping[str, str]) -> Journal:
-    return Journal(config.journal_path or default_journal_path(env))
-
-
-def _bucket(config: TransferConfig) -> TokenBucket | None:
-    return TokenBucket(mbps_to_bytes(config.cap_mbps)) if config.cap_mbps else None
-
-
-def _store(loc: BlobLocation, config: TransferConfig, env: Mapping[str, str],
-           bucket: TokenBucket | None = None, progress: Progress | None = None) -> AzureContainerStore:
-    return AzureContainerStore(
-        loc,
-        resolve_credential(loc, env),
-        connections=config.max_concurrency + 4,
-        read_timeout=config.stall_timeout,
-        throttle=bucket.take if bucket else None,
-        on_wire=progress.on_wire if progress is not None else None,
-        proxy=config.proxy,
-        env=env,
-    )
+def _journal(journal_path: Path | None, env: Mapping[str, str] | None = None) -> Journal:
+    """The journal at `journal_path`, else at the default place for this user (from `env`)."""
+    return Journal(journal_path or default_journal_path(os.environ if env is None else env))
 
 
 @dataclass(frozen=True)
@@ -101,43 +81,33 @@ class _Selection:
 
 
 async def _run_download(
-    loc: BlobLocation, dest: Path, config: TransferConfig, env: Mapping[str, str],
-    progress: Progress | None, job: JobRow | None, journal: Journal, folder: bool = False,
+    loc: Location, dest: Path, config: TransferConfig, env: Mapping[str, str],
+    progress: Progress, job: JobRow | None, journal: Journal, folder: bool = False,
     selection: _Selection = _Selection(),
 ) -> Report:
     from blobsync.engine.download_job import DownloadJob, DownloadSpec
 
-    bucket = _bucket(config)
-    progress = progress or Progress()
-    store = _store(loc, config, env, bucket, progress)
     try:
-        spec = DownloadSpec(loc, dest, config, folder, selection.filters, selection.dry_run)
-        runner = DownloadJob(spec, store, journal, progress=progress, job=job, on_action=selection.on_action,
-                             overwrite_prompt=selection.prompt())
-        runner.runner.bandwidth = bucket
-        return await runner.run()
+        async with open_session(loc, config, env, journal, progress=progress,
+                                overwrite_prompt=selection.prompt()) as ctx:
+            spec = DownloadSpec(loc, dest, folder, selection.filters, selection.dry_run)
+            return await DownloadJob(spec, ctx, job=job, on_action=selection.on_action).run()
     finally:
-        await store.close()
         journal.close()
 
 
 async def _run_upload(
-    source: Path, loc: BlobLocation, config: TransferConfig, env: Mapping[str, str],
-    progress: Progress | None, job: JobRow | None, journal: Journal, selection: _Selection = _Selection(),
+    source: Path, loc: Location, config: TransferConfig, env: Mapping[str, str],
+    progress: Progress, job: JobRow | None, journal: Journal, selection: _Selection = _Selection(),
 ) -> Report:
     from blobsync.engine.job import UploadJob, UploadSpec
 
-    bucket = _bucket(config)
-    progress = progress or Progress()
-    store = _store(loc, config, env, bucket, progress)
     try:
-        spec = UploadSpec(source, loc, config, selection.filters, selection.dry_run)
-        runner = UploadJob(spec, store, journal, progress=progress, job=job, on_action=selection.on_action,
-                           overwrite_prompt=selection.prompt())
-        runner.runner.bandwidth = bucket
-        return await runner.run()
+        async with open_session(loc, config, env, journal, progress=progress,
+                                overwrite_prompt=selection.prompt()) as ctx:
+            spec = UploadSpec(source, loc, selection.filters, selection.dry_run)
+            return await UploadJob(spec, ctx, job=job, on_action=selection.on_action).run()
     finally:
-        await store.close()
         journal.close()
 
 
@@ -177,7 +147,7 @@ async def copy_async(
     progress = _progress(progress, subscribers)
     config = replace(config, recursive=plan.many)
     selection = _Selection(plan.filters, dry_run, on_action, confirm_overwrite)
-    journal = _journal(config, env)
+    journal = _journal(config.journal_path, env)
     if plan.upload:
         report = await _run_upload(plan.local, plan.remote, config, env, progress, None, journal, selection)
     else:
@@ -219,23 +189,20 @@ async def sync_async(
     config = replace(config or TransferConfig(), recursive=True)
     env = os.environ if env is None else env
     src_text, dst_text = os.fspath(source), os.fspath(dest)
-    if is_url(src_text) == is_url(dst_text):
+    if is_remote(src_text) == is_remote(dst_text):
         raise UsageError("sync needs one local folder and one container URL")
-    upload = is_url(dst_text)
+    upload = is_remote(dst_text)
     loc = parse_location(dst_text if upload else src_text)
     local = Path(src_text if upload else dst_text).expanduser().absolute()
-    spec = SyncSpec(local, loc, upload, config, filters or Filters(), compare, delete, max_delete, dry_run, ready,
+    if not upload:  # a file brought down keeps the blob's time: the next sync compares equal
+        config = replace(config, preserve_last_modified_time=True)
+    spec = SyncSpec(local, loc, upload, filters or Filters(), compare, delete, max_delete, dry_run, ready,
                     batch_enabled(env))
-    journal = _journal(config, env)
-    bucket = _bucket(config)
-    progress = _progress(progress, subscribers)
-    store = _store(loc, config, env, bucket, progress)
+    journal = _journal(config.journal_path, env)
     try:
-        job = SyncJob(spec, store, journal, progress=progress, on_action=on_action, confirm=confirm)
-        job.runner.bandwidth = bucket
-        report = await job.run()
+        async with open_session(loc, config, env, journal, progress=_progress(progress, subscribers)) as ctx:
+            report = await SyncJob(spec, ctx, on_action=on_action, confirm=confirm).run()
     finally:
-        await store.close()
         journal.close()
     return _finish(report, raise_on_error)
 
@@ -279,7 +246,7 @@ async def watch_async(
     from blobsync.syncing.watch import Watcher
 
     src_text = os.fspath(source)
-    if is_url(src_text) or not is_url(dest):
+    if is_remote(src_text) or not is_remote(dest):
         raise UsageError("watch needs a local folder as the source and a container URL as the destination")
     if delete is DeleteMode.PROMPT:
         raise UsageError("--delete-destination prompt cannot be used with --watch: use true or false")
@@ -326,24 +293,24 @@ async def resume_async(
     journal; `overrides` replace stored options (e.g. concurrency=4)."""
     env = os.environ if env is None else env
     progress = _progress(progress, subscribers)
-    journal = Journal(journal_path or default_journal_path(env))
+    journal = _journal(journal_path, env)
     try:
         job = journal.get_job(job_id)
-        if job.state == "done":
+        if job.state is JobState.DONE:
             raise UsageError(f"job {job.id} is already done")
-        if job.kind.startswith("sync"):
+        if job.kind.is_sync:
             # A sync re-compares both sides on every run; its partial files resume through the same journal.
             raise UsageError(f"job {job.id} is a sync: run the same 'blobsync sync' command again to resume it")
         options = dict(job.options)
         selection = _Selection(Filters.from_journal(options.pop("filters", None)),
                                confirm_overwrite=confirm_overwrite)
         config = TransferConfig.from_journal(options, journal_path=journal_path, **overrides)
-        remote = job.source if job.kind == "download" else job.dest
+        remote = job.source if job.kind is JobKind.DOWNLOAD else job.dest
         loc = parse_location(remote if not sas else f"{remote}?{sas.lstrip('?')}")
     except BaseException:
         journal.close()
         raise
-    if job.kind == "download":
+    if job.kind is JobKind.DOWNLOAD:
         report = await _run_download(loc, Path(job.dest), config, env, progress, job, journal, selection=selection)
     else:
         report = await _run_upload(Path(job.source), loc, config, env, progress, job, journal, selection)
@@ -362,7 +329,7 @@ class JobSummary:
 
 
 def list_jobs(journal_path: Path | None = None, env: Mapping[str, str] | None = None) -> list[JobSummary]:
-    journal = Journal(journal_path or default_journal_path(os.environ if env is None else env))
+    journal = _journal(journal_path, env)
     try:
         return [JobSummary(job, journal.job_totals(job.id)) for job in journal.list_jobs()]
     finally:
@@ -372,7 +339,7 @@ def list_jobs(journal_path: Path | None = None, env: Mapping[str, str] | None = 
 def show_job(
     job_id: str, journal_path: Path | None = None, env: Mapping[str, str] | None = None
 ) -> tuple[JobSummary, list[FileRow]]:
-    journal = Journal(journal_path or default_journal_path(os.environ if env is None else env))
+    journal = _journal(journal_path, env)
     try:
         job = journal.get_job(job_id)
         return JobSummary(job, journal.job_totals(job.id)), journal.files(job.id)
@@ -386,7 +353,7 @@ def set_job_cap(job_id: str, cap_mbps: float, journal_path: Path | None = None,
     resumed one starts with it. Returns the job."""
     if not cap_mbps > 0:
         raise UsageError("the cap must be a positive number of megabits per second")
-    journal = Journal(journal_path or default_journal_path(os.environ if env is None else env))
+    journal = _journal(journal_path, env)
     try:
         job = journal.get_job(job_id)
         if not job.options.get("cap_mbps"):
@@ -406,7 +373,7 @@ def clean_jobs(
     env: Mapping[str, str] | None = None,
 ) -> list[str]:
     """Forget finished jobs (all, or those older than N days); unfinished ones only when asked."""
-    journal = Journal(journal_path or default_journal_path(os.environ if env is None else env))
+    journal = _journal(journal_path, env)
     try:
         seconds = None if older_than_days is None else older_than_days * 86400
         return journal.delete_jobs(seconds, include_unfinished)
@@ -431,13 +398,10 @@ async def blob_entries_async(
     from blobsync.syncing.remove import blobs_at
 
     env = os.environ if env is None else env
-    loc = parse_location(url)
-    if proxy is not None:
-        check_proxy_url(proxy)
-    store = AzureContainerStore(loc, resolve_credential(loc, env), proxy=proxy, env=env)
-    retrier = Retrier(RetryPolicy(max_attempts=max_retries + 1))
+    config = TransferConfig(max_retries=max_retries, proxy=proxy)
+    store = open_store(url, config, env)
     try:
-        async for entry in blobs_at(store, loc.path, retrier.call):
+        async for entry in blobs_at(store, store.location.path, request_path(config, Progress())):
             yield entry
     finally:
         await store.close()
@@ -450,11 +414,10 @@ async def make_container_async(url: str, *, env: Mapping[str, str] | None = None
     loc = parse_location(url)
     if loc.path:
         raise UsageError(f"{loc.display!r} names a blob or folder: make takes a container URL")
-    if proxy is not None:
-        check_proxy_url(proxy)
-    store = AzureContainerStore(loc, resolve_credential(loc, env), proxy=proxy, env=env)
+    config = TransferConfig(max_retries=max_retries, proxy=proxy)
+    store = open_store(loc, config, env)
     try:
-        return await Retrier(RetryPolicy(max_attempts=max_retries + 1)).call(store.create_container)
+        return await request_path(config, Progress())(store.create_container)
     finally:
         await store.close()
 
@@ -496,11 +459,11 @@ async def remove_async(
     env = os.environ if env is None else env
     loc = parse_location(url)
     spec = RemoveSpec(loc, recursive, filters or Filters(), dry_run, config.start_concurrency,
-                      RetryPolicy(max_attempts=config.max_retries + 1, deadline=config.retry_deadline),
                       Path(list_of_files) if list_of_files is not None else None, batch_enabled(env))
-    store = _store(loc, config, env)
+    store = open_store(loc, config, env)
     try:
-        report = await RemoveJob(spec, store, progress=_progress(progress, subscribers), on_action=on_action).run()
+        requests = request_path(config, _progress(progress, subscribers))
+        report = await RemoveJob(spec, store, requests, on_action=on_action).run()
     finally:
         await store.close()
     return _finish(report, raise_on_error)
@@ -513,6 +476,6 @@ def remove(url: str, config: TransferConfig | None = None, **kwargs: Any) -> Rep
 
 def diagnose(url: str, **kwargs: Any) -> Diagnosis:
     """Blocking form of `blobsync.aio.diagnose`: what `blobsync doctor` checks, as a Diagnosis."""
-    from blobsync.doctor import diagnose as diagnose_async
+    from blobsync.backends.azure.doctor import diagnose as diagnose_async
 
     return _blocking(diagnose_async(url, **kwargs))

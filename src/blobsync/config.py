@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
 from enum import Enum
 from pathlib import Path
 from types import MappingProxyType
-from typing import Literal, Self
+from typing import Any, Literal, Self
 from urllib.parse import quote
 
 from blobsync.errors import UsageError
@@ -78,6 +78,11 @@ _HEADER_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 _META_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # a C# identifier (ASCII), as Azure requires
 
 
+def is_metadata_name(key: str) -> bool:
+    """The one metadata name rule (a C# identifier), for user input here and for what a store sends."""
+    return _META_NAME.match(key) is not None
+
+
 def check_header_text(value: str, what: str, *, ascii_only: bool = False) -> None:
     """Refuse text that cannot be one HTTP header value (UsageError naming `what`), before any request."""
     if _HEADER_CONTROL.search(value):
@@ -111,20 +116,15 @@ def check_proxy_url(url: str) -> None:
 
 def check_metadata(key: str, value: str, what: str = "metadata") -> None:
     """Azure's rules for one metadata pair: the name a C# identifier, the value ASCII header text."""
-    if not _META_NAME.match(key):
+    if not is_metadata_name(key):
         raise UsageError(f"invalid {what} name {key!r}: letters, digits and '_', not starting with a digit")
     if key.lower() in _RESERVED_METADATA:
         raise UsageError(f"{what} name {key!r} is reserved: blobsync stores the source mtime there")
     check_header_text(value, f"{what} value for {key!r}", ascii_only=True)
 
 
-# Properties a blob is stored with and returned on download, by AzCopy's flag names.
-PROPERTY_HEADERS = {
-    "cache_control": "x-ms-blob-cache-control",
-    "content_disposition": "x-ms-blob-content-disposition",
-    "content_encoding": "x-ms-blob-content-encoding",
-    "content_language": "x-ms-blob-content-language",
-}
+# Properties a blob is stored with and returned on download, by AzCopy's flag names (--cache-control, ...).
+BLOB_PROPERTIES = ("cache_control", "content_disposition", "content_encoding", "content_language")
 _TAG_TEXT = re.compile(r"^[A-Za-z0-9 +\-./:=_]*$")  # what Azure allows in blob index tag names and values
 
 
@@ -172,34 +172,105 @@ def _mib(value: float, flag: str, lo: float, hi: int) -> int:
 
 
 @dataclass(frozen=True)
-class TransferConfig:
-    """Options of a transfer; sizes in bytes. Build it with `TransferConfig.from_mib(...)` from MiB values."""
+class Flag:
+    """How one TransferConfig field is given on the command line and kept with a job: the one declaration the
+    CLI's options (cli/options.py), their help and the journal's stored options are made from."""
 
-    block_size: int = 8 * MiB
-    put_blob_size: int | None = None  # None: same as block_size (AzCopy's rule)
-    concurrency: Concurrency = AUTO  # requests in flight: "auto" (tuned, up to AUTO_CEILING) or a fixed ceiling
-    memory: int = 256 * MiB
-    overwrite: Overwrite = Overwrite.TRUE
-    put_md5: bool = True
-    check_md5: CheckMd5 = CheckMd5.FAIL_IF_DIFFERENT
-    preserve_last_modified_time: bool = False
-    content_type: str | None = None
-    guess_mime_type: bool = True  # False: application/octet-stream unless content_type is given
-    metadata: Mapping[str, str] = field(default_factory=dict)
-    tier: str | None = None
-    create_container: bool = False
-    recursive: bool = False
-    follow_symlinks: bool = False
-    journal_path: Path | None = None
-    max_retries: int = 8
-    retry_deadline: float = 900.0
-    stall_timeout: float = 120.0
-    cap_mbps: float | None = None  # megabits per second for the whole job, as AzCopy's --cap-mbps
-    proxy: str | None = None  # http(s)://[user:pass@]host:port, over the environment's proxies; never journaled
-    properties: Mapping[str, str] = field(default_factory=dict)  # cache_control, content_encoding, ... (uploads)
-    blob_tags: Mapping[str, str] = field(default_factory=dict)  # blob index tags set on upload
+    decl: str | None  # '--block-size-mb', '--put-md5/--no-put-md5'; None: each command declares its own
+    help: str = ""
+    kind: type | tuple[str, ...] = str  # float, int, bool (a flag), Path, or the words a choice takes
+    default: object = None  # as typed on the command line
+    show_default: bool = False
+    parse: Callable[[Any], object] | None = None  # what was typed -> the field's value
+    journal: bool = True  # kept with the job (what `jobs show` prints and `jobs resume` runs with)
+    group: tuple[str, ...] = ()  # one flag per key (--cache-control, ...), gathered into the field's mapping
+    metavar: str | None = None
+
+
+def _flag(decl: str | None, help: str = "", **kwargs: Any) -> dict[str, Flag]:
+    return {"flag": Flag(decl, help, **kwargs)}
+
+
+def _tier(text: str | None) -> str | None:
+    return next((t for t in TIERS if text and t.lower() == text.lower()), None)
+
+
+@dataclass(frozen=True)
+class TransferConfig:
+    """Options of a transfer; sizes in bytes. Build it with `TransferConfig.from_mib(...)` from MiB values.
+
+    Each field's `Flag` says how the command line gives it: a new option is one field here."""
+
+    block_size: int = field(default=8 * MiB, metadata=_flag(
+        "--block-size-mb", "Block (upload) or range (download) size; raised so no blob needs over 50,000 blocks.",
+        kind=float, default=8, show_default=True, parse=lambda v: _mib(v, "--block-size-mb", 1 / 1024,
+                                                                        MAX_BLOCK_SIZE)))
+    put_blob_size: int | None = field(default=None, metadata=_flag(  # None: same as block_size (AzCopy's rule)
+        "--put-blob-size-mb", "Files up to this size go in one request [default: the block size].", kind=float,
+        parse=lambda v: None if v is None else _mib(v, "--put-blob-size-mb", 0, MAX_PUT_BLOB_SIZE)))
+    concurrency: Concurrency = field(default=AUTO, metadata=_flag(
+        "--concurrency", "Requests in flight, shared by all files: 'auto' (tuned to the link, up to 64) or a fixed "
+        "ceiling N.", default="auto", show_default=True, parse=parse_concurrency))
+    memory: int = field(default=256 * MiB, metadata=_flag(
+        "--memory-mb", "Bytes in flight (buffers), shared by all files.", kind=float, default=256,
+        show_default=True, parse=lambda v: _mib(v, "--memory-mb", 1, 1 << 45)))
+    overwrite: Overwrite = field(default=Overwrite.TRUE, metadata=_flag(None, parse=Overwrite.parse))
+    put_md5: bool = field(default=True, metadata=_flag(
+        "--put-md5/--no-put-md5", "Uploads: store the whole-file MD5 as the blob's Content-MD5 (blocks carry "
+        "their own); AzCopy's --put-md5=false also works.", kind=bool, default=True, show_default=True))
+    check_md5: CheckMd5 = field(default=CheckMd5.FAIL_IF_DIFFERENT, metadata=_flag(
+        "--check-md5", "Downloads: compare the bytes' MD5 with the blob's Content-MD5.",
+        kind=tuple(m.value for m in CheckMd5), default="FailIfDifferent", show_default=True, parse=CheckMd5.parse))
+    preserve_last_modified_time: bool = field(default=False, metadata=_flag(None))
+    content_type: str | None = field(default=None, metadata=_flag(
+        "--content-type", "Content type [default: guessed from the file name; model files "
+        "application/octet-stream]."))
+    guess_mime_type: bool = field(default=True, metadata=_flag(  # False: octet-stream unless content_type
+        "--no-guess-mime-type", "Content type application/octet-stream unless --content-type.", kind=bool,
+        default=False, parse=lambda v: not v))
+    metadata: Mapping[str, str] = field(default_factory=dict, metadata=_flag(
+        "--metadata", "Blob metadata, 'key=value;key2=value2'.", parse=parse_metadata))
+    tier: str | None = field(default=None, metadata=_flag(
+        "--block-blob-tier", "Access tier for uploaded blobs [default: the account's].", kind=(*TIERS, "None"),
+        parse=_tier))
+    create_container: bool = field(default=False, metadata=_flag(
+        "--create-container", "Create the container if it does not exist.", kind=bool, default=False,
+        journal=False))
+    recursive: bool = field(default=False, metadata=_flag(None))
+    follow_symlinks: bool = field(default=False, metadata=_flag(
+        "--follow-symlinks", "Follow symbolic links (default: skip them with a note).", kind=bool, default=False))
+    journal_path: Path | None = field(default=None, metadata=_flag(
+        "--journal", "Journal database [default: $XDG_STATE_HOME/blobsync/journal.db].", kind=Path,
+        journal=False))
+    max_retries: int = field(default=8, metadata=_flag(
+        "--max-retries", "Retries per request.", kind=int, default=8, show_default=True, journal=False))
+    retry_deadline: float = field(default=900.0, metadata=_flag(
+        "--retry-deadline", "Seconds after which a request stops retrying.", kind=float, default=900,
+        show_default=True, journal=False))
+    stall_timeout: float = field(default=120.0, metadata=_flag(
+        "--stall-timeout", "Seconds without progress (request body or response) before a request is aborted and "
+        "retried.", kind=float, default=120, show_default=True, journal=False))
+    cap_mbps: float | None = field(default=None, metadata=_flag(  # for the whole job, as AzCopy's --cap-mbps
+        "--cap-mbps", "Cap the job's bandwidth, in megabits per second (all connections, both directions).",
+        kind=float))
+    proxy: str | None = field(default=None, metadata=_flag(  # over the environment's proxies; never journaled
+        "--proxy", "Proxy for every request, http://[user:password@]host:port [default: HTTPS_PROXY, HTTP_PROXY, "
+        "ALL_PROXY, minus NO_PROXY].", metavar="URL", journal=False))
+    properties: Mapping[str, str] = field(default_factory=dict, metadata=_flag(  # uploads: cache_control, ...
+        None, "Uploads: the blob's {title} header (returned on download).", group=BLOB_PROPERTIES,
+        parse=lambda values: {k: v for k, v in values.items() if v is not None}))
+    blob_tags: Mapping[str, str] = field(default_factory=dict, metadata=_flag(
+        "--blob-tags", "Blob index tags, 'k1=v1&k2=v2' (at most 10).", parse=parse_blob_tags))
 
     def __post_init__(self) -> None:
+        self._check_limits()
+        self._check_text()
+        object.__setattr__(self, "metadata", MappingProxyType(dict(self.metadata)))
+        object.__setattr__(self, "properties", MappingProxyType(dict(self.properties)))
+        object.__setattr__(self, "blob_tags", MappingProxyType(parse_blob_tags(
+            "&".join(f"{quote(k)}={quote(v)}" for k, v in self.blob_tags.items()))))
+
+    def _check_limits(self) -> None:
         if not (1 <= self.block_size <= MAX_BLOCK_SIZE):
             raise UsageError(f"--block-size-mb is out of range: up to {MAX_BLOCK_SIZE // MiB} MiB")
         if self.put_blob_size is not None and not (0 <= self.put_blob_size <= MAX_PUT_BLOB_SIZE):
@@ -214,12 +285,15 @@ class TransferConfig:
                 f"--memory-mb ({self.memory // MiB}) must hold at least one block "
                 f"(--block-size-mb {self.block_size / MiB:g})"
             )
-        if self.tier is not None and self.tier not in TIERS:
-            raise UsageError(f"invalid --block-blob-tier {self.tier!r}: use one of {', '.join(TIERS)}")
         if self.cap_mbps is not None and self.cap_mbps <= 0:
             raise UsageError("--cap-mbps must be positive")
         if self.max_retries < 0 or self.retry_deadline <= 0 or self.stall_timeout <= 0:
             raise UsageError("retry limits and timeouts must be positive")
+
+    def _check_text(self) -> None:
+        """Every text that reaches a request header: checked here, before anything is sent."""
+        if self.tier is not None and self.tier not in TIERS:
+            raise UsageError(f"invalid --block-blob-tier {self.tier!r}: use one of {', '.join(TIERS)}")
         if self.content_type is not None:
             check_header_text(self.content_type, "--content-type")
         if self.proxy is not None:
@@ -229,13 +303,9 @@ class TransferConfig:
                 raise UsageError(f"invalid metadata {key!r}: names and values are text")
             check_metadata(key, value)
         for key, value in self.properties.items():
-            if key not in PROPERTY_HEADERS:
-                raise UsageError(f"unknown blob property {key!r}: use one of {', '.join(PROPERTY_HEADERS)}")
+            if key not in BLOB_PROPERTIES:
+                raise UsageError(f"unknown blob property {key!r}: use one of {', '.join(BLOB_PROPERTIES)}")
             check_header_text(value, "--" + key.replace("_", "-"))
-        object.__setattr__(self, "metadata", MappingProxyType(dict(self.metadata)))
-        object.__setattr__(self, "properties", MappingProxyType(dict(self.properties)))
-        object.__setattr__(self, "blob_tags", MappingProxyType(parse_blob_tags(
-            "&".join(f"{quote(k)}={quote(v)}" for k, v in self.blob_tags.items()))))
 
     @property
     def auto_concurrency(self) -> bool:
@@ -275,25 +345,14 @@ class TransferConfig:
 
     def journal_options(self) -> dict[str, object]:
         """The options worth keeping with a job (for 'jobs show' and 'jobs resume'); no secrets live here."""
-        return {
-            "block_size": self.block_size,
-            "put_blob_size": self.put_blob_size,
-            "concurrency": self.concurrency,
-            "memory": self.memory,
-            "overwrite": self.overwrite.value,
-            "put_md5": self.put_md5,
-            "check_md5": self.check_md5.value,
-            "preserve_last_modified_time": self.preserve_last_modified_time,
-            "content_type": self.content_type,
-            "guess_mime_type": self.guess_mime_type,
-            "metadata": dict(self.metadata),
-            "tier": self.tier,
-            "recursive": self.recursive,
-            "follow_symlinks": self.follow_symlinks,
-            "cap_mbps": self.cap_mbps,
-            "properties": dict(self.properties),
-            "blob_tags": dict(self.blob_tags),
-        }
+        out: dict[str, object] = {}
+        for f in fields(self):
+            flag = f.metadata.get("flag")
+            if flag is not None and flag.journal:
+                value = getattr(self, f.name)
+                out[f.name] = value.value if isinstance(value, Enum) else dict(value) if isinstance(
+                    value, Mapping) else value
+        return out
 
     @classmethod
     def from_journal(cls, options: Mapping[str, object], **overrides: object) -> TransferConfig:

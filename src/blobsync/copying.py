@@ -7,9 +7,11 @@ import posixpath
 from dataclasses import dataclass
 from pathlib import Path
 
+from blobsync.backends.base import Location
+from blobsync.backends.registry import is_remote, parse_location
 from blobsync.errors import UsageError
 from blobsync.filters import Filters
-from blobsync.location import BlobLocation, is_url, parse_location
+from blobsync.naming import folder_prefix
 
 
 @dataclass(frozen=True)
@@ -19,7 +21,7 @@ class CopyPlan:
 
     upload: bool
     local: Path
-    remote: BlobLocation
+    remote: Location
     filters: Filters
     many: bool
     dest_is_folder: bool = False  # download of one blob: the user wrote a trailing '/'
@@ -76,7 +78,7 @@ def plan_upload(source: str, dest: str, *, recursive: bool, as_subdir: bool, fil
 
 
 def plan_download(source: str, dest: str, *, recursive: bool, as_subdir: bool, filters: Filters) -> CopyPlan:
-    if is_url(dest):
+    if is_remote(dest):
         raise UsageError("copying between two blob URLs is not supported: one side must be a local path")
     base, _, query = source.partition("?")
     # Before parse_location unquotes the path: a '*' written %2A is part of a name, not a wildcard.
@@ -87,8 +89,8 @@ def plan_download(source: str, dest: str, *, recursive: bool, as_subdir: bool, f
     target = Path(os.path.abspath(os.path.expanduser(dest)))
     folder = dest.endswith(("/", os.sep))
     if wildcard is not None:
-        prefix = loc.path if not loc.path or loc.path.endswith("/") else loc.path + "/"
-        return CopyPlan(False, target, loc.with_path(prefix), _narrow(filters, wildcard, recursive), many=True)
+        narrowed = _narrow(filters, wildcard, recursive)
+        return CopyPlan(False, target, loc.with_path(folder_prefix(loc.path)), narrowed, many=True)
     if not recursive:
         return CopyPlan(False, target, loc, filters, many=False, dest_is_folder=folder)
     level = posixpath.basename(loc.path.rstrip("/")) or loc.container
@@ -99,9 +101,9 @@ def plan_copy(source: str, dest: str, *, recursive: bool, as_subdir: bool = True
               filters: Filters | None = None) -> CopyPlan:
     """Read cp's arguments; a bad one is a UsageError naming it. The direction follows from which side is a URL."""
     filters = filters or Filters()
-    if is_url(source):
+    if is_remote(source):
         return plan_download(source, dest, recursive=recursive, as_subdir=as_subdir, filters=filters)
-    if not is_url(dest):
+    if not is_remote(dest):
         raise UsageError(f"destination {dest!r} is not a blob URL (https://<account>.blob.core.windows.net/...): "
                          "one side must be a URL")
     return plan_upload(source, dest, recursive=recursive, as_subdir=as_subdir, filters=filters)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from enum import IntEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from blobsync.redact import redact
 
@@ -22,10 +22,21 @@ class ExitCode(IntEnum):
     INTERRUPTED = 130
 
 
+class Scope(IntEnum):
+    """How far a failure reaches, once any retries are spent: decided here, by the error's class, for every
+    caller (the file pool, the deleter, watch rounds)."""
+
+    FILE = 0  # this file (or blob) failed; the others go on
+    JOB = 1  # no other file of the job can escape it (network gone, disk full): stop the job, resumable
+    RUN = 2  # nothing later can fare better either (credentials, usage, a missing container): stop for good
+
+
 class BlobsyncError(Exception):
     """Base of every error blobsync raises on purpose; `str(err)` is one line for a user."""
 
     exit_code: ExitCode = ExitCode.PARTIAL
+    scope: ClassVar[Scope] = Scope.FILE
+    retryable: ClassVar[bool] = False  # the same request may succeed if sent again (the request path retries it)
 
     def __init__(self, message: str, *, hint: str | None = None) -> None:
         # Redacted at birth, so no str(), repr() or traceback of a blobsync error can carry a secret.
@@ -42,6 +53,7 @@ class UsageError(BlobsyncError):
     """Bad flags, URL or arguments: nothing was transferred."""
 
     exit_code = ExitCode.USAGE
+    scope = Scope.RUN
 
 
 class TransferFailedError(BlobsyncError):
@@ -60,6 +72,7 @@ class Interrupted(BlobsyncError):
     """The user stopped the transfer; the journal holds what is needed to resume."""
 
     exit_code = ExitCode.INTERRUPTED
+    scope = Scope.RUN
 
 
 # --- local side -------------------------------------------------------------------------------------------
@@ -79,6 +92,8 @@ class LocalWriteError(BlobsyncError):
 
 class DiskFullError(LocalWriteError):
     """The local disk is full: the partial file is kept so the download resumes once there is room."""
+
+    scope = Scope.JOB
 
 
 class UnsafeNameError(BlobsyncError):
@@ -108,10 +123,13 @@ class AuthError(ServiceError):
     """401/403: credentials missing, expired, or lacking a permission."""
 
     exit_code = ExitCode.AUTH
+    scope = Scope.RUN
 
 
 class ContainerNotFoundError(ServiceError):
     """The destination container does not exist."""
+
+    scope = Scope.RUN
 
 
 class BlobNotFoundError(ServiceError):
@@ -128,6 +146,13 @@ class InvalidBlockListError(ServiceError):
 
 class ConnectionSetupError(ServiceError):
     """The connection itself cannot be made to work (the TLS certificate is not trusted): retrying cannot help."""
+
+    scope = Scope.RUN
+
+
+class StagingRefusedError(ServiceError):
+    """A part was refused because the object holds staged parts another writer left (another tool's upload):
+    the writer can clear them (ChunkedWriter.clear_stale) and the file starts again."""
 
 
 class BatchUnsupported(ServiceError):
@@ -149,7 +174,12 @@ class ChecksumMismatchError(IntegrityError):
 
 
 class TransientError(ServiceError):
-    """A failure worth retrying: throttling, server busy, timeouts, dropped connections, corrupted bodies."""
+    """A failure worth retrying: throttling, server busy, timeouts, dropped connections, corrupted bodies.
+
+    Once the request path has spent its retries, no other file would fare better: the job stops, resumable."""
+
+    scope = Scope.JOB
+    retryable = True
 
     def __init__(
         self,

@@ -144,21 +144,21 @@ class Filters:
         if self.top is not None and not self.top.match(rel.split("/", 1)[0]):
             return False
         name = rel.rsplit("/", 1)[-1]
-        if any(p.match(name) for p in self.exclude_patterns):
+        return not self._excluded(rel, name) and self._included(rel, name) and self._in_time(mtime)
+
+    def _excluded(self, rel: str, name: str) -> bool:
+        return (any(p.match(name) for p in self.exclude_patterns) or any(rel.startswith(p) for p in self.exclude_paths)
+                or any(r.search(rel) for r in self.exclude_regexes))
+
+    def _included(self, rel: str, name: str) -> bool:
+        """Every kind of include given takes it (a kind not given takes everything)."""
+        return ((not self.include_patterns or any(p.match(name) for p in self.include_patterns))
+                and (not self.include_paths or any(_under(rel, p) for p in self.include_paths))
+                and (not self.include_regexes or any(r.search(rel) for r in self.include_regexes)))
+
+    def _in_time(self, mtime: float | None) -> bool:
+        if mtime is None:
+            return True
+        if self.include_after is not None and mtime < self.include_after:
             return False
-        if any(rel.startswith(p) for p in self.exclude_paths):
-            return False
-        if any(r.search(rel) for r in self.exclude_regexes):
-            return False
-        if self.include_patterns and not any(p.match(name) for p in self.include_patterns):
-            return False
-        if self.include_paths and not any(_under(rel, p) for p in self.include_paths):
-            return False
-        if self.include_regexes and not any(r.search(rel) for r in self.include_regexes):
-            return False
-        if mtime is not None:
-            if self.include_after is not None and mtime < self.include_after:
-                return False
-            if self.include_before is not None and mtime > self.include_before:  # "before or on", as AzCopy
-                return False
-        return True
+        return self.include_before is None or mtime <= self.include_before  # "before or on", as AzCopy

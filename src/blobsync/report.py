@@ -39,6 +39,10 @@ class FileResult:
     bytes_delta: int = 0  # unchanged blocks a delta upload named from the committed version, not sent
 
 
+NO_JOB = "-"  # the report's job_id when no job was opened (a no-op sync, rm)
+DRY_RUN = "dry-run"  # ... and when nothing was to be changed
+
+
 @dataclass
 class Report:
     """Totals of one run of a job. Failures are kept in full; successes only as counts (trees can be huge)."""

@@ -1,1 +1,1 @@
-"""Storage backends: the interface the engine talks to, and its Azure implementation."""
+"""Storage backends: the seam the engine talks to (base), the registry by URL scheme, and the stores."""

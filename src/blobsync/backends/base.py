@@ -1,39 +1,17 @@
-"""The storage interface the engine depends on (a Protocol), and the plain records it returns."""
+"""The storage seam in the engine's terms: the Store and ChunkedWriter protocols and the plain records they return."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from enum import Enum
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, Self, TypeVar
 
 if TYPE_CHECKING:
     from blobsync.errors import ServiceError
 
 T = TypeVar("T")
-
-
-class BlockState(Enum):
-    """Which list Put Block List resolves a block ID in."""
-
-    COMMITTED = "Committed"
-    UNCOMMITTED = "Uncommitted"
-    LATEST = "Latest"
-
-
-@dataclass(frozen=True)
-class Block:
-    block_id: str  # base64 text, as sent on the wire
-    size: int
-
-
-@dataclass(frozen=True)
-class BlockList:
-    committed: tuple[Block, ...]
-    uncommitted: tuple[Block, ...]
-    blob_length: int | None  # None when the blob has no committed version
-    etag: str | None
+Buffer = bytes | bytearray | memoryview
 
 
 @dataclass(frozen=True)
@@ -47,24 +25,24 @@ class BlobProperties:
     metadata: Mapping[str, str] = field(default_factory=dict)
     blob_type: str | None = None
     tier: str | None = None
-    range_md5: bytes | None = None  # the MD5 the service computed of the range just read, when asked for
+    range_md5: bytes | None = None  # the MD5 the store computed of the range just read, when asked for
 
 
 @dataclass(frozen=True)
 class PutResult:
     etag: str
-    content_md5: bytes | None  # what the service computed or stored, when it says
+    content_md5: bytes | None  # what the store computed or stored, when it says
 
 
 @dataclass(frozen=True)
 class BlobHeaders:
-    """Properties that Put Blob and Put Block List set (they replace, so we send them every time)."""
+    """Properties a write sets (they replace the old ones, so they are sent every time)."""
 
     content_type: str
     content_md5: bytes | None
     metadata: Mapping[str, str]
     tier: str | None = None
-    properties: Mapping[str, str] = field(default_factory=dict)  # header name -> value: x-ms-blob-cache-control..
+    properties: Mapping[str, str] = field(default_factory=dict)  # config.BLOB_PROPERTIES name -> value
     tags: Mapping[str, str] = field(default_factory=dict)  # blob index tags
 
 
@@ -78,8 +56,51 @@ class Conditions:
 
 NO_CONDITIONS = Conditions()
 
-BATCH_MAX = 256  # deletes in one delete_blobs call (the Blob Batch limit)
-RANGE_MD5_MAX = 4 * 1024 * 1024  # the largest range the service computes an MD5 of on the fly
+
+@dataclass(frozen=True)
+class Part:
+    """One part of a chunked write: `token` is the store's identity of it (opaque here, journaled as is)."""
+
+    token: str
+    size: int
+
+
+@dataclass(frozen=True)
+class Parts:
+    """What a store holds of an object's parts: its current version's, in order, and those staged for a commit."""
+
+    committed: tuple[Part, ...]
+    staged: tuple[Part, ...]
+    etag: str | None  # of the current version, when the store says
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a store can do beyond the verbs every store has; the engine plans by these."""
+
+    max_parts: int = 50_000  # parts in one committed object
+    max_part_size: int = 4000 * 1024 * 1024
+    range_md5_max: int = 0  # the largest range whose MD5 the store sends with it (0: it never does)
+    batch_delete_max: int = 0  # deletes one delete_many request takes (0: delete_many is not offered)
+    keeps_parts: bool = False  # a commit may name parts of the current version (delta uploads)
+
+
+class Location(Protocol):
+    """Where a URL points: a container (bucket) and a path in it; `display` and `container_url` hold no secret."""
+
+    @property
+    def display(self) -> str: ...
+
+    @property
+    def container(self) -> str: ...
+
+    @property
+    def container_url(self) -> str: ...
+
+    @property
+    def path(self) -> str: ...
+
+    def with_path(self, path: str) -> Self: ...
 
 
 class Requester(Protocol):
@@ -92,11 +113,45 @@ async def direct(attempt: Callable[[], Awaitable[T]]) -> T:
     """One try, no retries: the Requester of a caller that retries on its own."""
     return await attempt()
 
-Buffer = bytes | bytearray | memoryview
+
+class ChunkedWriter(Protocol):
+    """One chunked write of an object: parts staged by index in any order, then committed once, in order.
+
+    Part identities follow from the write's nonce and the index, so a write resumed (or run twice on two
+    machines) stages the same identities. Implementations raise only blobsync.errors exceptions."""
+
+    def token(self, index: int) -> str: ...
+
+    async def parts(self, *, staged: bool = True) -> Parts:
+        """The object's committed parts and (with `staged`) the ones staged and not yet committed."""
+        ...
+
+    async def stage(self, index: int, data: Buffer, md5: bytes | None) -> None:
+        """Stage part `index`; with `md5`, the store refuses a body that arrives otherwise (a retryable error)."""
+        ...
+
+    async def commit(self, parts: Sequence[tuple[str, bool]], headers: BlobHeaders,
+                     conditions: Conditions = NO_CONDITIONS) -> PutResult:
+        """Make the object these parts, in order: (token, kept), kept naming a part of the current version."""
+        ...
+
+    async def clear_stale(self, headers: BlobHeaders, conditions: Conditions) -> str | None:
+        """Drop parts another writer staged and left (the store refused ours for them: StagingRefusedError),
+        keeping the current version. Returns the ETag of the version left, or None when there was nothing."""
+        ...
+
+    async def abort(self) -> None:
+        """Give up the write: parts staged by it need not be kept."""
+        ...
 
 
-class ContainerStore(Protocol):
-    """Blob operations on one container. Implementations raise only blobsync.errors exceptions."""
+class Store(Protocol):
+    """Object operations on one container. Implementations raise only blobsync.errors exceptions."""
+
+    capabilities: Capabilities
+
+    @property
+    def location(self) -> Location: ...
 
     @property
     def display_url(self) -> str: ...
@@ -106,46 +161,42 @@ class ContainerStore(Protocol):
         """The container's URL without query string (safe to journal)."""
         ...
 
-    async def create_container(self) -> bool: ...
-
-    async def get_properties(self, name: str) -> BlobProperties | None: ...
-
-    async def put_blob(
-        self, name: str, data: Buffer, headers: BlobHeaders, conditions: Conditions = NO_CONDITIONS
-    ) -> PutResult: ...
-
-    async def put_block(self, name: str, block_id: str, data: Buffer, content_md5: bytes | None) -> None: ...
-
-    async def put_block_list(
-        self,
-        name: str,
-        blocks: Sequence[tuple[str, BlockState]],
-        headers: BlobHeaders,
-        conditions: Conditions = NO_CONDITIONS,
-    ) -> PutResult: ...
-
-    async def get_block_list(self, name: str, which: str = "all") -> BlockList: ...
-
-    async def get_range(
-        self, name: str, offset: int, length: int | None, if_match: str | None = None
-    ) -> tuple[list[bytes], BlobProperties]: ...
-
-    async def get_range_into(
-        self, name: str, offset: int, buf: memoryview, if_match: str | None = None, *, range_md5: bool = False
-    ) -> BlobProperties:
-        """`range_md5`: ask the service for the range's MD5 (ranges up to RANGE_MD5_MAX only)."""
+    def check_name(self, name: str) -> None:
+        """Refuse (UnsafeNameError) an object name this store would reject or silently change."""
         ...
 
-    def list_blobs(self, prefix: str = "", *, expected: Callable[[], int | None] | None = None,
-                   request: Requester = direct) -> AsyncIterator[BlobProperties]: ...
+    async def create_container(self) -> bool: ...
 
-    async def list_page(self, prefix: str = "", marker: str = "") -> tuple[list[BlobProperties], str]: ...
+    async def stat(self, name: str) -> BlobProperties | None: ...
 
-    async def delete_blob(self, name: str, if_match: str | None = None) -> bool: ...
+    def list_objects(self, prefix: str = "", *, expected: Callable[[], int | None] | None = None,
+                     request: Requester = direct) -> AsyncIterator[BlobProperties]:
+        """Every object under `prefix`, page by page, each page one `request`; `expected()` may predict the
+        count (a sync's local file count) so that the store can shape its last page."""
+        ...
 
-    async def delete_blobs(self, items: Sequence[tuple[str, str | None]]) -> list[bool | ServiceError]:
-        """Many deletes in one request: per blob True (deleted), False (gone) or its error; raises
-        BatchUnsupported where the service has no batches."""
+    async def list_page(self, prefix: str = "", marker: str = "") -> tuple[list[BlobProperties], str]:
+        """One page of objects under `prefix` from `marker` on, and the marker of the next page ('' after it)."""
+        ...
+
+    async def read_into(self, name: str, offset: int, buf: memoryview, if_match: str | None = None, *,
+                        range_md5: bool = False) -> BlobProperties:
+        """Read len(buf) bytes from `offset` into `buf`, with the properties as of that read; `range_md5` asks
+        for the range's MD5 (ranges up to capabilities.range_md5_max only)."""
+        ...
+
+    async def put(self, name: str, data: Buffer, headers: BlobHeaders,
+                  conditions: Conditions = NO_CONDITIONS) -> PutResult: ...
+
+    def writer(self, name: str, nonce: str) -> ChunkedWriter: ...
+
+    async def delete(self, name: str, if_match: str | None = None) -> bool:
+        """Delete an object (with its snapshots); False when it was gone already."""
+        ...
+
+    async def delete_many(self, items: Sequence[tuple[str, str | None]]) -> list[bool | ServiceError]:
+        """Many deletes in one request: per object True (deleted), False (gone) or its error; raises
+        BatchUnsupported where the service has none (then the caller deletes one by one)."""
         ...
 
     async def close(self) -> None: ...

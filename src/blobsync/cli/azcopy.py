@@ -11,9 +11,9 @@ from typing import Any
 
 import click
 
+from blobsync.backends.registry import is_remote
 from blobsync.cli.common import F
 from blobsync.errors import UsageError
-from blobsync.location import is_url
 
 
 class Treatment(Enum):
@@ -192,8 +192,8 @@ def check_from_to(value: str | None, command: str, source: str, dest: str | None
                          f"{' or '.join(allowed)} (local disks and Blob Storage)")
     if command == "remove":
         return
-    implied = "BlobLocal" if is_url(source) else "LocalBlob"
-    if dest is not None and is_url(source) == is_url(dest):
+    implied = "BlobLocal" if is_remote(source) else "LocalBlob"
+    if dest is not None and is_remote(source) == is_remote(dest):
         return  # the command itself reports that one side must be a URL
     if match != implied:
         what = "a download" if implied == "BlobLocal" else "an upload"

@@ -81,11 +81,6 @@ def setup_logging(level: str, log_file: Path | None = None) -> None:
     root.propagate = False
 
 
-proxy_option = click.option(
-    "--proxy", default=None, metavar="URL",
-    help="Proxy for every request, http://[user:password@]host:port [default: HTTPS_PROXY, HTTP_PROXY, "
-         "ALL_PROXY, minus NO_PROXY].")
-
 
 def logging_options(fn: F) -> F:
     fn = click.option("--log-file", type=click.Path(dir_okay=False, path_type=Path), default=None,

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import click
 
-from blobsync.cli.common import handle_errors, logging_options, proxy_option, setup_logging
+from blobsync.cli.common import handle_errors, logging_options, setup_logging
+from blobsync.cli.options import config_option
 from blobsync.cli.output import JsonLines
 
 
@@ -18,7 +19,7 @@ from blobsync.cli.output import JsonLines
 @click.option("--timeout", type=float, default=15, show_default=True, help="Seconds to wait for the endpoint.")
 @click.option("--output-type", type=click.Choice(["text", "json"], case_sensitive=False), default="text",
               show_default=True, help="json: one object with every finding.")
-@proxy_option
+@config_option("proxy")
 @logging_options
 @handle_errors
 def doctor(url: str, write_test: bool, timeout: float, output_type: str, proxy: str | None, log_level: str,
@@ -29,7 +30,7 @@ def doctor(url: str, write_test: bool, timeout: float, output_type: str, proxy: 
 
     Exit code 0 when nothing failed, 3 for a credential or permission problem, 1 otherwise.
     """
-    from blobsync.doctor import Level, diagnose  # here: every other command starts without it
+    from blobsync.backends.azure.doctor import Level, diagnose  # here: every other command starts without it
 
     setup_logging(log_level, log_file)
     d = asyncio.run(diagnose(url, write_test=write_test, timeout=timeout, proxy=proxy))

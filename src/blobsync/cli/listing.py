@@ -18,11 +18,11 @@ from blobsync.cli.common import (
     handle_errors,
     logging_options,
     output_options,
-    proxy_option,
     run_job,
     setup_logging,
     start_output,
 )
+from blobsync.cli.options import config_option
 from blobsync.cli.output import JsonLines, human_bytes
 from blobsync.config import TransferConfig
 from blobsync.engine.context import Progress
@@ -53,8 +53,8 @@ def _line(rel: str, props: BlobProperties) -> str:
               show_default=True, help="json: one JSON object per blob (name and path), then a summary object.")
 @click.option("--output-level", type=click.Choice(["default", "essential", "quiet"], case_sensitive=False),
               default="default", help="quiet: no total line.")
-@click.option("--max-retries", type=int, default=8, show_default=True, help="Retries per listing request.")
-@proxy_option
+@config_option("max_retries")
+@config_option("proxy")
 @azcopy_flags("list")
 @logging_options
 @exit_codes_option
@@ -95,8 +95,8 @@ def ls(url: str, output_type: str, output_level: str, max_retries: int, proxy: s
 @click.option("--list-of-files", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Remove the blobs this file names, one path (relative to the URL) per line.")
 @click.option("--concurrency", type=int, default=16, show_default=True, help="Deletes in flight.")
-@click.option("--max-retries", type=int, default=8, show_default=True, help="Retries per request.")
-@proxy_option
+@config_option("max_retries")
+@config_option("proxy")
 @azcopy_flags("remove")
 @output_options
 def rm(url: str, recursive: bool, filters: Filters, dry_run: bool, list_of_files: Path | None,

@@ -16,31 +16,21 @@ from blobsync import api
 from blobsync._version import __version__
 from blobsync.cli.azcopy import AzCommand, azcopy_flags
 from blobsync.cli.common import (
-    F,
     OutputMode,
     exit_codes_option,
     filter_options,
     handle_errors,
     logging_options,
     output_options,
-    proxy_option,
     run_job,
     setup_logging,
     start_output,
 )
 from blobsync.cli.doctor import doctor
 from blobsync.cli.listing import ls, rm
+from blobsync.cli.options import config_from, config_option, transfer_options
 from blobsync.cli.output import JsonLines, human_bytes, summary, summary_record
-from blobsync.config import (
-    PROPERTY_HEADERS,
-    TIERS,
-    CheckMd5,
-    Overwrite,
-    TransferConfig,
-    parse_blob_tags,
-    parse_concurrency,
-    parse_metadata,
-)
+from blobsync.config import Overwrite, TransferConfig
 from blobsync.engine.context import Progress
 from blobsync.engine.prompt import Answer
 from blobsync.errors import BlobsyncError, ExitCode, UsageError
@@ -56,93 +46,6 @@ from blobsync.syncing.job import DeleteMode, parse_max_delete
 @click.version_option(__version__, prog_name="blobsync")
 def cli() -> None:
     """Fast, resumable, verified transfers between local disks and Azure Blob Storage."""
-
-
-def _transfer_options(fn: F) -> F:
-    """Options shared by cp and sync; they arrive as keyword arguments and become a TransferConfig."""
-    options = [
-        click.option("--block-size-mb", type=float, default=8, show_default=True,
-                     help="Block (upload) or range (download) size; raised so no blob needs over 50,000 blocks."),
-        click.option("--put-blob-size-mb", type=float, default=None,
-                     help="Files up to this size go in one request [default: the block size]."),
-        click.option("--concurrency", default="auto", show_default=True,
-                     help="Requests in flight, shared by all files: 'auto' (tuned to the link, up to 64) or a "
-                          "fixed ceiling N."),
-        click.option("--memory-mb", type=float, default=256, show_default=True,
-                     help="Bytes in flight (buffers), shared by all files."),
-        click.option("--put-md5/--no-put-md5", default=True, show_default=True,
-                     help="Uploads: store the whole-file MD5 as the blob's Content-MD5 (blocks carry their own); "
-                          "AzCopy's --put-md5=false also works."),
-        click.option("--check-md5",
-                     type=click.Choice(["NoCheck", "LogOnly", "FailIfDifferent", "FailIfDifferentOrMissing"],
-                                       case_sensitive=False),
-                     default="FailIfDifferent", show_default=True,
-                     help="Downloads: compare the bytes' MD5 with the blob's Content-MD5."),
-        click.option("--content-type", default=None,
-                     help="Content type [default: guessed from the file name; model files "
-                          "application/octet-stream]."),
-        click.option("--no-guess-mime-type", is_flag=True,
-                     help="Content type application/octet-stream unless --content-type."),
-        *(click.option(f"--{name.replace('_', '-')}", name, default=None,
-                       help=f"Uploads: the blob's {name.replace('_', '-').title()} header (returned on download).")
-          for name in PROPERTY_HEADERS),
-        click.option("--metadata", default=None, help="Blob metadata, 'key=value;key2=value2'."),
-        click.option("--blob-tags", default=None, help="Blob index tags, 'k1=v1&k2=v2' (at most 10)."),
-        click.option("--block-blob-tier", type=click.Choice([*TIERS, "None"], case_sensitive=False), default=None,
-                     help="Access tier for uploaded blobs [default: the account's]."),
-        click.option("--create-container", is_flag=True, help="Create the container if it does not exist."),
-        click.option("--follow-symlinks", is_flag=True,
-                     help="Follow symbolic links (default: skip them with a note)."),
-        click.option("--journal", "journal_path", type=click.Path(path_type=Path), default=None,
-                     help="Journal database [default: $XDG_STATE_HOME/blobsync/journal.db]."),
-        click.option("--max-retries", type=int, default=8, show_default=True, help="Retries per request."),
-        click.option("--retry-deadline", type=float, default=900, show_default=True,
-                     help="Seconds after which a request stops retrying."),
-        click.option("--cap-mbps", type=float, default=None,
-                     help="Cap the job's bandwidth, in megabits per second (all connections, both directions)."),
-        proxy_option,
-        click.option("--stall-timeout", type=float, default=120, show_default=True,
-                     help="Seconds without progress (request body or response) before a request is aborted "
-                          "and retried."),
-    ]
-    for option in reversed(options):
-        fn = option(fn)
-    return fn
-
-
-def _config(*, recursive: bool, overwrite: str = "true", preserve_last_modified_time: bool = False,
-            block_size_mb: float, put_blob_size_mb: float | None, memory_mb: float, concurrency: str,
-            put_md5: bool, check_md5: str, content_type: str | None, no_guess_mime_type: bool,
-            metadata: str | None, blob_tags: str | None, block_blob_tier: str | None, create_container: bool,
-            follow_symlinks: bool, journal_path: Path | None, max_retries: int, retry_deadline: float,
-            stall_timeout: float, cap_mbps: float | None, proxy: str | None, **properties: str | None
-            ) -> TransferConfig:
-    tier = next((t for t in TIERS if block_blob_tier and t.lower() == block_blob_tier.lower()), None)
-    return TransferConfig.from_mib(
-        block_size_mb=block_size_mb,
-        put_blob_size_mb=put_blob_size_mb,
-        memory_mb=memory_mb,
-        concurrency=parse_concurrency(concurrency),
-        overwrite=Overwrite.parse(overwrite),
-        put_md5=put_md5,
-        check_md5=CheckMd5.parse(check_md5),
-        preserve_last_modified_time=preserve_last_modified_time,
-        content_type=content_type,
-        guess_mime_type=not no_guess_mime_type,
-        metadata=parse_metadata(metadata),
-        properties={k: v for k, v in properties.items() if v is not None},
-        blob_tags=parse_blob_tags(blob_tags),
-        tier=tier,
-        create_container=create_container,
-        recursive=recursive,
-        follow_symlinks=follow_symlinks,
-        journal_path=journal_path,
-        max_retries=max_retries,
-        retry_deadline=retry_deadline,
-        stall_timeout=stall_timeout,
-        cap_mbps=cap_mbps,
-        proxy=proxy,
-    )
 
 
 def _ask_overwrite(description: str) -> Answer:
@@ -183,7 +86,7 @@ def _echo_action(out: OutputMode, json_out: JsonLines | None, dry_run: bool) -> 
               help="Downloads: set the file's mtime to the source's (stored by blobsync, else Last-Modified).")
 @click.option("--dry-run", is_flag=True, help="Print what would be copied, and where; copy nothing.")
 @filter_options
-@_transfer_options
+@transfer_options
 @azcopy_flags("copy")
 @output_options
 def cp(source: str, destination: str, as_subdir: bool, dry_run: bool, filters: Filters, out: OutputMode,
@@ -195,7 +98,7 @@ def cp(source: str, destination: str, as_subdir: bool, dry_run: bool, filters: F
     '<url>/run1/*'). Interrupted? Run the same command again: only what is missing is sent.
     """
     setup_logging(log_level, log_file)
-    config = _config(**options)
+    config = config_from(options)
     prompt = config.overwrite is Overwrite.PROMPT and not dry_run
     if prompt and not sys.stdin.isatty():
         raise UsageError("--overwrite prompt needs a terminal to ask on: use true, false or ifSourceNewer")
@@ -227,7 +130,7 @@ def cp(source: str, destination: str, as_subdir: bool, dry_run: bool, filters: F
               help="Uploads: after the first sync, keep syncing files as they change, until Ctrl-C.")
 @click.option("--settle", type=float, default=2.0, show_default=True,
               help="With --watch: send a file only once it has not been modified for this many seconds.")
-@_transfer_options
+@transfer_options
 @azcopy_flags("sync")
 @output_options
 def sync(source: str, destination: str, recursive: bool, filters: Filters, compare_hash: str, size_only: bool,
@@ -248,7 +151,7 @@ def sync(source: str, destination: str, recursive: bool, filters: Filters, compa
                else CompareMode.MIRROR if mirror_mode else CompareMode.SIZE_AND_MTIME)
     delete = DeleteMode.parse(delete_destination)
     parse_max_delete(max_delete)  # a bad value is a usage error before any work
-    config = _config(recursive=True, **options)
+    config = config_from(options, recursive=True)
     json_out = start_output("sync", out, source=source, destination=destination, dry_run=dry_run,
                             watch=watch)
     if watch:
@@ -305,8 +208,7 @@ def jobs() -> None:
     """List, inspect, resume and clean journaled jobs."""
 
 
-_journal_option = click.option("--journal", "journal_path", type=click.Path(path_type=Path), default=None,
-                               help="Journal database [default: $XDG_STATE_HOME/blobsync/journal.db].")
+_journal_option = config_option("journal_path")
 
 
 def _when(ts: float) -> str:
@@ -391,8 +293,8 @@ def jobs_clean(older_than: float | None, include_unfinished: bool, journal_path:
 @cli.command(cls=AzCommand)
 @handle_errors  # outermost: the option wrappers below raise usage errors too
 @click.argument("url")
-@proxy_option
-@click.option("--max-retries", type=int, default=8, show_default=True, help="Retries per request.")
+@config_option("proxy")
+@config_option("max_retries")
 @click.option("--output-type", type=click.Choice(["text", "json"], case_sensitive=False), default="text",
               show_default=True, help="json: one JSON line with the outcome.")
 @click.option("--output-level", type=click.Choice(["default", "essential", "quiet"], case_sensitive=False),

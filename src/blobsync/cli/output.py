@@ -12,7 +12,7 @@ from typing import TextIO
 from blobsync.engine.context import Progress
 from blobsync.events import BaseSubscriber
 from blobsync.redact import printable, redact
-from blobsync.report import FileResult, FileStatus, Report
+from blobsync.report import NO_JOB, FileResult, FileStatus, Report
 
 
 def human_bytes(n: float) -> str:
@@ -162,20 +162,24 @@ def summary_record(report: Report, *, dry_run: bool = False) -> dict[str, object
 
 
 def summary(report: Report, *, dry_run: bool = False) -> str:
-    rate = report.bytes_sent / report.duration if report.duration > 0 else 0.0
     if report.kind == "remove":
         return _removal_summary(report, dry_run)
     if dry_run:
         verb = "to download" if report.kind == "download" else "to upload"
         return (f"Dry run: {report.files_transferred} {verb}, {report.files_failed} with problems; "
                 f"{human_bytes(report.bytes_transferred)}; nothing was changed")
-    verb = "downloaded" if report.kind == "download" else "uploaded"
-    if report.job_id == "-" and not report.failures:
+    if report.job_id == NO_JOB and not report.failures:
         held = f"; {report.files_held} still changing, left for later" if report.files_held else ""
         return f"Nothing to do: {report.files_in_sync} file(s) already in sync{held}"
+    return "\n".join([*_totals(report), *_notes(report)])
+
+
+def _totals(report: Report) -> list[str]:
+    verb = "downloaded" if report.kind == "download" else "uploaded"
     where = "on disk" if report.kind == "download" else "on the service"
+    rate = report.bytes_sent / report.duration if report.duration > 0 else 0.0
     resumed = report.bytes_reused - report.bytes_delta
-    lines = [
+    return [
         f"Job {report.job_id}: {report.files_transferred} {verb}, {report.files_skipped} skipped, "
         f"{report.files_failed} failed",
         f"  {human_bytes(report.bytes_transferred)} {verb} in {report.duration:.1f}s "
@@ -184,18 +188,21 @@ def summary(report: Report, *, dry_run: bool = False) -> str:
         + (f", {human_bytes(resumed)} already {where} (resumed)" if resumed else "")
         + f"; {report.retries} retries",
     ]
+
+
+def _notes(report: Report) -> list[str]:
+    """The lines under the totals: how concurrency went, what was in sync, held, deleted, skipped or failed."""
+    lines = []
     if report.concurrency_auto and report.concurrency:
         lines.append(f"  concurrency auto: settled at {report.concurrency} requests in flight "
                      f"(tried up to {report.concurrency_peak})")
     if report.throttled:
         lines.append(f"  the service throttled {report.throttled} time(s); concurrency went down to "
                      f"{report.lowest_concurrency or 'the same level'} and back up as it recovered")
-    if report.files_in_sync:
-        lines.append(f"  {report.files_in_sync} file(s) already in sync")
-    if report.files_held:
-        lines.append(f"  {report.files_held} file(s) still changing, left for later")
-    if report.files_deleted:
-        lines.append(f"  {report.files_deleted} deleted at the destination")
+    counts = ((report.files_in_sync, "file(s) already in sync"),
+              (report.files_held, "file(s) still changing, left for later"),
+              (report.files_deleted, "deleted at the destination"))
+    lines.extend(f"  {n} {what}" for n, what in counts if n)
     if report.deletes_refused:
         lines.append(f"  {report.deletes_refused}")
     for note in report.skipped_notes[:20]:
@@ -204,7 +211,7 @@ def summary(report: Report, *, dry_run: bool = False) -> str:
     for failure in report.failures:
         status = "FAILED" if failure.status is FileStatus.FAILED else "skipped"
         lines.append(f"  {status} {printable(failure.rel)}: {printable(failure.reason)}")
-    return "\n".join(lines)
+    return lines
 
 
 def _removal_summary(report: Report, dry_run: bool) -> str:

@@ -8,17 +8,10 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TypeVar
 
-from blobsync.backends.base import BATCH_MAX, ContainerStore
+from blobsync.backends.base import Store
 from blobsync.engine.context import RequestPath
 from blobsync.engine.tasks import for_each
-from blobsync.errors import (
-    AuthError,
-    BatchUnsupported,
-    BlobsyncError,
-    ConnectionSetupError,
-    ContainerNotFoundError,
-    TransientError,
-)
+from blobsync.errors import BatchUnsupported, BlobsyncError, Scope
 from blobsync.redact import redact
 
 log = logging.getLogger("blobsync")
@@ -48,8 +41,6 @@ class Outcome(Enum):
 
 OnDone = Callable[[Doomed, Outcome, BlobsyncError | None], None]
 
-# Errors no other blob will escape: stop the whole run with the one clear error.
-FATAL = (AuthError, ContainerNotFoundError, ConnectionSetupError)
 BATCHES_IN_FLIGHT = 8  # each holds up to 256 deletes: more would only queue at the service
 T = TypeVar("T")
 
@@ -60,42 +51,43 @@ class BlobDeleter:
     Every request goes through the job's request path (its limit, its retries, its counters). A sub-request
     the service throttled or failed for a moment is tried again on its own, under the retry policy."""
 
-    def __init__(self, store: ContainerStore, requests: RequestPath, workers: int, on_done: OnDone, *,
+    def __init__(self, store: Store, requests: RequestPath, workers: int, on_done: OnDone, *,
                  batch: bool = True) -> None:
         self.store = store
         self.requests = requests
         self.workers = max(1, workers)
         self.on_done = on_done
-        self.batching = batch
+        self.batching = batch and store.capabilities.batch_delete_max > 0
+        self.batch_size = store.capabilities.batch_delete_max
 
     async def run(self, items: Iterable[Doomed] | AsyncIterable[Doomed]) -> None:
         if not self.batching:
             await for_each(items, self._one, self.workers)
             return
-        await for_each(chunks(items, BATCH_MAX), self._batch, min(self.workers, BATCHES_IN_FLIGHT))
+        await for_each(chunks(items, self.batch_size), self._batch, min(self.workers, BATCHES_IN_FLIGHT))
 
     async def _batch(self, chunk: list[Doomed]) -> None:
         if not self.batching:  # another batch found out meanwhile
             await for_each(chunk, self._one, self.workers)
             return
         try:
-            results = await self.requests(lambda: self.store.delete_blobs([(d.name, d.etag) for d in chunk]))
+            results = await self.requests(lambda: self.store.delete_many([(d.name, d.etag) for d in chunk]))
         except BatchUnsupported as exc:
             log.info("no Blob Batch here (%s): deleting one blob per request", redact(str(exc)))
             self.batching = False
             await for_each(chunk, self._one, self.workers)
             return
-        except FATAL:
-            raise
         except BlobsyncError as exc:  # the whole batch failed, retries spent
+            if exc.scope is not Scope.FILE:
+                raise
             for item in chunk:
                 self._failed(item, exc)
             return
         again = []
         for item, result in zip(chunk, results, strict=True):
-            if isinstance(result, FATAL):
+            if isinstance(result, BlobsyncError) and result.scope is not Scope.FILE and not result.retryable:
                 raise result
-            if isinstance(result, TransientError):
+            if isinstance(result, BlobsyncError) and result.retryable:
                 self.requests.retrier.note(result)
                 again.append(item)
             elif isinstance(result, BlobsyncError):
@@ -107,10 +99,10 @@ class BlobDeleter:
 
     async def _one(self, item: Doomed) -> None:
         try:
-            gone = await self.requests(lambda: self.store.delete_blob(item.name, item.etag))
-        except FATAL:
-            raise
+            gone = await self.requests(lambda: self.store.delete(item.name, item.etag))
         except BlobsyncError as exc:
+            if exc.scope is not Scope.FILE:
+                raise  # no other blob escapes it: stop with the one clear error
             self._failed(item, exc)
             return
         self.on_done(item, Outcome.DELETED if gone else Outcome.GONE, None)

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import base64
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from blobsync.config import MAX_BLOCKS
 from blobsync.engine.context import EngineContext
-from blobsync.engine.plan import new_nonce
 from blobsync.journal import CommittedBlob
 
 log = logging.getLogger("blobsync")
@@ -33,16 +31,11 @@ class DeltaBase:
         bid, old_length, old_digest = self.blocks[idx]
         return (bid, old_digest) if old_length == length else None
 
-    def fresh_nonce(self) -> str:
-        """A nonce whose block IDs cannot collide with any committed ID we would reuse."""
-        used = {base64.b64decode(bid)[:16] for bid, _, _ in self.blocks}
-        while (nonce := new_nonce()).encode("ascii") in used:
-            pass
-        return nonce
-
 
 async def find_base(ctx: EngineContext, blob: str, size: int) -> DeltaBase | None:
     """The journal's record of the blob's last blobsync commit, if the blob is still exactly that version."""
+    if not ctx.store.capabilities.keeps_parts:
+        return None
     record = ctx.journal.committed_blob(ctx.store.container_url, blob)
     if record is None or not record.blocks:
         return None
@@ -51,7 +44,7 @@ async def find_base(ctx: EngineContext, blob: str, size: int) -> DeltaBase | Non
         log.info("%s: grew past %d blocks of %d bytes: full upload with a larger block size",
                  blob, MAX_BLOCKS, record.block_size)
         return None
-    props = await ctx.request(lambda: ctx.store.get_properties(blob))
+    props = await ctx.request(lambda: ctx.store.stat(blob))
     if props is None or props.etag != record.etag:
         log.info("%s: the blob was changed or removed since blobsync committed it: full upload", blob)
         return None

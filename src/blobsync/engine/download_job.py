@@ -8,28 +8,25 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from blobsync.backends.base import BlobProperties, ContainerStore
-from blobsync.config import TransferConfig
-from blobsync.engine.context import Progress
+from blobsync.backends.base import BlobProperties, Location
+from blobsync.engine.context import EngineContext
 from blobsync.engine.download import FileDownloader
 from blobsync.engine.listing import as_properties, is_folder_marker, remote_entry
 from blobsync.engine.mtime import destination_mtime_ns
-from blobsync.engine.prompt import OverwritePrompt
 from blobsync.engine.runner import JobRunner, WorkItem, batches
 from blobsync.errors import BlobNotFoundError, ExitCode, UnsafeNameError, UsageError
 from blobsync.filters import Filters
-from blobsync.journal import JobRow, Journal
+from blobsync.journal import FileState, JobKind, JobRow
 from blobsync.journal.index import Entry, SyncIndex
 from blobsync.local.target import safe_join
-from blobsync.location import BlobLocation
-from blobsync.report import Action, FileResult, FileStatus, Report
+from blobsync.naming import folder_prefix
+from blobsync.report import DRY_RUN, Action, FileResult, FileStatus, Report
 
 
 @dataclass(frozen=True)
 class DownloadSpec:
-    source: BlobLocation
+    source: Location
     dest: Path
-    config: TransferConfig
     dest_is_folder: bool = False  # the user wrote a trailing '/': a single blob keeps its own name inside
     filters: Filters = field(default_factory=Filters)  # which blobs under the prefix take part
     dry_run: bool = False  # list what would be downloaded (on_action), write nothing, journal nothing
@@ -38,20 +35,13 @@ class DownloadSpec:
 class DownloadJob:
     """One run of a download job (new or resumed). Construct with its side effects; then `await run()`."""
 
-    def __init__(self, spec: DownloadSpec, store: ContainerStore, journal: Journal, *,
-                 progress: Progress | None = None, job: JobRow | None = None,
-                 on_action: Callable[[Action], None] | None = None,
-                 overwrite_prompt: OverwritePrompt | None = None) -> None:
+    def __init__(self, spec: DownloadSpec, ctx: EngineContext, *, job: JobRow | None = None,
+                 on_action: Callable[[Action], None] | None = None) -> None:
         self.spec = spec
-        self.store = store
+        self.ctx = ctx
+        self.store = ctx.store
         self.on_action = on_action or (lambda action: None)
-        self.runner = JobRunner("download", store, journal, spec.config, progress, job,
-                                extra_options={"filters": spec.filters.text or None},
-                                overwrite_prompt=overwrite_prompt)
-
-    def _prefix(self) -> str:
-        name = self.spec.source.path
-        return name if not name or name.endswith("/") else name + "/"
+        self.runner = JobRunner(JobKind.DOWNLOAD, ctx, job, extra_options={"filters": spec.filters.text or None})
 
     async def _one_blob(self) -> tuple[Path, str, BlobProperties]:
         """The local folder, the local name and the blob of a download of one blob."""
@@ -60,7 +50,7 @@ class DownloadJob:
         if not name or name.endswith("/"):
             raise UsageError(f"{spec.source.display!r} names no blob: add the blob's name, or pass -r to download "
                              "everything under a prefix")
-        props = await self.runner.requests(lambda: self.store.get_properties(name))
+        props = await self.runner.requests(lambda: self.store.stat(name))
         if props is None:
             under, _ = await self.runner.requests(lambda: self.store.list_page(name + "/"))
             if under:
@@ -75,11 +65,11 @@ class DownloadJob:
 
     async def _list_into(self, index: SyncIndex) -> None:
         """Every blob under the prefix into the scratch index, page by page: memory stays flat however many."""
-        prefix = self._prefix()
+        prefix = folder_prefix(self.spec.source.path)
         filters = self.spec.filters
         batch: list[Entry] = []
         listed = 0
-        async for props in self.store.list_blobs(prefix, request=self.runner.requests):
+        async for props in self.store.list_objects(prefix, request=self.runner.requests):
             if is_folder_marker(props):
                 continue
             listed += 1
@@ -99,7 +89,7 @@ class DownloadJob:
 
     async def run(self) -> Report:
         spec = self.spec
-        if not spec.config.recursive:
+        if not self.ctx.config.recursive:
             root, rel, props = await self._one_blob()
             return await self._run(root, lambda: iter([[(rel, props)]]), None)
         if spec.dest.exists() and not spec.dest.is_dir():
@@ -125,16 +115,15 @@ class DownloadJob:
         job = self.runner.open_job(spec.source.display, str(spec.dest))
         report = Report(job.id, spec.source.display, str(spec.dest), kind="download",
                         listener=self.runner.progress.finished)
-        ctx = self.runner.new_context()
-        downloader = FileDownloader(ctx)
+        downloader = FileDownloader(self.ctx)
         work = (item for batch in blobs() for item in self._items(root, batch, report, downloader))
-        await self.runner.run(ctx, report, work, totals)
+        await self.runner.run(report, work, totals)
         return report
 
     def _dry_run(self, root: Path, blobs: Iterator[list[tuple[str, BlobProperties]]]) -> Report:
         """cp --dry-run: each blob that would come down, and its local path; nothing is written or journaled."""
         spec = self.spec
-        report = Report("dry-run", spec.source.display, str(spec.dest), kind="download")
+        report = Report(DRY_RUN, spec.source.display, str(spec.dest), kind="download")
         for rel, props in (pair for batch in blobs for pair in batch):
             try:
                 target = str(safe_join(root, rel))
@@ -159,11 +148,11 @@ class DownloadJob:
             try:
                 target = safe_join(root, rel)
             except UnsafeNameError as exc:
-                journal.finish_file(row.id, "failed", error=str(exc))
+                journal.finish_file(row.id, FileState.FAILED, error=str(exc))
                 report.add(FileResult(rel, props.name, props.size, FileStatus.FAILED, reason=str(exc),
                                       exit_code=ExitCode.PARTIAL))
                 continue
-            if (row.state == "committed" and row.etag == props.etag and target.is_file()
+            if (row.state is FileState.COMMITTED and row.etag == props.etag and target.is_file()
                     and target.stat().st_size == props.size):
                 report.add(FileResult(rel, props.name, props.size, FileStatus.SKIPPED,
                                       reason="already downloaded by this job"))

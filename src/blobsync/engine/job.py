@@ -8,20 +8,18 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from blobsync.backends.base import ContainerStore
-from blobsync.config import TransferConfig
-from blobsync.engine.context import Progress
+from blobsync.backends.base import Location
+from blobsync.engine.context import EngineContext
 from blobsync.engine.enumerate import index_in_thread
-from blobsync.engine.prompt import OverwritePrompt
 from blobsync.engine.runner import JobRunner, WorkItem, batches
 from blobsync.engine.upload import FileUploader
 from blobsync.errors import ExitCode
 from blobsync.filters import Filters
-from blobsync.journal import JobRow, Journal
+from blobsync.journal import FileState, JobKind, JobRow
 from blobsync.journal.index import Entry, SyncIndex
 from blobsync.local.files import SkippedEntry, SourceFile, blob_rel, check_source, stat_file, walk, warm_if_cold
-from blobsync.location import BlobLocation
-from blobsync.report import Action, FileResult, FileStatus, Report
+from blobsync.naming import upload_name
+from blobsync.report import DRY_RUN, Action, FileResult, FileStatus, Report
 
 log = logging.getLogger("blobsync")
 
@@ -29,20 +27,9 @@ log = logging.getLogger("blobsync")
 @dataclass(frozen=True)
 class UploadSpec:
     source: Path
-    dest: BlobLocation
-    config: TransferConfig
+    dest: Location
     filters: Filters = field(default_factory=Filters)  # which files of a folder take part
     dry_run: bool = False  # list what would be uploaded (on_action), send nothing, journal nothing
-
-
-def blob_name_for(spec: UploadSpec, rel: str, single: bool) -> str:
-    """Blob names: for one file, the URL's path (or, if it is empty or ends in '/', that plus the file name);
-    for a folder, each relative path under the URL's path as a prefix."""
-    path = spec.dest.path
-    if single:
-        return path if path and not path.endswith("/") else f"{path}{rel}"
-    prefix = path if not path or path.endswith("/") else path + "/"
-    return prefix + rel
 
 
 def _skipped_result(entry: SkippedEntry) -> FileResult:
@@ -54,27 +41,17 @@ def _skipped_result(entry: SkippedEntry) -> FileResult:
 class UploadJob:
     """One run of an upload job (new or resumed). Construct with its side effects; then `await run()`."""
 
-    def __init__(
-        self,
-        spec: UploadSpec,
-        store: ContainerStore,
-        journal: Journal,
-        *,
-        progress: Progress | None = None,
-        job: JobRow | None = None,
-        on_action: Callable[[Action], None] | None = None,
-        overwrite_prompt: OverwritePrompt | None = None,
-    ) -> None:
+    def __init__(self, spec: UploadSpec, ctx: EngineContext, *, job: JobRow | None = None,
+                 on_action: Callable[[Action], None] | None = None) -> None:
         self.spec = spec
-        self.store = store
+        self.ctx = ctx
+        self.store = ctx.store
         self.on_action = on_action or (lambda action: None)
-        self.runner = JobRunner("upload", store, journal, spec.config, progress, job,
-                                extra_options={"filters": spec.filters.text or None},
-                                overwrite_prompt=overwrite_prompt)
+        self.runner = JobRunner(JobKind.UPLOAD, ctx, job, extra_options={"filters": spec.filters.text or None})
 
     async def run(self) -> Report:
         spec = self.spec
-        check_source(spec.source, spec.config.recursive)
+        check_source(spec.source, self.ctx.config.recursive)
         if not spec.source.is_dir():
             identity = stat_file(spec.source)
             entry = Entry(spec.source.name, identity.size, identity.mtime_ns, inode=identity.inode)
@@ -100,20 +77,19 @@ class UploadJob:
         report = Report(job.id, str(spec.source), spec.dest.display, listener=self.runner.progress.finished)
         for item in skipped:
             report.add(_skipped_result(item))
-        if spec.config.create_container and await self.runner.requests(self.store.create_container):
+        if self.ctx.config.create_container and await self.runner.requests(self.store.create_container):
             log.info("created container %s", spec.dest.container)
-        ctx = self.runner.new_context()
-        await self.runner.run(ctx, report, work(FileUploader(ctx), report), totals)
+        await self.runner.run(report, work(FileUploader(self.ctx), report), totals)
         return report
 
     def _dry_run(self, index: SyncIndex | None) -> Report:
         """cp --dry-run: each file that would go up, and its blob name; nothing is sent or journaled."""
         spec = self.spec
-        report = Report("dry-run", str(spec.source), spec.dest.display)
+        report = Report(DRY_RUN, str(spec.source), spec.dest.display)
         entries = index.entries("src") if index is not None else [
             Entry(spec.source.name, stat_file(spec.source).size, 0)]
         for e in entries:
-            name = blob_name_for(spec, blob_rel(e.rel), index is None)
+            name = upload_name(spec.dest.path, blob_rel(e.rel), single=index is None)
             self.on_action(Action("upload", e.rel, f"to {name}", e.size))
             report.add(FileResult(e.rel, name, e.size, FileStatus.TRANSFERRED, reason=f"would upload to {name}"))
         return report
@@ -122,7 +98,7 @@ class UploadJob:
         """The folder's files the filters take, as index entries (runs in a worker thread); skipped ones are set
         aside. Folders nothing could match in are not even listed."""
         filters = self.spec.filters
-        for item in walk(self.spec.source, follow_symlinks=self.spec.config.follow_symlinks, enters=filters.enters):
+        for item in walk(self.spec.source, follow_symlinks=self.ctx.config.follow_symlinks, enters=filters.enters):
             if isinstance(item, SkippedEntry):
                 if filters.matches(item.rel):
                     skipped.append(item)
@@ -144,11 +120,13 @@ class UploadJob:
         spec = self.spec
         assert self.runner.job is not None
         rows = self.runner.journal.add_files(self.runner.job.id, (
-            (e.rel, blob_name_for(spec, blob_rel(e.rel), single), e.size, e.mtime_ns, e.inode) for e in entries))
+            (e.rel, upload_name(spec.dest.path, blob_rel(e.rel), single=single), e.size, e.mtime_ns, e.inode)
+            for e in entries))
         for e in entries:
             row = rows[e.rel]
             path = spec.source if single else spec.source / e.rel
-            if row.state == "committed" and (row.size, row.mtime_ns, row.inode) == (e.size, e.mtime_ns, e.inode):
+            same = (row.size, row.mtime_ns, row.inode) == (e.size, e.mtime_ns, e.inode)
+            if row.state is FileState.COMMITTED and same:
                 report.add(FileResult(e.rel, row.blob, e.size, FileStatus.SKIPPED,
                                       reason="already uploaded by this job"))
                 continue

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from blobsync.backends.base import BlobProperties
 from blobsync.engine.mtime import MTIME_KEY, format_mtime, parse_mtime
 from blobsync.journal.index import Entry
+from blobsync.naming import relative_name
 
 
 def is_folder_marker(props: BlobProperties) -> bool:
@@ -24,7 +25,7 @@ def remote_entry(prefix: str, props: BlobProperties) -> Entry:
     exact = mtime is not None
     if mtime is None:
         mtime = int(props.last_modified.timestamp()) * 1_000_000_000
-    return Entry(props.name[len(prefix):], props.size, mtime, exact, props.content_md5, props.etag, props.name)
+    return Entry(relative_name(prefix, props.name), props.size, mtime, exact, props.content_md5, props.etag, props.name)
 
 
 def as_properties(entry: Entry) -> BlobProperties:

@@ -5,41 +5,22 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import os
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
-from blobsync.backends.base import ContainerStore
-from blobsync.config import AUTO_CEILING, AUTO_START, Overwrite, TransferConfig
+from blobsync.config import AUTO_CEILING, AUTO_START, Overwrite
 from blobsync.engine.autotune import ConcurrencyTuner, autotune
-from blobsync.engine.bandwidth import TokenBucket, mbps_to_bytes
-from blobsync.engine.budget import MemoryBudget, RequestLimiter
-from blobsync.engine.context import EngineContext, Progress, RequestPath
+from blobsync.engine.context import EngineContext
 from blobsync.engine.controls import follow_cap
-from blobsync.engine.prompt import OverwritePrompt
-from blobsync.engine.retry import Retrier, RetryPolicy
-from blobsync.errors import (
-    AuthError,
-    BlobsyncError,
-    ConnectionSetupError,
-    ContainerNotFoundError,
-    DiskFullError,
-    ExitCode,
-    TransientError,
-    UsageError,
-)
-from blobsync.journal import FileRow, JobRow, Journal
+from blobsync.engine.tasks import cancel_all, gather_or_cancel
+from blobsync.errors import BlobsyncError, ExitCode, Scope, UsageError
+from blobsync.journal import FileRow, FileState, JobKind, JobRow, JobState
 from blobsync.redact import redact
 from blobsync.report import FileResult, FileStatus, Report
 
 log = logging.getLogger("blobsync")
-
-# Errors that no other file can escape either: stop the job (it stays resumable).
-FATAL = (AuthError, ContainerNotFoundError, TransientError, DiskFullError, ConnectionSetupError)
-
 
 FIRST_BATCH = 64  # files journaled before the first request: few, so that the first request leaves early
 BATCH = 2000  # files journaled per transaction after that
@@ -66,28 +47,23 @@ class WorkItem:
 
 
 class JobRunner:
-    """Runs the files of one job (new or resumed) under shared budgets, recording the job's state."""
+    """Runs the files of one job (new or resumed) under the context's budgets, recording the job's state."""
 
-    def __init__(self, kind: str, store: ContainerStore, journal: Journal, config: TransferConfig,
-                 progress: Progress | None, job: JobRow | None,
-                 extra_options: Mapping[str, object] | None = None,
-                 overwrite_prompt: OverwritePrompt | None = None) -> None:
-        if config.overwrite is Overwrite.PROMPT and overwrite_prompt is None:
+    def __init__(self, kind: JobKind, ctx: EngineContext, job: JobRow | None = None,
+                 extra_options: Mapping[str, object] | None = None) -> None:
+        if ctx.config.overwrite is Overwrite.PROMPT and ctx.overwrite_prompt is None:
             raise UsageError("--overwrite prompt needs someone to answer: pass confirm_overwrite= (library) or "
                              "run in a terminal; otherwise use true, false or ifSourceNewer")
-        self.overwrite_prompt = overwrite_prompt
         self.kind = kind
+        self.ctx = ctx
         self.extra_options = dict(extra_options or {})  # kept with the job beside the config (cp's filters)
-        self.store = store
-        self.journal = journal
-        self.config = config
-        self.progress = progress or Progress()
-        self.job = job
-        self.bandwidth: TokenBucket | None = None  # the --cap-mbps bucket, if any (set by the api), to re-cap live
+        self.journal = ctx.journal
+        self.config = ctx.config
+        self.progress = ctx.progress
         # One request path for the whole job: listings, container creation, transfers and deletes share its
         # limit and its retry count.
-        self.requests = RequestPath(RequestLimiter(config.start_concurrency, config.max_concurrency),
-                                    Retrier(self.retry_policy(), on_retry=self._on_retry), self.progress)
+        self.requests = ctx.requests
+        self.job = job
 
     def open_job(self, source: str, dest: str) -> JobRow:
         """Resume the unfinished job for (source, dest) if there is one, else start a new one."""
@@ -107,27 +83,7 @@ class JobRunner:
                  source, dest)
         return job
 
-    def retry_policy(self) -> RetryPolicy:
-        return RetryPolicy(max_attempts=self.config.max_retries + 1, deadline=self.config.retry_deadline)
-
-    def new_context(self) -> EngineContext:
-        cfg = self.config
-        memory = cfg.memory
-        if cfg.cap_mbps:
-            # Under a cap, bytes in flight share it: 16 blocks of 8 MiB at 20 Mbit/s took ~50 s to see the
-            # first acknowledged (progress and resume move only then). About two seconds of the cap, and at
-            # least two blocks, keep the link busy and each block short.
-            memory = min(memory, max(2 * cfg.block_size, int(mbps_to_bytes(cfg.cap_mbps) * 2)))
-        return EngineContext(
-            self.store, self.journal, cfg, MemoryBudget(memory), self.requests,
-            ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2) + 2), thread_name_prefix="bs-io"),
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix="bs-md5"),
-            self.progress,
-            self.overwrite_prompt,
-        )
-
-    async def run(self, ctx: EngineContext, report: Report, items: Iterable[WorkItem],
-                  totals: tuple[int, int] | None = None) -> None:
+    async def run(self, report: Report, items: Iterable[WorkItem], totals: tuple[int, int] | None = None) -> None:
         """Transfer every item, at most `concurrency` files at once; record the job's outcome.
 
         `items` may be a lazy iterator (a sync of millions of files builds them batch by batch); then `totals`
@@ -143,19 +99,18 @@ class JobRunner:
             self.progress.files_total += files
             self.progress.bytes_total += nbytes
         try:
-            await self._pool(ctx, report, items, files, announce=totals is not None)
+            await self._pool(report, items, files, announce=totals is not None)
         except (asyncio.CancelledError, KeyboardInterrupt):
-            self.journal.set_job_state(self.job.id, "interrupted")
+            self.journal.set_job_state(self.job.id, JobState.INTERRUPTED)
             raise
         except BaseException:
-            self.journal.set_job_state(self.job.id, "failed")
+            self.journal.set_job_state(self.job.id, JobState.FAILED)
             raise
         finally:
             report.duration = time.monotonic() - report.started
-        self.journal.set_job_state(self.job.id, "done" if report.ok else "failed")
+        self.journal.set_job_state(self.job.id, JobState.DONE if report.ok else JobState.FAILED)
 
-    async def _pool(self, ctx: EngineContext, report: Report, items: Iterable[WorkItem], count: int,
-                    *, announce: bool) -> None:
+    async def _pool(self, report: Report, items: Iterable[WorkItem], count: int, *, announce: bool) -> None:
         queue: Iterator[WorkItem] = iter(items)
 
         async def worker() -> None:
@@ -171,36 +126,22 @@ class JobRunner:
 
         tasks = [asyncio.create_task(worker()) for _ in range(max(1, min(self.config.max_concurrency, count)))]
         tuner = ConcurrencyTuner(AUTO_START, AUTO_CEILING) if self.config.auto_concurrency else None
+        ctx = self.ctx
         helpers = [asyncio.create_task(autotune(tuner, ctx.limiter, self.progress))] if tuner is not None else []
-        if self.bandwidth is not None and self.job is not None:
-            helpers.append(asyncio.create_task(follow_cap(self.journal, self.job.id, self.bandwidth)))
+        if ctx.bandwidth is not None and self.job is not None:
+            helpers.append(asyncio.create_task(follow_cap(self.journal, self.job.id, ctx.bandwidth)))
         try:
-            done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-            for task in pending:
-                task.cancel()
-            if pending:
-                await asyncio.wait(pending)
-            for task in done:
-                task.result()
+            await gather_or_cancel(tasks)
         except BaseException:
-            for task in tasks:
-                task.cancel()
-            await asyncio.wait(tasks)
-            for task in tasks:
-                if not task.cancelled():
-                    task.exception()  # retrieved: the first failure is the one raised
+            await cancel_all(tasks)
             raise
         finally:
-            for helper in helpers:
-                helper.cancel()
-            await asyncio.gather(*helpers, return_exceptions=True)
+            await cancel_all(helpers)
             self.tally(report)
             report.concurrency_auto = tuner is not None
             report.concurrency = tuner.settled if tuner is not None else ctx.limiter.target
             report.concurrency_peak = tuner.peak if tuner is not None else ctx.limiter.maximum
             self.journal.flush()
-            ctx.io_pool.shutdown(wait=True)
-            ctx.hash_pool.shutdown(wait=True)
 
     def tally(self, report: Report) -> None:
         """The request path's counters into the report (again after work outside the transfers: deletes)."""
@@ -210,23 +151,17 @@ class JobRunner:
         if limiter.cuts:
             report.lowest_concurrency = limiter.lowest
 
-    def _on_retry(self, error: BaseException, delay: float) -> None:
-        self.progress.retries += 1
-        log.info("retrying in %.1fs after: %s", delay, redact(str(error)))
-
     async def _one(self, item: WorkItem) -> FileResult:
         row = item.row
         try:
             result = await item.run()
             log.debug("%s: %s (%d bytes sent)", row.rel, result.status.value, result.bytes_sent)
             return result
-        except FATAL:
-            raise
         except BlobsyncError as exc:
-            if exc.exit_code == ExitCode.USAGE:
-                raise
+            if exc.scope is not Scope.FILE:
+                raise  # no other file escapes it: the job stops (resumable)
             message = redact(str(exc))
-            self.journal.finish_file(row.id, "failed", error=message)
+            self.journal.finish_file(row.id, FileState.FAILED, error=message)
             log.warning("%s: %s", row.rel, message)
             code = exc.exit_code if exc.exit_code != ExitCode.OK else ExitCode.PARTIAL
             return FileResult(row.rel, row.blob, item.size, FileStatus.FAILED, reason=message, exit_code=code)

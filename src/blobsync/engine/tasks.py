@@ -1,12 +1,39 @@
-"""Groups of asyncio tasks: wait for all, on a failure cancel the rest and collect every outcome; bounded pools."""
+"""Groups of asyncio tasks: wait for all, on a failure cancel the rest and collect every outcome; bounded pools;
+work handed to a thread that is waited for even when cancelled."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Collection, Iterable
+from concurrent.futures import Executor
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+
+async def in_thread(pool: Executor, fn: Callable[..., T], *args: object) -> T:
+    """Run `fn(*args)` in `pool`; if cancelled meanwhile (even repeatedly), still wait for the thread: it uses
+    the caller's buffer, which the caller frees once this returns."""
+    future = asyncio.get_running_loop().run_in_executor(pool, fn, *args)
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        while not future.done():
+            try:
+                await asyncio.wait([future])
+            except asyncio.CancelledError:
+                continue
+        if not future.cancelled():
+            future.exception()  # seen: the cancellation is what this call reports
+        raise
+
+
+def raise_first_failure(tasks: set[asyncio.Task[Any]]) -> None:
+    """Drop finished tasks from `tasks`, raising the first failure among them (a failed part stops its file
+    now, not after the rest was read)."""
+    for task in [t for t in tasks if t.done()]:
+        tasks.discard(task)
+        task.result()
 
 
 async def gather_or_cancel(tasks: Collection[asyncio.Future[Any]]) -> None:

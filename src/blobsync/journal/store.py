@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from blobsync.errors import UsageError
+from blobsync.journal.states import FileState, JobKind, JobState
 
 if TYPE_CHECKING:
     import sqlite_utils
@@ -70,11 +71,11 @@ def default_journal_path(env: Mapping[str, str] | None = None, platform: str | N
 @dataclass(frozen=True)
 class JobRow:
     id: str
-    kind: str
+    kind: JobKind
     source: str
     dest: str  # URL without query string: never a SAS
     options: dict[str, Any]
-    state: str  # running | interrupted | failed | done
+    state: JobState
     created: float
     updated: float
     pid: int | None
@@ -89,7 +90,7 @@ class FileRow:
     size: int
     mtime_ns: int
     inode: int
-    state: str  # pending | active | committed | skipped | failed
+    state: FileState
     nonce: str | None
     block_size: int | None
     n_blocks: int | None
@@ -215,10 +216,11 @@ class Journal:
 
     @staticmethod
     def _job(row: Mapping[str, Any]) -> JobRow:
-        return JobRow(row["id"], row["kind"], row["source"], row["dest"], json.loads(row["options"] or "{}"),
-                      row["state"], row["created"], row["updated"], row["pid"])
+        return JobRow(row["id"], JobKind(row["kind"]), row["source"], row["dest"],
+                      json.loads(row["options"] or "{}"), JobState(row["state"]), row["created"], row["updated"],
+                      row["pid"])
 
-    def find_unfinished_job(self, kind: str, source: str, dest: str) -> JobRow | None:
+    def find_unfinished_job(self, kind: JobKind, source: str, dest: str) -> JobRow | None:
         rows = self._dicts("select * from jobs where kind = ? and source = ? and dest = ? and state != 'done' "
                            "order by created desc limit 1", [kind, source, dest])
         return self._job(rows[0]) if rows else None
@@ -230,7 +232,7 @@ class Journal:
                              hint="see 'blobsync jobs list'")
         return self._job(rows[0])
 
-    def create_job(self, kind: str, source: str, dest: str, options: Mapping[str, Any]) -> JobRow:
+    def create_job(self, kind: JobKind, source: str, dest: str, options: Mapping[str, Any]) -> JobRow:
         now = time.time()
         job_id = uuid.uuid4().hex[:12]
         # The connection is in autocommit mode: this insert commits by itself.
@@ -242,12 +244,12 @@ class Journal:
 
     def claim_job(self, job: JobRow) -> None:
         """Mark `job` as run by this process; refuse if another live process runs it."""
-        if job.state == "running" and job.pid and job.pid != os.getpid() and _pid_alive(job.pid):
+        if job.state is JobState.RUNNING and job.pid and job.pid != os.getpid() and _pid_alive(job.pid):
             raise UsageError(f"job {job.id} is being run by process {job.pid}",
                              hint="wait for it or stop it, then run the command again")
-        self.set_job_state(job.id, "running")
+        self.set_job_state(job.id, JobState.RUNNING)
 
-    def set_job_state(self, job_id: str, state: str) -> None:
+    def set_job_state(self, job_id: str, state: JobState) -> None:
         self.flush()
         with self._tx():
             self.conn.execute("update jobs set state = ?, updated = ?, pid = ? where id = ?",
@@ -301,7 +303,7 @@ class Journal:
     @staticmethod
     def _file(row: Mapping[str, Any]) -> FileRow:
         return FileRow(row["id"], row["job_id"], row["rel"], row["blob"], row["size"], row["mtime_ns"],
-                       row["inode"], row["state"], row["nonce"], row["block_size"], row["n_blocks"],
+                       row["inode"], FileState(row["state"]), row["nonce"], row["block_size"], row["n_blocks"],
                        row["md5"], row["etag"], row["bytes_sent"] or 0, row["error"], row["ctime_ns"])
 
     def files(self, job_id: str) -> list[FileRow]:
@@ -406,7 +408,7 @@ class Journal:
             self._queue("update blocks set boot = null where file_id = ? and idx = ?", (file_id, idx))
         self.flush()
 
-    def finish_file(self, file_id: int, state: str, *, md5_hex: str | None = None, etag: str | None = None,
+    def finish_file(self, file_id: int, state: FileState, *, md5_hex: str | None = None, etag: str | None = None,
                     error: str | None = None, bytes_sent: int | None = None) -> None:
         self._queue(
             "update files set state = ?, md5 = coalesce(?, md5), etag = coalesce(?, etag), error = ?, "

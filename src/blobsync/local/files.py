@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 import stat
 import sys
@@ -11,8 +10,6 @@ import unicodedata
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-import xxhash
 
 from blobsync.errors import SourceChangedError, SourceError, UsageError
 from blobsync.local.platform import features, open_positional
@@ -200,13 +197,8 @@ class OpenFile:
     def identity(self) -> FileIdentity:
         return FileIdentity.of(os.fstat(self.fd))
 
-    def read_into(self, buf: memoryview, offset: int, unchanged: bytes | None = None,
-                  need_md5: bool = True) -> tuple[bytes | None, bytes]:
-        """Fill `buf` from `offset`; return its MD5 and xxh3-128 digests (all off the event loop, in one thread).
-
-        The xxh3-128 digest is what a delta upload compares blocks by; it costs ~1/70 of the MD5. When it equals
-        `unchanged` (the committed block's), or `need_md5` is False (the service holds the block already), the
-        block is not sent, so its MD5 is skipped (None)."""
+    def read_into(self, buf: memoryview, offset: int) -> None:
+        """Fill `buf` from `offset` (in a worker thread); a file that ends early changed under us."""
         done = 0
         size = len(buf)
         try:
@@ -217,20 +209,18 @@ class OpenFile:
                 done += n
         except OSError as exc:
             raise SourceError(f"{self.path}: {_os_error_text(exc)}") from exc
-        digest = xxhash.xxh3_128_digest(buf)
-        return (None if digest == unchanged or not need_md5 else hashlib.md5(buf).digest()), digest
 
-    def read_all(self, size: int) -> tuple[bytes, bytes]:
-        """Read a small file whole; return its bytes and MD5. A size change is reported as SourceError."""
+    def read_all(self, size: int) -> bytes:
+        """Read a small file whole. A size change is reported as SourceError."""
         try:
             data = self.file.read(size + 1, 0)
         except OSError as exc:
             raise SourceError(f"{self.path}: {_os_error_text(exc)}") from exc
         if len(data) != size:
             raise SourceChangedError(f"{self.path}: file changed size while it was being read")
-        return data, hashlib.md5(data).digest()
+        return data
 
-    def read_all_cached(self, size: int) -> tuple[bytearray, bytes] | None:
+    def read_all_cached(self, size: int) -> bytearray | None:
         """Like read_all, but only if the whole file is in the page cache: a read that would wait for the disk
         is refused (RWF_NOWAIT) and this returns None, so the caller can do it in a worker thread instead of
         stalling the event loop. None also where the OS cannot read without waiting."""
@@ -248,7 +238,7 @@ class OpenFile:
         if n != size:  # partly cached, or the size changed: read_all tells which
             return None
         del buf[size:]
-        return buf, hashlib.md5(buf).digest()
+        return buf
 
     def close(self) -> None:
         self.file.close_extra()

@@ -5,11 +5,10 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
-import hashlib
 import os
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from blobsync.errors import DiskFullError, LocalWriteError, UnsafeNameError
@@ -186,15 +185,15 @@ class PartFile:
     def read(self, offset: int, length: int) -> bytes:
         return self.file.read(length, offset)
 
-    def md5_of_range(self, hasher: hashlib._Hash, offset: int, length: int) -> None:
-        """Feed bytes already on disk (from an earlier run) to the whole-file hash, in order."""
+    def chunks(self, offset: int, length: int) -> Iterator[bytes]:
+        """Bytes already on disk (from an earlier run), in order, 8 MiB at a time."""
         step = 8 * 1024 * 1024
         end = offset + length
         while offset < end:
             data = self.file.read(min(step, end - offset), offset)
             if not data:
                 raise LocalWriteError(f"{self.path}: partial file is shorter than expected")
-            hasher.update(data)
+            yield data
             offset += len(data)
 
     def finish(self, mtime_ns: int | None) -> None:

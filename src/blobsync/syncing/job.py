@@ -4,26 +4,26 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hashlib
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from blobsync.backends.base import ContainerStore
-from blobsync.config import FlagEnum, TransferConfig
-from blobsync.engine.context import EngineContext, Progress
+from blobsync.backends.base import Location
+from blobsync.config import FlagEnum
+from blobsync.engine.context import EngineContext
 from blobsync.engine.delete import Doomed
+from blobsync.engine.digest import md5_of_file
 from blobsync.engine.enumerate import index_in_thread
 from blobsync.engine.listing import as_properties, is_folder_marker, remote_entry
 from blobsync.engine.runner import JobRunner, WorkItem, batches
 from blobsync.errors import BlobsyncError, ExitCode, UnsafeNameError, UsageError
 from blobsync.filters import Filters
-from blobsync.journal import FileRow, Journal
+from blobsync.journal import FileRow, FileState, JobKind
 from blobsync.journal.index import Entry, SyncIndex
 from blobsync.local.files import SkippedEntry, SourceFile, local_rel, walk, warm_if_cold
-from blobsync.location import BlobLocation
-from blobsync.report import Action, FileResult, FileStatus, Report
+from blobsync.naming import folder_prefix
+from blobsync.report import DRY_RUN, NO_JOB, Action, FileResult, FileStatus, Report
 from blobsync.syncing.compare import MTIME_WINDOWS, CompareMode, decide
 
 log = logging.getLogger("blobsync")
@@ -60,9 +60,8 @@ def parse_max_delete(text: str | None) -> tuple[int | None, float | None]:
 @dataclass(frozen=True)
 class SyncSpec:
     local: Path
-    remote: BlobLocation
+    remote: Location
     upload: bool  # True: local -> remote
-    config: TransferConfig
     filters: Filters = field(default_factory=Filters)
     compare: CompareMode = CompareMode.SIZE_AND_MTIME
     delete: DeleteMode = DeleteMode.FALSE
@@ -77,17 +76,15 @@ class SyncSpec:
 class SyncJob:
     """One sync run. `on_action` sees every decision (dry runs print them); `confirm` answers --delete prompt."""
 
-    def __init__(self, spec: SyncSpec, store: ContainerStore, journal: Journal, *,
-                 progress: Progress | None = None,
+    def __init__(self, spec: SyncSpec, ctx: EngineContext, *,
                  on_action: Callable[[Action], None] | None = None,
                  confirm: Callable[[int], bool] | None = None) -> None:
         self.spec = spec
-        self.store = store
-        self.journal = journal
-        kind = "sync-up" if spec.upload else "sync-down"
-        config = spec.config if spec.upload else replace(spec.config, preserve_last_modified_time=True)
-        self.config = config
-        self.runner = JobRunner(kind, store, journal, config, progress, None)
+        self.ctx = ctx
+        self.store = ctx.store
+        self.journal = ctx.journal
+        self.config = ctx.config
+        self.runner = JobRunner(JobKind.SYNC_UP if spec.upload else JobKind.SYNC_DOWN, ctx)
         self.on_action = on_action or (lambda action: None)
         self.confirm = confirm
         self.complete = True  # both sides enumerated without error
@@ -97,8 +94,7 @@ class SyncJob:
 
     @property
     def _prefix(self) -> str:
-        path = self.spec.remote.path
-        return path if not path or path.endswith("/") else path + "/"
+        return folder_prefix(self.spec.remote.path)
 
     # --- enumeration ----------------------------------------------------------------------------------
 
@@ -146,7 +142,7 @@ class SyncJob:
         # The local count predicts the remote one (a sync makes them match): the store then keeps the last
         # page small. Batches of 1,000 leave little to insert after the last page, which nothing overlaps.
         # Each page is retried on its own; a page that keeps failing stops the sync, and with it any delete.
-        async for props in self.store.list_blobs(prefix, expected=lambda: self.local_count,
+        async for props in self.store.list_objects(prefix, expected=lambda: self.local_count,
                                                  request=self.runner.requests):
             if is_folder_marker(props):
                 continue
@@ -169,10 +165,31 @@ class SyncJob:
 
     async def _run(self, index: SyncIndex) -> Report:
         spec = self.spec
-        local_side, remote_side = ("src", "dst") if spec.upload else ("dst", "src")
         if spec.upload and self.config.create_container and not spec.dry_run:
             await self.runner.requests(self.store.create_container)
-        # The local walk runs in a thread while the listing waits on the service: neither waits for the other.
+        await self._enumerate(index)
+        source = str(spec.local) if spec.upload else spec.remote.display
+        dest = spec.remote.display if spec.upload else str(spec.local)
+        report = Report(NO_JOB, source, dest, kind="upload" if spec.upload else "download",
+                        listener=self.runner.progress.finished)
+        for problem in self.problems:
+            report.add(problem)
+        todo = await self._decisions(index)
+        report.files_in_sync = index.count("src") - todo - self.held
+        report.files_held = self.held
+        if spec.dry_run:
+            return await self._dry_run(index, report)
+        orphans = spec.delete is not DeleteMode.FALSE and next(index.orphans(), None) is not None
+        if not todo and not orphans:
+            return report  # a no-op sync opens no job and writes nothing to the journal
+        report.job_id = self.runner.open_job(source, dest).id
+        await self.runner.run(report, self._work(index, report), index.todo_totals())
+        await self._deletes(index, report, dry_run=False)
+        return report
+
+    async def _enumerate(self, index: SyncIndex) -> None:
+        """Both sides into the index: the local walk runs in a thread while the listing waits on the service."""
+        local_side, remote_side = ("src", "dst") if self.spec.upload else ("dst", "src")
         local = asyncio.create_task(self._index_local(index, local_side))
         try:
             await self._index_remote(index, remote_side)
@@ -180,47 +197,18 @@ class SyncJob:
             if not local.done():
                 await asyncio.wait([local])
         local.result()
-        source = str(spec.local) if spec.upload else spec.remote.display
-        dest = spec.remote.display if spec.upload else str(spec.local)
-        report = Report("-", source, dest, kind="upload" if spec.upload else "download",
-                        listener=self.runner.progress.finished)
-        for problem in self.problems:
-            report.add(problem)
 
-        ctx = self.runner.new_context()
-        try:
-            todo = await self._decisions(index, ctx)
-        except BaseException:
-            ctx.io_pool.shutdown(wait=False)
-            ctx.hash_pool.shutdown(wait=False)
-            raise
-        report.files_in_sync = index.count("src") - todo - self.held
-        report.files_held = self.held
-        orphans = spec.delete is not DeleteMode.FALSE and next(index.orphans(), None) is not None
-        if not spec.dry_run and (todo or orphans):
-            # A job (and its journal rows) only when there is something to do: a no-op sync writes nothing.
-            report.job_id = self.runner.open_job(source, dest).id
-        elif not spec.dry_run:
-            ctx.io_pool.shutdown(wait=False)
-            ctx.hash_pool.shutdown(wait=False)
-            return report
-        verb = "upload" if spec.upload else "download"
-        if spec.dry_run:
-            report.job_id = "dry-run"
-            for entry, reason in index.todo():
-                self.on_action(Action(verb, entry.rel, reason, entry.size))
-                report.add(FileResult(entry.rel, entry.name or entry.rel, entry.size, FileStatus.TRANSFERRED,
-                                      reason=f"would {verb}: {reason}"))
-            await self._deletes(index, report, dry_run=True)
-            ctx.io_pool.shutdown(wait=False)
-            ctx.hash_pool.shutdown(wait=False)
-            return report
-
-        await self.runner.run(ctx, report, self._work(index, ctx, report), index.todo_totals())
-        await self._deletes(index, report, dry_run=False)
+    async def _dry_run(self, index: SyncIndex, report: Report) -> Report:
+        verb = "upload" if self.spec.upload else "download"
+        report.job_id = DRY_RUN
+        for entry, reason in index.todo():
+            self.on_action(Action(verb, entry.rel, reason, entry.size))
+            report.add(FileResult(entry.rel, entry.name or entry.rel, entry.size, FileStatus.TRANSFERRED,
+                                  reason=f"would {verb}: {reason}"))
+        await self._deletes(index, report, dry_run=True)
         return report
 
-    async def _decisions(self, index: SyncIndex, ctx: EngineContext) -> int:
+    async def _decisions(self, index: SyncIndex) -> int:
         """Compare every source entry with its destination; mark the ones to transfer. Returns how many."""
         mode = self.spec.compare
         ready = self.spec.ready if self.spec.upload else None
@@ -241,9 +229,9 @@ class SyncJob:
             src_md5 = None
             if mode is CompareMode.MD5 and dst is not None and src.size == dst.size:
                 if self.spec.upload:
-                    src_md5 = await self._local_md5(src, ctx)
+                    src_md5 = await self._local_md5(src)
                 else:  # the local file is the destination: its MD5 stands in for the missing stored one
-                    dst = replace(dst, md5=await self._local_md5(dst, ctx))
+                    dst = replace(dst, md5=await self._local_md5(dst))
                     src_md5 = src.md5
             decision = decide(src, dst, mode, src_md5)
             if decision.transfer:
@@ -257,21 +245,21 @@ class SyncJob:
         """Where a local entry's file is (its name differs from `rel` when the service spells it otherwise)."""
         return self.spec.local / (entry.name or entry.rel)
 
-    async def _local_md5(self, entry: Entry, ctx: EngineContext) -> bytes | None:
+    async def _local_md5(self, entry: Entry) -> bytes | None:
         path = self._local_path(entry)
         cached = self.journal.cached_md5(str(path), entry.size, entry.mtime_ns, entry.inode)
         if cached is not None:
             return cached
         loop = asyncio.get_running_loop()
         try:
-            digest = await loop.run_in_executor(ctx.io_pool, _md5_file, path)
+            digest = await loop.run_in_executor(self.ctx.io_pool, md5_of_file, path)
         except OSError as exc:
             log.warning("%s: cannot hash: %s", entry.rel, exc.strerror or exc)
             return None
         self.journal.cache_md5(str(path), entry.size, entry.mtime_ns, entry.inode, digest)
         return digest
 
-    def _work(self, index: SyncIndex, ctx: EngineContext, report: Report) -> Iterator[WorkItem]:
+    def _work(self, index: SyncIndex, report: Report) -> Iterator[WorkItem]:
         """The transfers, built batch by batch as the workers take them: memory stays flat however many."""
         # Imported here, with the first transfer: a no-op sync never loads them (start-up time).
         from blobsync.engine.download import FileDownloader
@@ -282,6 +270,7 @@ class SyncJob:
         assert self.runner.job is not None
         job_id = self.runner.job.id
         prefix = self._prefix
+        ctx = self.ctx
         uploader = FileUploader(ctx) if spec.upload else None
         downloader = None if spec.upload else FileDownloader(ctx)
         todo = index.todo()
@@ -301,7 +290,7 @@ class SyncJob:
                 try:
                     target = safe_join(spec.local, entry.rel)
                 except UnsafeNameError as exc:
-                    self.journal.finish_file(row.id, "failed", error=str(exc))
+                    self.journal.finish_file(row.id, FileState.FAILED, error=str(exc))
                     report.add(FileResult(entry.rel, entry.name or entry.rel, entry.size, FileStatus.FAILED,
                                           reason=str(exc), exit_code=ExitCode.PARTIAL))
                     continue
@@ -372,12 +361,12 @@ class SyncJob:
             assert isinstance(row, FileRow)
             if outcome is Outcome.FAILED:
                 message = str(error)
-                self.journal.finish_file(row.id, "failed", error=message)
+                self.journal.finish_file(row.id, FileState.FAILED, error=message)
                 report.add(FileResult(item.rel, item.name, item.size, FileStatus.FAILED, reason=message,
                                       exit_code=error.exit_code if error else ExitCode.PARTIAL))
                 return
             self.journal.forget_commit(self.store.container_url, item.name)
-            self.journal.finish_file(row.id, "deleted")
+            self.journal.finish_file(row.id, FileState.DELETED)
             report.add(FileResult(item.rel, item.name, item.size, FileStatus.DELETED))
 
         def announced(items: Iterator[Doomed]) -> Iterator[Doomed]:
@@ -400,20 +389,12 @@ class SyncJob:
                 safe_join(self.spec.local, item.rel).unlink(missing_ok=True)
             except (OSError, UnsafeNameError) as exc:
                 message = str(exc) if isinstance(exc, UnsafeNameError) else f"cannot delete: {exc.strerror or exc}"
-                self.journal.finish_file(row.id, "failed", error=message)
+                self.journal.finish_file(row.id, FileState.FAILED, error=message)
                 report.add(FileResult(item.rel, item.name, item.size, FileStatus.FAILED, reason=message,
                                       exit_code=ExitCode.PARTIAL))
                 continue
-            self.journal.finish_file(row.id, "deleted")
+            self.journal.finish_file(row.id, FileState.DELETED)
             report.add(FileResult(item.rel, item.name, item.size, FileStatus.DELETED))
-
-
-def _md5_file(path: Path) -> bytes:
-    digest = hashlib.md5()
-    with open(path, "rb", buffering=0) as f:
-        while chunk := f.read(8 * 1024 * 1024):
-            digest.update(chunk)
-    return digest.digest()
 
 
 __all__ = ["Action", "CompareMode", "DeleteMode", "SyncJob", "SyncSpec", "parse_max_delete"]

@@ -10,38 +10,29 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from blobsync.backends.base import BlobProperties, ContainerStore, Requester
-from blobsync.engine.budget import RequestLimiter
-from blobsync.engine.context import Progress, RequestPath
+from blobsync.backends.base import BlobProperties, Location, Requester, Store
+from blobsync.engine.context import RequestPath
 from blobsync.engine.delete import BlobDeleter, Doomed, Outcome
-from blobsync.engine.retry import Retrier, RetryPolicy
 from blobsync.errors import BlobNotFoundError, BlobsyncError, ExitCode, UsageError
 from blobsync.filters import Filters
-from blobsync.location import BlobLocation
-from blobsync.redact import redact
-from blobsync.report import Action, FileResult, FileStatus, Report
+from blobsync.naming import folder_prefix
+from blobsync.report import NO_JOB, Action, FileResult, FileStatus, Report
 
 log = logging.getLogger("blobsync")
 
 
 @dataclass(frozen=True)
 class RemoveSpec:
-    target: BlobLocation
+    target: Location
     recursive: bool = False
     filters: Filters = field(default_factory=Filters)
     dry_run: bool = False
-    concurrency: int = 16
-    policy: RetryPolicy = field(default_factory=RetryPolicy)
+    concurrency: int = 16  # deletes (or batches of them) in flight
     list_of_files: Path | None = None  # relative names, one per line, instead of listing the folder
     batch: bool = True  # Blob Batch for the deletes
 
 
-def folder_prefix(path: str) -> str:
-    """The listing prefix for the 'folder' a URL path names ('' for the whole container)."""
-    return path if not path or path.endswith("/") else path + "/"
-
-
-async def blobs_at(store: ContainerStore, path: str, request: Requester) -> AsyncIterator[tuple[str, BlobProperties]]:
+async def blobs_at(store: Store, path: str, request: Requester) -> AsyncIterator[tuple[str, BlobProperties]]:
     """(relative name, properties) of the blob named `path` and of every blob under `path/`.
 
     One listing with `path` as its prefix answers both; names that only share the prefix ('a/bc' for 'a/b')
@@ -77,22 +68,17 @@ async def blobs_at(store: ContainerStore, path: str, request: Requester) -> Asyn
 class RemoveJob:
     """Deletes what a RemoveSpec names, with bounded concurrency; each blob's outcome goes to the report."""
 
-    def __init__(self, spec: RemoveSpec, store: ContainerStore, *, progress: Progress | None = None,
+    def __init__(self, spec: RemoveSpec, store: Store, requests: RequestPath, *,
                  on_action: Callable[[Action], None] | None = None) -> None:
         self.spec = spec
         self.store = store
-        self.progress = progress or Progress()
+        self.requests = requests  # the one request path: its limit, retries and counters
+        self.progress = requests.progress
         self.on_action = on_action or (lambda action: None)
-        self.requests = RequestPath(RequestLimiter(max(1, spec.concurrency)),
-                                    Retrier(spec.policy, on_retry=self._on_retry), self.progress)
-
-    def _on_retry(self, error: BaseException, delay: float) -> None:
-        self.progress.retries += 1
-        log.info("retrying in %.1fs after: %s", delay, redact(str(error)))
 
     async def run(self) -> Report:
         spec = self.spec
-        report = Report("-", spec.target.display, "", kind="remove", listener=self.progress.finished)
+        report = Report(NO_JOB, spec.target.display, "", kind="remove", listener=self.progress.finished)
         try:
             if spec.recursive or spec.list_of_files:
                 await self._many(report)
@@ -109,7 +95,7 @@ class RemoveJob:
         if not path or path.endswith("/"):
             raise UsageError(f"{self.spec.target.display} names a container or folder, not a blob: add -r "
                              "(--recursive) to remove everything under it")
-        props = await self.requests(lambda: self.store.get_properties(path))
+        props = await self.requests(lambda: self.store.stat(path))
         if props is None:
             async for _ in blobs_at(self.store, path + "/", self.requests):
                 raise UsageError(f"{path!r} is a folder: add -r (--recursive) to remove the blobs under it")
@@ -159,7 +145,7 @@ class RemoveJob:
             if not rel or rel.startswith("#"):
                 continue
             name = prefix + rel
-            props = await self.requests(functools.partial(self.store.get_properties, name))
+            props = await self.requests(functools.partial(self.store.stat, name))
             if props is None:
                 self.progress.queued(rel, name, 0)
                 report.add(FileResult(rel, name, 0, FileStatus.SKIPPED, reason="not found"))

@@ -14,7 +14,7 @@ from pathlib import Path
 import watchfiles
 
 from blobsync.engine.retry import RetryPolicy, backoff_delay
-from blobsync.errors import AuthError, BlobsyncError, ConnectionSetupError, ContainerNotFoundError, UsageError
+from blobsync.errors import BlobsyncError, Scope, UsageError
 from blobsync.report import Report
 
 log = logging.getLogger("blobsync")
@@ -22,8 +22,6 @@ log = logging.getLogger("blobsync")
 Ready = Callable[[str, int], bool]
 RunRound = Callable[[Ready], Awaitable[Report]]
 
-# No retry fixes these: the watch stops with them (and their exit code) instead of retrying forever.
-PERMANENT = (UsageError, AuthError, ContainerNotFoundError, ConnectionSetupError)
 # Between failed rounds: the project's one backoff (full jitter, Retry-After honoured), up to a minute, never
 # shorter than the settle time.
 ROUND_BACKOFF = RetryPolicy(base_delay=2.0, max_delay=60.0)
@@ -113,9 +111,9 @@ class Watcher:
         self.rounds += 1
         try:
             report = await self.run_round(self._ready(started))
-        except PERMANENT:
-            raise
         except BlobsyncError as exc:
+            if exc.scope is Scope.RUN:
+                raise  # no later round can fare better: stop with it (and its exit code), never retry forever
             self._failed(exc)
             return
         for rel, when in list(self._dirty.items()):

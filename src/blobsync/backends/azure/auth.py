@@ -11,10 +11,9 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
-from urllib.parse import unquote
 
+from blobsync.backends.azure.location import BlobLocation
 from blobsync.errors import AuthError, UsageError
-from blobsync.location import BlobLocation
 from blobsync.redact import register_secret
 
 # The Azurite / storage-emulator account key: public, documented, the same on every machine.
@@ -208,7 +207,7 @@ def _from_connection_string(loc: BlobLocation, text: str) -> Credential | None:
     account = cs.get("accountname")
     if account is None and "blobendpoint" in cs:
         # An explicit BlobEndpoint names the account in its host or (emulator style) its path.
-        from blobsync.location import parse_location
+        from blobsync.backends.azure.location import parse_location
 
         try:
             account = parse_location(cs["blobendpoint"].rstrip("/") + "/x").account
@@ -272,8 +271,3 @@ def warn_if_plain_http(loc: BlobLocation, credential: Credential) -> None:
         _warned_plain_http = True
         log.warning("%s is plain http: the %s travels unencrypted and can be replayed; use https://",
                     loc.display, "SAS" if credential.is_sas else "signed request")
-
-
-def sas_permissions(loc: BlobLocation) -> str | None:
-    """The SAS 'sp' field (permission letters), or None when there is no SAS."""
-    return unquote(loc.sas_fields["sp"]) if loc.sas and "sp" in loc.sas_fields else None

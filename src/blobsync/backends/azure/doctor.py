@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import secrets
 import time
@@ -12,13 +11,13 @@ from datetime import UTC, datetime, timedelta
 from enum import Enum
 from urllib.parse import unquote
 
-from blobsync.backends.azure_auth import AnonymousCredential, SasCredential, resolve_credential
-from blobsync.backends.azure_errors import parse_sas_time
-from blobsync.backends.azure_rest import AzureContainerStore
+from blobsync.backends.azure.auth import AnonymousCredential, SasCredential, resolve_credential
+from blobsync.backends.azure.location import BlobLocation, parse_location
+from blobsync.backends.azure.sas import Sas
+from blobsync.backends.azure.store import AzureContainerStore
 from blobsync.backends.base import BlobHeaders
 from blobsync.config import check_proxy_url
 from blobsync.errors import AuthError, BlobsyncError, ContainerNotFoundError, ExitCode, TransientError
-from blobsync.location import BlobLocation, parse_location
 
 PERMISSIONS = {
     "r": "read", "a": "add", "c": "create", "w": "write", "d": "delete", "x": "delete versions",
@@ -90,12 +89,24 @@ def _span(delta: timedelta) -> str:
 
 def read_sas(loc: BlobLocation, diagnosis: Diagnosis, now: datetime | None = None) -> None:
     """Check the SAS fields offline: permissions, validity window, protocol, resource type and IP range."""
-    fields = loc.sas_fields
+    sas = loc.sas_token or Sas("")
     now = now or datetime.now(UTC)
-    perms = unquote(fields.get("sp", ""))
-    account_sas = "ss" in fields or "srt" in fields
-    kind = "user delegation SAS" if "skoid" in fields else "account SAS" if account_sas else "service SAS"
-    diagnosis.add(Level.INFO, "sas", f"{kind}, version {fields.get('sv', '?')}")
+    diagnosis.add(Level.INFO, "sas", f"{sas.kind}, version {sas.fields.get('sv', '?')}")
+    _read_permissions(sas, diagnosis)
+    _read_validity(sas, diagnosis, now)
+    if sas.protocol == "https" and loc.scheme == "http":
+        diagnosis.add(Level.FAIL, "protocol", "the SAS allows HTTPS only (spr=https) but the URL is http://: "
+                      "use https://", auth=True)
+    elif sas.protocol:
+        diagnosis.add(Level.OK, "protocol", f"spr={sas.protocol}")
+    _read_resource(sas, diagnosis)
+    if "sip" in sas.fields:
+        diagnosis.add(Level.INFO, "ip range", f"only requests from {unquote(sas.fields['sip'])} are allowed: "
+                      "this machine's public address must be in that range")
+
+
+def _read_permissions(sas: Sas, diagnosis: Diagnosis) -> None:
+    perms = sas.permissions
     if not perms:
         diagnosis.add(Level.FAIL, "permissions", "the SAS has no 'sp' (permissions) field: it allows nothing",
                       auth=True)
@@ -107,9 +118,11 @@ def read_sas(loc: BlobLocation, diagnosis: Diagnosis, now: datetime | None = Non
         if lacking:
             diagnosis.missing[operation] = ", ".join(lacking)
 
-    expiry = parse_sas_time(fields["se"]) if "se" in fields else None
-    if "se" in fields and expiry is None:
-        diagnosis.add(Level.WARN, "expiry", f"cannot read the expiry se={unquote(fields['se'])!r}")
+
+def _read_validity(sas: Sas, diagnosis: Diagnosis, now: datetime) -> None:
+    expiry = sas.expiry
+    if sas.expiry_unreadable:
+        diagnosis.add(Level.WARN, "expiry", f"cannot read the expiry se={unquote(sas.fields['se'])!r}")
     elif expiry is None:
         diagnosis.add(Level.INFO, "expiry", "no expiry in the SAS (a stored access policy may set one)")
     elif expiry <= now:
@@ -121,20 +134,15 @@ def read_sas(loc: BlobLocation, diagnosis: Diagnosis, now: datetime | None = Non
                       "with a new SAS)")
     else:
         diagnosis.add(Level.OK, "expiry", f"valid until {expiry:%Y-%m-%d %H:%M:%S}Z (in {_span(expiry - now)})")
-
-    start = parse_sas_time(fields["st"]) if "st" in fields else None
+    start = sas.start
     if start is not None and start > now:
         skew = " (or this machine's clock is behind)" if start - now < timedelta(minutes=15) else ""
         diagnosis.add(Level.FAIL, "start", f"the SAS is not valid before {start:%Y-%m-%d %H:%M:%S}Z, "
                       f"{_span(start - now)} from now{skew}", auth=True)
 
-    protocol = unquote(fields.get("spr", ""))
-    if protocol == "https" and loc.scheme == "http":
-        diagnosis.add(Level.FAIL, "protocol", "the SAS allows HTTPS only (spr=https) but the URL is http://: "
-                      "use https://", auth=True)
-    elif protocol:
-        diagnosis.add(Level.OK, "protocol", f"spr={protocol}")
 
+def _read_resource(sas: Sas, diagnosis: Diagnosis) -> None:
+    fields = sas.fields
     resource = fields.get("sr")
     if resource == "b":
         diagnosis.add(Level.WARN, "resource", "a blob SAS (sr=b): it covers this one blob only, so -r, sync, "
@@ -146,20 +154,18 @@ def read_sas(loc: BlobLocation, diagnosis: Diagnosis, now: datetime | None = Non
                 else "a container SAS (sr=c)"
     elif resource == "d":
         diagnosis.add(Level.INFO, "resource", "a directory SAS (sr=d): only blobs under that directory")
-    if account_sas:
-        services, types = fields.get("ss", ""), fields.get("srt", "")
-        if "b" not in services:
-            diagnosis.add(Level.FAIL, "services", f"the account SAS does not cover the blob service (ss={services})",
-                          auth=True)
-        if "o" not in types:
-            diagnosis.add(Level.FAIL, "resource types", f"the account SAS does not cover objects (srt={types}): "
-                          "blobs cannot be read or written", auth=True)
-        elif "c" not in types:
-            diagnosis.add(Level.WARN, "resource types", f"the account SAS does not cover containers (srt={types}): "
-                          "listing (sync, -r, ls) and --create-container will be refused")
-    if "sip" in fields:
-        diagnosis.add(Level.INFO, "ip range", f"only requests from {unquote(fields['sip'])} are allowed: "
-                      "this machine's public address must be in that range")
+    if not sas.is_account_sas:
+        return
+    services, types = fields.get("ss", ""), fields.get("srt", "")
+    if "b" not in services:
+        diagnosis.add(Level.FAIL, "services", f"the account SAS does not cover the blob service (ss={services})",
+                      auth=True)
+    if "o" not in types:
+        diagnosis.add(Level.FAIL, "resource types", f"the account SAS does not cover objects (srt={types}): "
+                      "blobs cannot be read or written", auth=True)
+    elif "c" not in types:
+        diagnosis.add(Level.WARN, "resource types", f"the account SAS does not cover containers (srt={types}): "
+                      "listing (sync, -r, ls) and --create-container will be refused")
 
 
 async def diagnose(url: str, *, write_test: bool = False, env: Mapping[str, str] | None = None,
@@ -238,9 +244,9 @@ async def _write_test(store: AzureContainerStore, loc: BlobLocation, diagnosis: 
     folder = loc.path.rstrip("/")
     name = f"{folder + '/' if folder else ''}.blobsync-doctor-{secrets.token_hex(6)}"
     body = b"blobsync doctor write test\n"
-    headers = BlobHeaders("text/plain", hashlib.md5(body).digest(), {})
+    headers = BlobHeaders("text/plain", None, {})  # Put Blob stores the MD5 it computes
     try:
-        await store.put_blob(name, body, headers)
+        await store.put(name, body, headers)
     except (AuthError, ContainerNotFoundError) as exc:
         diagnosis.add(Level.FAIL, "write test", f"cannot write: {exc}", auth=isinstance(exc, AuthError))
         return
@@ -248,7 +254,7 @@ async def _write_test(store: AzureContainerStore, loc: BlobLocation, diagnosis: 
         diagnosis.add(Level.FAIL, "write test", f"cannot write: {exc}")
         return
     try:
-        props = await store.get_properties(name)
+        props = await store.stat(name)
         if props is None or props.size != len(body):
             diagnosis.add(Level.FAIL, "write test", f"wrote {name!r} but could not read it back")
         else:
@@ -256,7 +262,7 @@ async def _write_test(store: AzureContainerStore, loc: BlobLocation, diagnosis: 
     except AuthError as exc:
         diagnosis.add(Level.WARN, "write test", f"wrote {name!r} but cannot read it back: {exc}")
     try:
-        await store.delete_blob(name)
+        await store.delete(name)
         diagnosis.add(Level.OK, "delete test", f"deleted {name!r}")
     except BlobsyncError as exc:
         diagnosis.add(Level.WARN, "delete test", f"cannot delete the probe blob {name!r} ({exc}): remove it by hand")

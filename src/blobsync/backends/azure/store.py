@@ -1,7 +1,7 @@
 """The Azure Blob data path: signs and sends each Blob REST call, maps answers to records and errors.
 
-Every call goes through the HTTP/1.1 client in rawget.py: ranged GETs land in the caller's buffer, bodies leave
-from it."""
+Every call goes through the HTTP client in backends/http.py: ranged GETs land in the caller's buffer, bodies
+leave from it."""
 
 from __future__ import annotations
 
@@ -20,24 +20,26 @@ from typing import TYPE_CHECKING
 from urllib.parse import quote, unquote, urlencode, urlsplit
 
 from blobsync._version import __version__
-from blobsync.backends.azure_auth import Credential, Request, warn_if_plain_http
-from blobsync.backends.azure_batch import SubRequest, batch_body, parse_batch
-from blobsync.backends.azure_errors import error_from_response
+from blobsync.backends.azure.auth import Credential, Request, warn_if_plain_http
+from blobsync.backends.azure.batch import SubRequest, batch_body, parse_batch
+from blobsync.backends.azure.errors import error_from_response
+from blobsync.backends.azure.location import BlobLocation, check_blob_name
+from blobsync.backends.azure.writer import BlockBlobWriter
 from blobsync.backends.base import (
     NO_CONDITIONS,
-    RANGE_MD5_MAX,
     BlobHeaders,
     BlobProperties,
-    Block,
-    BlockList,
-    BlockState,
     Buffer,
+    Capabilities,
     Conditions,
+    Part,
+    Parts,
     PutResult,
     Requester,
     direct,
 )
 from blobsync.backends.http import HttpClient, HttpError
+from blobsync.config import is_metadata_name
 from blobsync.errors import (
     AuthError,
     BatchUnsupported,
@@ -47,7 +49,6 @@ from blobsync.errors import (
     NetworkError,
     ServiceError,
 )
-from blobsync.location import BlobLocation
 from blobsync.redact import redact
 
 if TYPE_CHECKING:
@@ -57,7 +58,15 @@ log = logging.getLogger("blobsync.http")
 
 API_VERSION = "2023-11-03"
 _USER_AGENT = f"blobsync/{__version__}"
-_META_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Blob properties (BlobHeaders.properties) as the headers Put Blob and Put Block List take.
+_PROPERTY_HEADERS = {
+    "cache_control": "x-ms-blob-cache-control",
+    "content_disposition": "x-ms-blob-content-disposition",
+    "content_encoding": "x-ms-blob-content-encoding",
+    "content_language": "x-ms-blob-content-language",
+}
+RANGE_MD5_MAX = 4 * 1024 * 1024  # the largest range the service computes an MD5 of on the fly
+BATCH_MAX = 256  # sub-requests in one Blob Batch
 
 
 Throttle = Callable[[int], Awaitable[None]]  # takes bandwidth tokens for n bytes (the --cap-mbps bucket)
@@ -310,12 +319,12 @@ def _blob_headers(headers: BlobHeaders, prefix: str) -> dict[str, str]:
     if headers.content_md5 is not None:
         out[f"{prefix}content-md5"] = _b64(headers.content_md5)
     for key, value in headers.metadata.items():
-        if not _META_NAME.match(key):
+        if not is_metadata_name(key):
             raise ServiceError(f"invalid metadata name {key!r}: use letters, digits and '_'")
         out[f"x-ms-meta-{key}"] = value
     if headers.tier:
         out["x-ms-access-tier"] = headers.tier
-    out.update(headers.properties)
+    out.update((_PROPERTY_HEADERS[key], value) for key, value in headers.properties.items())
     if headers.tags:
         out["x-ms-tags"] = urlencode(headers.tags, quote_via=quote)
     return out
@@ -337,9 +346,11 @@ _LAST_PAGE_PART = 8
 
 
 class AzureContainerStore:
-    """ContainerStore over the Blob REST API, signed with a SAS, Shared Key or Azure AD token."""
+    """Store over the Blob REST API, signed with a SAS, Shared Key or Azure AD token."""
 
     page_size = 5000  # blobs per List Blobs page: the service's maximum
+    capabilities = Capabilities(max_parts=50_000, max_part_size=4000 * 1024 * 1024, range_md5_max=RANGE_MD5_MAX,
+                                batch_delete_max=BATCH_MAX, keeps_parts=True)
 
     def __init__(
         self,
@@ -376,6 +387,12 @@ class AzureContainerStore:
     @property
     def location(self) -> BlobLocation:
         return self._loc
+
+    def check_name(self, name: str) -> None:
+        check_blob_name(name)
+
+    def writer(self, name: str, nonce: str) -> BlockBlobWriter:
+        return BlockBlobWriter(self, name, nonce)
 
     async def close(self) -> None:
         try:
@@ -478,7 +495,7 @@ class AzureContainerStore:
             raise
         return True
 
-    async def delete_blob(self, name: str, if_match: str | None = None) -> bool:
+    async def delete(self, name: str, if_match: str | None = None) -> bool:
         """Delete a blob (and its snapshots); False when it was already gone."""
         req = {"x-ms-delete-snapshots": "include"}
         if if_match:
@@ -489,7 +506,7 @@ class AzureContainerStore:
             return False
         return True
 
-    async def delete_blobs(self, items: Sequence[tuple[str, str | None]]) -> list[bool | ServiceError]:
+    async def delete_many(self, items: Sequence[tuple[str, str | None]]) -> list[bool | ServiceError]:
         """Delete up to BATCH_MAX blobs (name, If-Match ETag or None) in one Blob Batch request.
 
         Per blob: True (deleted), False (already gone) or the error its sub-request got. BatchUnsupported when
@@ -526,7 +543,7 @@ class AzureContainerStore:
             out.append(False if isinstance(error, BlobNotFoundError) else error)
         return out
 
-    async def get_properties(self, name: str) -> BlobProperties | None:
+    async def stat(self, name: str) -> BlobProperties | None:
         try:
             _, h, _ = await self._call("HEAD", name, [], {}, None, f"get properties of {name!r}", (200,))
         except BlobNotFoundError:
@@ -538,7 +555,7 @@ class AzureContainerStore:
             raise
         return _properties(name, h)
 
-    async def put_blob(
+    async def put(
         self, name: str, data: Buffer, headers: BlobHeaders, conditions: Conditions = NO_CONDITIONS
     ) -> PutResult:
         req = {"x-ms-blob-type": "BlockBlob", **_blob_headers(headers, "x-ms-blob-"),
@@ -562,14 +579,14 @@ class AzureContainerStore:
     async def put_block_list(
         self,
         name: str,
-        blocks: Sequence[tuple[str, BlockState]],
+        blocks: Sequence[tuple[str, str]],
         headers: BlobHeaders,
         conditions: Conditions = NO_CONDITIONS,
     ) -> PutResult:
-        # Built by hand: every entry names the list it must come from (never <Latest> for fresh blocks).
+        """Commit (block ID, 'Committed' or 'Uncommitted') in order; built by hand, every entry naming its list."""
         body = (
             '<?xml version="1.0" encoding="utf-8"?><BlockList>'
-            + "".join(f"<{state.value}>{bid}</{state.value}>" for bid, state in blocks)
+            + "".join(f"<{state}>{bid}</{state}>" for bid, state in blocks)
             + "</BlockList>"
         ).encode("ascii")
         req = {**_blob_headers(headers, "x-ms-blob-"), **_condition_headers(conditions),
@@ -579,39 +596,13 @@ class AzureContainerStore:
         )
         return PutResult(h.get("etag", ""), None)
 
-    async def get_range(
-        self, name: str, offset: int, length: int | None, if_match: str | None = None
-    ) -> tuple[list[bytes], BlobProperties]:
-        """Read `length` bytes from `offset` (None: the whole blob) as received chunks, with the blob's
-        properties as of that read. A body shorter than promised is a retryable NetworkError."""
-        req: dict[str, str] = {}
-        if length is not None:
-            req["x-ms-range"] = f"bytes={offset}-{offset + length - 1}"
-        if if_match:
-            req["If-Match"] = if_match
-        chunks: list[bytes] = []
-        status, h, _ = await self._call("GET", name, [], req, None, f"get blob {name!r}", (200, 206),
-                                        chunks=chunks)
-        got = sum(len(c) for c in chunks)
-        want = length if length is not None else int(h.get("content-length", got))
-        if got != want:
-            raise NetworkError(f"get blob {name!r}: response cut short ({got} of {want} bytes)")
-        props = _properties(name, h)
-        if status == 206:
-            total = h.get("content-range", "").rpartition("/")[2]
-            props = dataclasses.replace(
-                props,
-                size=int(total) if total.isdigit() else props.size,
-                content_md5=_md5_header(h.get("x-ms-blob-content-md5")),
-            )
-        return chunks, props
-
-    async def get_range_into(self, name: str, offset: int, buf: memoryview, if_match: str | None = None, *,
-                             range_md5: bool = False) -> BlobProperties:
+    async def read_into(self, name: str, offset: int, buf: memoryview, if_match: str | None = None, *,
+                        range_md5: bool = False) -> BlobProperties:
         """Read len(buf) bytes from `offset` straight into `buf` (no intermediate copies), with the blob's
-        properties as of that read. A short body is a retryable NetworkError."""
+        properties as of that read. A short body is a retryable NetworkError. An empty `buf` reads the whole
+        blob, which must then be empty: a check that it is there (as this version)."""
         what = f"get blob {name!r}"
-        headers = {"x-ms-range": f"bytes={offset}-{offset + len(buf) - 1}"}
+        headers = {"x-ms-range": f"bytes={offset}-{offset + len(buf) - 1}"} if len(buf) else {}
         if if_match:
             headers["If-Match"] = if_match
         range_md5 = range_md5 and 0 < len(buf) <= RANGE_MD5_MAX
@@ -639,8 +630,8 @@ class AzureContainerStore:
                                    content_md5=_md5_header(h.get("x-ms-blob-content-md5")),
                                    range_md5=props.content_md5 if range_md5 else None)
 
-    async def list_blobs(self, prefix: str = "", *, expected: Callable[[], int | None] | None = None,
-                         request: Requester = direct) -> AsyncIterator[BlobProperties]:
+    async def list_objects(self, prefix: str = "", *, expected: Callable[[], int | None] | None = None,
+                           request: Requester = direct) -> AsyncIterator[BlobProperties]:
         """Every blob under `prefix`, with properties and metadata, one page (up to 5,000) at a time.
 
         The next page is requested as soon as this page's marker is known, before this page is parsed: the
@@ -702,30 +693,23 @@ class AzureContainerStore:
         _, _, body = await self._call("GET", None, query, {}, None, f"list blobs in {self._loc.container}", (200,))
         return body
 
-    async def get_block_list(self, name: str, which: str = "all") -> BlockList:
+    async def get_block_list(self, name: str, which: str = "all") -> Parts:
         try:
             _, h, body = await self._call(
                 "GET", name, [("comp", "blocklist"), ("blocklisttype", which)], {}, None,
                 f"get block list of {name!r}", (200,),
             )
         except BlobNotFoundError:
-            return BlockList((), (), None, None)
+            return Parts((), (), None)
         from xml.etree import ElementTree
 
         root = ElementTree.fromstring(body)
 
-        def blocks(tag: str) -> tuple[Block, ...]:
+        def blocks(tag: str) -> tuple[Part, ...]:
             return tuple(
-                Block(b.findtext("Name") or "", int(b.findtext("Size") or "0"))
+                Part(b.findtext("Name") or "", int(b.findtext("Size") or "0"))
                 for b in root.iterfind(f"{tag}/Block")
             )
 
-        length = h.get("x-ms-blob-content-length")
-        committed = blocks("CommittedBlocks")
-        return BlockList(
-            committed,
-            blocks("UncommittedBlocks"),
-            int(length) if length is not None and (committed or h.get("etag")) else None,
-            h.get("etag"),
-        )
+        return Parts(blocks("CommittedBlocks"), blocks("UncommittedBlocks"), h.get("etag"))
 

@@ -1,12 +1,13 @@
-"""Parses blob URLs (public-cloud host style and emulator path style) into account, container, prefix and SAS."""
+"""Azure blob URLs (public-cloud host style and emulator path style): account, container, path and SAS; name rules."""
 
 from __future__ import annotations
 
 import ipaddress
 import re
 from dataclasses import dataclass
-from urllib.parse import parse_qs, quote, unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
+from blobsync.backends.azure.sas import Sas
 from blobsync.errors import UnsafeNameError, UsageError
 
 _CONTAINER_RE = re.compile(r"^(?:\$root|\$web|\$logs|[a-z0-9](?:[a-z0-9]|-(?=[a-z0-9])){2,62})$")
@@ -53,11 +54,14 @@ class BlobLocation:
             return False
 
     @property
+    def sas_token(self) -> Sas | None:
+        """The SAS, read (None without one)."""
+        return Sas(self.sas) if self.sas else None
+
+    @property
     def sas_fields(self) -> dict[str, str]:
         """The SAS parameters (sp, se, st, spr, sv, ...) by name, first value each."""
-        if not self.sas:
-            return {}
-        return {k: v[0] for k, v in parse_qs(self.sas, keep_blank_values=True).items()}
+        return self.sas_token.fields if self.sas_token else {}
 
     def with_path(self, path: str) -> BlobLocation:
         return BlobLocation(

@@ -1,0 +1,230 @@
+"""A file's chunked upload, step by step: what the store holds already, read and hash, stage, commit, verify."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field, replace
+
+from blobsync.backends.base import BlobHeaders, ChunkedWriter, Conditions, PutResult
+from blobsync.engine.budget import BlockBuffer, Window
+from blobsync.engine.context import EngineContext
+from blobsync.engine.delta import DeltaBase, committed_record
+from blobsync.engine.digest import block_digests, new_md5
+from blobsync.engine.plan import block_count, block_ranges
+from blobsync.engine.tasks import cancel_all, gather_or_cancel, in_thread, raise_first_failure
+from blobsync.errors import ConflictError, IntegrityError, SourceChangedError
+from blobsync.journal import FileRow, FileState
+from blobsync.local.files import FileIdentity, OpenFile
+from blobsync.report import FileResult, FileStatus
+
+log = logging.getLogger("blobsync")
+
+
+@dataclass
+class UploadPlan:
+    """What one file's upload writes: the blob, the source as opened, the properties, the preconditions."""
+
+    blob: str
+    identity: FileIdentity
+    headers: BlobHeaders
+    conditions: Conditions
+
+
+@dataclass
+class BlockWrite:
+    """One attempt at a file's chunked write, and what each block turned out to be (sent, kept or found)."""
+
+    row: FileRow
+    plan: UploadPlan
+    nonce: str  # the write's part identities follow from it (journaled before the first part leaves)
+    writer: ChunkedWriter
+    block_size: int
+    base: DeltaBase | None  # the committed version a delta builds on
+    tokens: list[str] = field(default_factory=list)  # the part committed at each index
+    kept: list[bool] = field(default_factory=list)  # whether that part is one of the current version's
+    expected: dict[str, int] = field(default_factory=dict)  # token -> length the commit must show
+    digests: list[bytes] = field(default_factory=list)  # xxh3-128 per block: the next delta compares these
+    present: dict[str, bool] = field(default_factory=dict)  # parts the store holds: token -> committed
+    reused: int = 0  # bytes not sent: found staged, committed, or unchanged (delta)
+    delta: int = 0  # bytes of unchanged blocks a delta kept
+
+    def __post_init__(self) -> None:
+        n = block_count(self.size, self.block_size)
+        self.tokens = [self.writer.token(i) for i in range(n)]
+        self.kept = [False] * n
+        self.digests = [b""] * n
+        self.expected = {self.tokens[i]: length for i, _, length in block_ranges(self.size, self.block_size)}
+
+    @property
+    def size(self) -> int:
+        return self.plan.identity.size
+
+
+def _read(src: OpenFile, view: memoryview, offset: int, unchanged: bytes | None, need_md5: bool
+          ) -> tuple[bytes | None, bytes]:
+    src.read_into(view, offset)
+    return block_digests(view, unchanged, need_md5)
+
+
+class BlockUploader:
+    """Runs one BlockWrite: plan -> read and hash -> stage -> commit -> verify -> journal."""
+
+    def __init__(self, ctx: EngineContext) -> None:
+        self.ctx = ctx
+
+    async def run(self, w: BlockWrite, src: OpenFile, resume: bool) -> FileResult:
+        if resume:
+            await self._find_staged(w)
+        md5 = await self._stage_all(w, src)
+        result = await self._commit(w, md5)
+        await self._verify(w, md5)
+        return self._record(w, result, md5)
+
+    async def _find_staged(self, w: BlockWrite) -> None:
+        """The parts of this write the store holds already (a resumed upload sends only the others)."""
+        ctx, ident = self.ctx, w.plan.identity
+        listing = await ctx.request(lambda: w.writer.parts())
+        # Parts of this write already committed (the commit landed, its answer was lost) are named again only
+        # where a commit may keep parts of the current version; elsewhere they are sent again.
+        found = ((True, listing.committed), (False, listing.staged)) if ctx.store.capabilities.keeps_parts \
+            else ((False, listing.staged),)
+        for committed, parts in found:
+            for part in parts:
+                if w.expected.get(part.token) == part.size:
+                    w.present[part.token] = committed
+        ctx.journal.start_file(w.row.id, nonce=w.nonce, block_size=w.block_size, n_blocks=len(w.tokens),
+                               size=w.size, mtime_ns=ident.mtime_ns, inode=ident.inode, reset=False,
+                               ctime_ns=ident.ctime_ns)
+
+    async def _stage_all(self, w: BlockWrite, src: OpenFile) -> bytes | None:
+        """Read every block, stage the ones the store lacks, and hash the file in order; returns its MD5."""
+        ctx = self.ctx
+        whole = new_md5() if ctx.config.put_md5 else None
+        hashed: asyncio.Future[None] | None = None  # the last block queued on the one hash thread
+        sends: set[asyncio.Task[None]] = set()
+        # Reading further ahead than the requests that can be in flight only fills memory (and costs page
+        # faults): a file keeps at most concurrency + 2 blocks read and not yet sent.
+        window = Window(lambda: ctx.limiter.limit)
+        try:
+            for idx, offset, length in block_ranges(w.size, w.block_size):
+                raise_first_failure(sends)
+                buf, view, md5 = await self._read_block(w, src, window, idx, offset, length)
+                if whole is not None:
+                    hashed = asyncio.get_running_loop().run_in_executor(ctx.hash_pool, whole.update, view)
+                if self._found(w, idx, length):
+                    self._release_after(buf, hashed)
+                    window.release()
+                else:
+                    assert md5 is not None  # only a block that is not sent skips its MD5
+                    sends.add(asyncio.create_task(self._send(w, idx, view, md5, buf, hashed, window)))
+            if sends:
+                await gather_or_cancel(sends)
+            if hashed is not None:
+                await hashed
+            if src.identity() != w.plan.identity:
+                raise SourceChangedError(f"{src.path}: file changed while it was being uploaded; nothing committed")
+        except BaseException:
+            await cancel_all(sends)
+            raise
+        return whole.digest() if whole is not None else None
+
+    async def _read_block(self, w: BlockWrite, src: OpenFile, window: Window, idx: int, offset: int, length: int
+                          ) -> tuple[BlockBuffer, memoryview, bytes | None]:
+        """A window slot and a pooled buffer, filled from the file in a worker thread with its digests."""
+        ctx = self.ctx
+        await window.acquire()
+        try:
+            buf = await ctx.memory.buffer(w.block_size)
+        except BaseException:
+            window.release()
+            raise
+        view = memoryview(buf)[:length]
+        old = w.base.block_at(idx, length) if w.base is not None else None
+        try:
+            # A block the store holds already (resume) is only read for the whole-file MD5 and the delta memory:
+            # its own MD5 would cost ~1.4 s/GiB for nothing.
+            md5, w.digests[idx] = await in_thread(ctx.io_pool, _read, src, view, offset,
+                                                  old[1] if old is not None else None,
+                                                  w.tokens[idx] not in w.present)
+        except BaseException:
+            ctx.memory.release(buf)
+            window.release()
+            raise
+        return buf, view, md5
+
+    def _found(self, w: BlockWrite, idx: int, length: int) -> bool:
+        """Whether block `idx` needs no sending: unchanged since the committed version (delta), or held already."""
+        old = w.base.block_at(idx, length) if w.base is not None else None
+        if old is not None and w.digests[idx] == old[1]:
+            w.tokens[idx] = old[0]  # name the committed part: nothing is sent
+            w.expected[old[0]] = length
+            w.kept[idx] = True
+            w.delta += length
+        elif w.tokens[idx] in w.present:
+            w.kept[idx] = w.present[w.tokens[idx]]
+        else:
+            return False
+        w.reused += length
+        self.ctx.progress.advanced(w.row.rel, length, 0)
+        return True
+
+    async def _send(self, w: BlockWrite, idx: int, view: memoryview, md5: bytes, buf: BlockBuffer,
+                    hashing: asyncio.Future[None] | None, window: Window) -> None:
+        ctx = self.ctx
+        try:
+            await ctx.request(lambda: w.writer.stage(idx, view, md5))
+        finally:
+            self._release_after(buf, hashing)
+            window.release()
+        ctx.journal.block_done(w.row.id, idx, len(view), md5.hex())
+        ctx.progress.advanced(w.row.rel, len(view), len(view))
+
+    def _release_after(self, buf: BlockBuffer, hashing: asyncio.Future[None] | None) -> None:
+        if hashing is None or hashing.done():
+            self.ctx.memory.release(buf)
+        else:
+            hashing.add_done_callback(lambda _: self.ctx.memory.release(buf))
+
+    async def _commit(self, w: BlockWrite, md5: bytes | None) -> PutResult:
+        ctx, writer = self.ctx, w.writer
+        headers = replace(w.plan.headers, content_md5=md5)
+        entries = list(zip(w.tokens, w.kept, strict=True))
+        # A delta names committed parts of one exact version: commit only over that version.
+        conditions = Conditions(if_match=w.base.etag) if w.base is not None else w.plan.conditions
+        try:
+            return await ctx.request(lambda: writer.commit(entries, headers, conditions))
+        except ConflictError:
+            # A retried commit whose first try landed (the answer was lost) is refused by its own If-Match:
+            # if the committed list is exactly ours (new parts carry our fresh nonce), it was ours.
+            landed = await ctx.request(lambda: writer.parts(staged=False))
+            if w.base is None or [p.token for p in landed.committed] != w.tokens or not landed.etag:
+                raise
+            return PutResult(landed.etag, None)
+
+    async def _verify(self, w: BlockWrite, md5: bytes | None) -> None:
+        """Check what the store now holds against what was sent: the parts, the length and the MD5."""
+        ctx, blob = self.ctx, w.plan.blob
+        listing = await ctx.request(lambda: w.writer.parts(staged=False))
+        if [(p.token, p.size) for p in listing.committed] != [(t, w.expected[t]) for t in w.tokens]:
+            raise IntegrityError(f"{blob}: the committed block list differs from the one sent")
+        props = await ctx.request(lambda: ctx.store.stat(blob))
+        if props is None or props.size != w.size:
+            raise IntegrityError(f"{blob}: the blob's length after commit is not {w.size}")
+        if md5 is not None and props.content_md5 != md5:
+            raise IntegrityError(f"{blob}: the blob's Content-MD5 after commit differs from the file's MD5")
+
+    def _record(self, w: BlockWrite, result: PutResult, md5: bytes | None) -> FileResult:
+        ctx, blob = self.ctx, w.plan.blob
+        ctx.journal.finish_file(w.row.id, FileState.COMMITTED, md5_hex=md5.hex() if md5 else None, etag=result.etag)
+        lengths = [length for _, _, length in block_ranges(w.size, w.block_size)]
+        ctx.journal.remember_commit(ctx.store.container_url, blob, committed_record(
+            w.block_size, result.etag, w.size, md5, list(zip(w.tokens, lengths, w.digests, strict=True))))
+        notes = []
+        if w.delta:
+            notes.append(f"delta: {w.delta} bytes of unchanged blocks reused")
+        if w.reused - w.delta:
+            notes.append(f"resumed: {w.reused - w.delta} bytes were already on the service")
+        return FileResult(w.row.rel, blob, w.size, FileStatus.TRANSFERRED, bytes_sent=w.size - w.reused,
+                          reason="; ".join(notes), bytes_delta=w.delta)
+

@@ -1,0 +1,210 @@
+"""The contract every Store keeps, as rclone's fstests are for its backends: one list of cases, run against each
+store (tests/test_store_conformance.py runs them on the in-memory store and on Azurite).
+
+Each case is `async def case(store, read_back)`: `store` opens an empty container; `read_back(name)` returns an
+object's bytes read independently of the store under test (the SDK for Azurite)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from blobsync.backends.base import BlobHeaders, Conditions, Store
+from blobsync.errors import (
+    BlobNotFoundError,
+    BlobsyncError,
+    ConflictError,
+    CorruptedInTransitError,
+    InvalidBlockListError,
+    Scope,
+    StagingRefusedError,
+)
+
+ReadBack = Callable[[str], bytes]
+Case = Callable[[Store, ReadBack], Awaitable[None]]
+HEADERS = BlobHeaders("application/octet-stream", None, {"origin": "conformance"})
+CASES: list[Case] = []
+
+
+def case(fn: Case) -> Case:
+    CASES.append(fn)
+    return fn
+
+
+def _md5(data: bytes) -> bytes:
+    return hashlib.md5(data).digest()
+
+
+@case
+async def put_then_stat_and_read(store: Store, read_back: ReadBack) -> None:
+    data = os.urandom(3000)
+    result = await store.put("dir/a.bin", data, BlobHeaders("text/plain", _md5(data), {"k": "v"}))
+    props = await store.stat("dir/a.bin")
+    assert props is not None and props.size == 3000 and props.etag == result.etag
+    assert props.content_md5 == _md5(data) and props.content_type == "text/plain" and props.metadata["k"] == "v"
+    buf = bytearray(1000)
+    got = await store.read_into("dir/a.bin", 1000, memoryview(buf))
+    assert bytes(buf) == data[1000:2000] and got.size == 3000 and got.etag == result.etag
+    assert read_back("dir/a.bin") == data
+
+
+@case
+async def a_missing_object_is_none_or_not_found(store: Store, read_back: ReadBack) -> None:
+    assert await store.stat("nope") is None
+    with pytest.raises(BlobNotFoundError):
+        await store.read_into("nope", 0, memoryview(bytearray(4)))
+
+
+@case
+async def put_keeps_its_preconditions(store: Store, read_back: ReadBack) -> None:
+    first = await store.put("c.bin", b"one", HEADERS, Conditions(if_none_match_any=True))
+    with pytest.raises(ConflictError):
+        await store.put("c.bin", b"two", HEADERS, Conditions(if_none_match_any=True))
+    with pytest.raises(ConflictError):
+        await store.put("c.bin", b"two", HEADERS, Conditions(if_match='"0x1234"'))
+    await store.put("c.bin", b"three", HEADERS, Conditions(if_match=first.etag))
+    assert read_back("c.bin") == b"three"
+
+
+@case
+async def a_body_that_arrives_damaged_is_refused_and_retryable(store: Store, read_back: ReadBack) -> None:
+    with pytest.raises(CorruptedInTransitError) as caught:
+        await store.put("bad.bin", b"data", BlobHeaders("text/plain", _md5(b"other"), {}))
+    assert caught.value.retryable and caught.value.scope is Scope.JOB
+    writer = store.writer("bad2.bin", "0123456789abcdef")
+    with pytest.raises(CorruptedInTransitError):
+        await writer.stage(0, b"data", _md5(b"other"))
+    assert await store.stat("bad.bin") is None
+
+
+@case
+async def reads_check_the_version_and_may_send_the_range_md5(store: Store, read_back: ReadBack) -> None:
+    data = os.urandom(5000)
+    put = await store.put("r.bin", data, HEADERS)
+    buf = bytearray(2000)
+    got = await store.read_into("r.bin", 3000, memoryview(buf), put.etag, range_md5=True)
+    assert bytes(buf) == data[3000:]
+    if store.capabilities.range_md5_max >= 2000:
+        assert got.range_md5 == _md5(data[3000:])
+    with pytest.raises(ConflictError):
+        await store.read_into("r.bin", 0, memoryview(bytearray(10)), '"0xdeadbeef"')
+    await store.put("empty.bin", b"", HEADERS)
+    empty = await store.read_into("empty.bin", 0, memoryview(bytearray()))
+    assert empty.size == 0
+
+
+@case
+async def a_chunked_write_commits_its_parts_in_order(store: Store, read_back: ReadBack) -> None:
+    nonce = "00112233aabbccdd"
+    writer = store.writer("big.bin", nonce)
+    assert writer.token(3) == store.writer("big.bin", nonce).token(3)  # the same on resume, on any machine
+    assert writer.token(3) != store.writer("big.bin", "ffeeddccbbaa9988").token(3)
+    assert len({len(writer.token(i)) for i in (0, 9, 10, 49_999)}) == 1
+    blocks = [os.urandom(1000 + i) for i in range(4)]
+    for i in (2, 0, 3, 1):  # staged in any order
+        await writer.stage(i, blocks[i], _md5(blocks[i]))
+    assert await store.stat("big.bin") is None  # nothing is visible before the commit
+    listing = await writer.parts()
+    assert sorted((p.token, p.size) for p in listing.staged) == sorted(
+        (writer.token(i), len(b)) for i, b in enumerate(blocks))
+    assert listing.committed == ()
+    result = await writer.commit([(writer.token(i), False) for i in range(4)],
+                                 BlobHeaders("application/x-test", _md5(b"".join(blocks)), {"m": "1"}))
+    committed = await writer.parts(staged=False)
+    assert [(p.token, p.size) for p in committed.committed] == [(writer.token(i), len(b)) for i, b in enumerate(blocks)]
+    assert committed.etag == result.etag
+    assert (await writer.parts()).staged == ()  # a commit leaves nothing staged
+    props = await store.stat("big.bin")
+    assert props is not None and props.content_md5 == _md5(b"".join(blocks)) and props.metadata["m"] == "1"
+    assert read_back("big.bin") == b"".join(blocks)
+
+
+@case
+async def a_commit_of_parts_the_store_lacks_is_refused(store: Store, read_back: ReadBack) -> None:
+    writer = store.writer("x.bin", "0123456789abcdef")
+    await writer.stage(0, b"zero", None)
+    with pytest.raises(InvalidBlockListError):
+        await writer.commit([(writer.token(0), False), (writer.token(1), False)], HEADERS)
+    with pytest.raises(ConflictError):
+        await writer.commit([(writer.token(0), False)], HEADERS, Conditions(if_match='"0xdeadbeef"'))
+    await writer.commit([(writer.token(0), False)], HEADERS, Conditions(if_none_match_any=True))
+    assert read_back("x.bin") == b"zero"
+
+
+@case
+async def a_new_version_may_keep_parts_of_the_current_one(store: Store, read_back: ReadBack) -> None:
+    if not store.capabilities.keeps_parts:
+        pytest.skip("this store cannot keep parts across versions")
+    old = store.writer("d.bin", "0000000000000001")
+    await old.stage(0, b"A" * 100, None)
+    await old.stage(1, b"B" * 100, None)
+    v1 = await old.commit([(old.token(0), False), (old.token(1), False)], HEADERS)
+    new = store.writer("d.bin", "0000000000000002")
+    await new.stage(1, b"C" * 100, None)
+    with pytest.raises(ConflictError):  # over a version that is not the current one: refused, nothing mixed
+        await new.commit([(old.token(0), True), (new.token(1), False)], HEADERS, Conditions(if_match='"0x1"'))
+    await new.stage(1, b"C" * 100, None)
+    await new.commit([(old.token(0), True), (new.token(1), False)], HEADERS, Conditions(if_match=v1.etag))
+    assert read_back("d.bin") == b"A" * 100 + b"C" * 100
+    parts = await new.parts(staged=False)
+    assert [p.token for p in parts.committed] == [old.token(0), new.token(1)]
+
+
+@case
+async def parts_another_writer_left_are_cleared_on_request(store: Store, read_back: ReadBack) -> None:
+    await store.put("s.bin", b"committed", HEADERS)
+    foreign = store.writer("s.bin", "a-much-longer-nonce-of-another-tool")
+    await foreign.stage(0, b"theirs", None)
+    ours = store.writer("s.bin", "0123456789abcdef")
+    with pytest.raises(StagingRefusedError):
+        await ours.stage(0, b"ours", None)
+    etag = await ours.clear_stale(HEADERS, Conditions())
+    assert etag is not None
+    assert read_back("s.bin") == b"committed"  # the current version is kept
+    await ours.stage(0, b"ours", None)
+    await ours.commit([(ours.token(0), False)], HEADERS, Conditions(if_match=etag))
+    assert read_back("s.bin") == b"ours"
+    assert await ours.clear_stale(HEADERS, Conditions()) is None  # nothing left to clear
+
+
+@case
+async def listing_pages_through_everything_under_a_prefix(store: Store, read_back: ReadBack) -> None:
+    names = [f"p/{i:03d}" for i in range(23)] + ["p/sub/é ü.txt", "q/other"]
+    for name in names:
+        await store.put(name, name.encode(), HEADERS)
+    store.page_size = 5  # type: ignore[attr-defined]  # every store pages; a small page takes several
+    listed = [p async for p in store.list_objects("p/")]
+    assert [p.name for p in listed] == sorted(n for n in names if n.startswith("p/"))
+    assert all(p.size == len(p.name.encode()) for p in listed)
+    page, marker = await store.list_page("p/")
+    assert len(page) == 5 and marker
+    rest, _ = await store.list_page("p/", marker)
+    assert rest[0].name == listed[5].name
+    assert [p.name async for p in store.list_objects("nothing/")] == []
+    assert read_back("p/sub/é ü.txt") == "p/sub/é ü.txt".encode()
+
+
+@case
+async def deletes_say_what_they_did(store: Store, read_back: ReadBack) -> None:
+    v = await store.put("del.bin", b"x", HEADERS)
+    with pytest.raises(ConflictError):
+        await store.delete("del.bin", '"0xdeadbeef"')
+    assert await store.delete("del.bin", v.etag) is True
+    assert await store.delete("del.bin") is False
+    if not store.capabilities.batch_delete_max:
+        return
+    for name in ("m1", "m2"):
+        await store.put(name, b"y", HEADERS)
+    results = await store.delete_many([("m1", None), ("gone", None), ("m2", '"0xdeadbeef"')])
+    assert results[0] is True and results[1] is False
+    assert isinstance(results[2], BlobsyncError)
+    assert await store.stat("m1") is None and await store.stat("m2") is not None
+
+
+@case
+async def creating_a_container_that_exists_says_so(store: Store, read_back: ReadBack) -> None:
+    assert await store.create_container() is False
+    assert store.location.path == "" and store.container_url.endswith(store.location.container)

@@ -1,0 +1,49 @@
+"""The shape src/ keeps: no function over 60 lines, none of complexity rank D or worse (radon), and an engine
+that knows stores only through the seam (backends/base.py and the registry), never a backend's own modules."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from radon.complexity import cc_rank, cc_visit
+
+SRC = Path(__file__).resolve().parent.parent / "src" / "blobsync"
+MAX_LINES = 60
+
+
+def _sources() -> list[Path]:
+    return sorted(SRC.rglob("*.py"))
+
+
+def test_no_function_is_longer_than_60_lines() -> None:
+    long = []
+    for path in _sources():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > MAX_LINES:
+                    long.append(f"{path.relative_to(SRC)}:{node.lineno} {node.name} ({lines} lines)")
+    assert not long, long
+
+
+def test_no_function_is_of_complexity_rank_d_or_worse() -> None:
+    complex_ = [f"{path.relative_to(SRC)}:{block.lineno} {block.name} ({cc_rank(block.complexity)}, "
+                f"{block.complexity})"
+                for path in _sources() for block in cc_visit(path.read_text(encoding="utf-8"))
+                if cc_rank(block.complexity) not in "ABC"]
+    assert not complex_, complex_
+
+
+def test_the_engine_reaches_stores_only_through_the_seam() -> None:
+    """engine/, syncing/ and the planning modules import no backend module but base and registry."""
+    allowed = {"blobsync.backends.base", "blobsync.backends.registry"}
+    found = []
+    for folder in ("engine", "syncing"):
+        for path in sorted((SRC / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                names = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
+                    [a.name for a in node.names] if isinstance(node, ast.Import) else []
+                found += [f"{path.relative_to(SRC)}: {n}" for n in names
+                          if n.startswith("blobsync.backends") and n not in allowed]
+    assert not found, found

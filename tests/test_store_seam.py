@@ -1,0 +1,152 @@
+"""The storage seam from outside: a store registered by a package that is not blobsync carries a sync both ways,
+and the engine's recovery paths run against the in-memory store's injected faults (no HTTP, no Azurite)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import blobsync
+from blobsync import TransferConfig
+from blobsync.backends import memory
+from blobsync.config import MiB
+from blobsync.errors import NetworkError, ThrottledError
+from blobsync.syncing.job import DeleteMode
+from support import toystore
+from support.cli import random_file
+
+
+def _config(tmp_path: Path, **kwargs: object) -> TransferConfig:
+    return TransferConfig.from_mib(block_size_mb=1, journal_path=tmp_path / "j.db", max_retries=3, **kwargs)
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    files = {"a.txt": 10, "sub/b.bin": 2 * MiB + 17, "sub/deep/c.bin": 0, "big.bin": 5 * MiB + 1}
+    return {rel: random_file(root / rel, size, seed=i) for i, (rel, size) in enumerate(files.items())}
+
+
+@pytest.fixture
+def toy_box(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    root = tmp_path / "toy-box"
+    root.mkdir()
+    name = f"box{uuid.uuid4().hex[:8]}"
+    toystore.ROOTS[name] = root
+    yield name, root
+    del toystore.ROOTS[name]
+
+
+def _toy_bytes(root: Path, name: str) -> bytes:
+    from urllib.parse import quote
+
+    return (root / quote(name, safe="")).read_bytes()  # read from the toy's own files, not through blobsync
+
+
+def test_a_store_registered_from_outside_carries_a_sync_both_ways(tmp_path: Path, toy_box: tuple[str, Path]
+                                                                  ) -> None:
+    name, root = toy_box
+    files = _tree(tmp_path / "src")
+    report = blobsync.sync(tmp_path / "src", f"toy://{name}/run1", _config(tmp_path))
+    assert report.ok and report.files_transferred == len(files)
+    for rel, data in files.items():
+        assert _toy_bytes(root, f"run1/{rel}") == data
+
+    again = blobsync.sync(tmp_path / "src", f"toy://{name}/run1", _config(tmp_path))
+    assert again.ok and again.files_transferred == 0  # compared through the toy's listing: in sync
+
+    down = blobsync.sync(f"toy://{name}/run1", tmp_path / "down", _config(tmp_path))
+    assert down.ok and down.files_transferred == len(files)
+    for rel, data in files.items():
+        assert (tmp_path / "down" / rel).read_bytes() == data
+
+    (tmp_path / "src" / "a.txt").unlink()  # a toy has no batch deletes: the engine deletes one by one
+    pruned = blobsync.sync(tmp_path / "src", f"toy://{name}/run1", _config(tmp_path), delete=DeleteMode.TRUE)
+    assert pruned.ok and pruned.files_deleted == 1
+    assert not (root / "run1%2Fa.txt").exists()
+
+
+@pytest.fixture
+def box() -> Iterator[memory.Container]:
+    container = memory.container(f"seam-{uuid.uuid4().hex[:10]}")
+    yield container
+    memory.drop(container.name)
+
+
+def test_parts_and_puts_that_fail_for_a_moment_are_retried(tmp_path: Path, box: memory.Container) -> None:
+    files = _tree(tmp_path / "src")
+    box.faults.add("stage", lambda: NetworkError("connection reset"), times=3)
+    box.faults.add("put", lambda: ThrottledError("503 ServerBusy", status=503, retry_after=0.01), times=1)
+    report = blobsync.sync(tmp_path / "src", f"memory://{box.name}", _config(tmp_path))
+    assert report.ok and report.retries >= 4
+    assert {n: o.data for n, o in box.objects.items()} == files
+
+
+def test_a_commit_whose_answer_was_lost_is_found_landed(tmp_path: Path, box: memory.Container) -> None:
+    """The commit took effect, its answer never came: the retry is refused (its parts are committed now), and the
+    engine finds its own parts committed instead of reporting work never done or sending it all again."""
+    data = random_file(tmp_path / "f.bin", 3 * MiB + 5, seed=3)
+    box.faults.add("commit", lambda: NetworkError("read timed out"), after=True)
+    report = blobsync.copy(tmp_path / "f.bin", f"memory://{box.name}/f.bin", _config(tmp_path))
+    assert report.ok and report.files_transferred == 1
+    assert box.objects["f.bin"].data == data
+    assert box.faults.calls["stage"] == 4  # every part once: nothing was sent twice
+    assert box.faults.calls["commit"] == 3  # landed (answer lost), refused (parts gone), kept parts named
+
+
+def test_parts_another_tool_left_are_cleared_and_the_file_goes_up(tmp_path: Path, box: memory.Container) -> None:
+    data = random_file(tmp_path / "f.bin", 2 * MiB + 1, seed=4)
+    box.staged["f.bin"] = {"another-tool-block-id-of-another-length": b"junk"}
+    report = blobsync.copy(tmp_path / "f.bin", f"memory://{box.name}/f.bin", _config(tmp_path))
+    assert report.ok
+    assert box.objects["f.bin"].data == data
+
+
+def test_a_store_that_keeps_failing_stops_the_job_resumable(tmp_path: Path, box: memory.Container) -> None:
+    data = random_file(tmp_path / "f.bin", 4 * MiB, seed=5)
+    box.faults.add("stage", lambda: NetworkError("connection refused"), times=100, name="f.bin")
+    with pytest.raises(NetworkError):
+        blobsync.copy(tmp_path / "f.bin", f"memory://{box.name}/f.bin", _config(tmp_path))
+    assert "f.bin" not in box.objects
+    box.faults.clear()
+    report = blobsync.copy(tmp_path / "f.bin", f"memory://{box.name}/f.bin", _config(tmp_path))
+    assert report.ok and box.objects["f.bin"].data == data
+
+
+def test_an_error_that_no_retry_fixes_fails_the_file_and_the_rest_go_up(tmp_path: Path, box: memory.Container
+                                                                         ) -> None:
+    from blobsync.errors import ServiceError
+
+    files = _tree(tmp_path / "src")
+    box.faults.add("put", lambda: ServiceError("HTTP 400 InvalidHeaderValue", status=400), name="a.txt")
+    report = blobsync.sync(tmp_path / "src", f"memory://{box.name}", _config(tmp_path))
+    assert not report.ok and [f.rel for f in report.failures] == ["a.txt"]
+    assert sorted(box.objects) == sorted(set(files) - {"a.txt"})
+
+
+def test_a_download_whose_range_arrives_damaged_is_fetched_again(tmp_path: Path, box: memory.Container) -> None:
+    files = _tree(tmp_path / "src")
+    assert blobsync.sync(tmp_path / "src", f"memory://{box.name}", _config(tmp_path)).ok
+    real_read = memory.MemoryStore.read_into
+    damaged: list[int] = []
+
+    async def flaky(self: memory.MemoryStore, name: str, offset: int, buf: memoryview, if_match: str | None = None,
+                    *, range_md5: bool = False) -> blobsync.BlobProperties:
+        props = await real_read(self, name, offset, buf, if_match, range_md5=range_md5)
+        if name == "big.bin" and offset == MiB and not damaged:
+            damaged.append(offset)
+            buf[0] ^= 0xFF  # one bit flipped on the way
+        return props
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(memory.MemoryStore, "read_into", flaky)
+    try:
+        report = blobsync.sync(f"memory://{box.name}", tmp_path / "down", _config(tmp_path))
+    finally:
+        mp.undo()
+    assert report.ok and damaged == [MiB] and report.retries >= 1
+    for rel, data in files.items():
+        assert (tmp_path / "down" / rel).read_bytes() == data
+    assert os.path.exists(tmp_path / "down" / "sub" / "deep" / "c.bin")
