@@ -150,3 +150,20 @@ def test_a_download_whose_range_arrives_damaged_is_fetched_again(tmp_path: Path,
     for rel, data in files.items():
         assert (tmp_path / "down" / rel).read_bytes() == data
     assert os.path.exists(tmp_path / "down" / "sub" / "deep" / "c.bin")
+
+
+def test_a_file_that_changed_during_its_upload_commits_nothing_and_leaves_no_parts(tmp_path: Path,
+                                                                                  box: memory.Container) -> None:
+    path = tmp_path / "f.bin"
+    random_file(path, 3 * MiB + 1, seed=6)
+
+    def grow_then_fail() -> NetworkError:
+        with open(path, "ab") as f:  # the writer of the file appends while the upload runs
+            f.write(b"more")
+        return NetworkError("connection reset")
+
+    box.faults.add("stage", grow_then_fail)
+    report = blobsync.copy(path, f"memory://{box.name}/f.bin", _config(tmp_path))
+    assert not report.ok and "changed while it was being uploaded" in report.failures[0].reason
+    assert "f.bin" not in box.objects
+    assert not box.staged.get("f.bin")  # the parts of a version that no longer exists were dropped

@@ -16,6 +16,8 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"(?i)(Bearer )[A-Za-z0-9._~+/=-]+"), r"\1REDACTED"),
 )
 
+# Process-wide on purpose: a secret any part has seen (a key, a token, a proxy password) must be hidden by every
+# part, and errors are redacted when they are made, far from whoever registered it.
 _extra: set[str] = set()
 
 

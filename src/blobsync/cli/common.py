@@ -28,14 +28,22 @@ from blobsync.stopping import stop_on_signals
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-# Set by a command running with --output-type json, so that a fatal error is a JSON line too.
-_json_out: JsonLines | None = None
+# Where a command running with --output-type json keeps its JsonLines (in the invocation's click context, so
+# that in-process runners calling several commands share nothing): a fatal error is a JSON line too.
+_JSON_OUT = "blobsync.json_out"
+
+
+def _json_out() -> JsonLines | None:
+    ctx = click.get_current_context(silent=True)
+    found = ctx.find_root().meta.get(_JSON_OUT) if ctx is not None else None
+    return found if isinstance(found, JsonLines) else None
 
 
 def fail(message: str, code: int) -> None:
     message = printable(redact(message))
-    if _json_out is not None:
-        _json_out.emit({"type": "error", "message": message, "exit_code": code})
+    json_out = _json_out()
+    if json_out is not None:
+        json_out.emit({"type": "error", "message": message, "exit_code": code})
     click.echo(f"blobsync: error: {message}", err=True)
     sys.exit(code)
 
@@ -45,8 +53,6 @@ def handle_errors(fn: F) -> F:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        global _json_out
-        _json_out = None  # until this command says otherwise (in-process runners call several commands)
         try:
             return fn(*args, **kwargs)
         except BlobsyncError as exc:
@@ -139,14 +145,13 @@ def output_options(fn: F) -> F:
 
 def start_output(command: str, out: OutputMode, **fields: object) -> JsonLines | None:
     """In JSON mode, print the start record and route fatal errors to stdout as JSON too."""
-    global _json_out
     if not out.json:
         return None
-    _json_out = JsonLines()
+    json_out = click.get_current_context().find_root().meta[_JSON_OUT] = JsonLines()
     shown = {k: strip_query(v) if isinstance(v, str) else v for k, v in fields.items()}
-    _json_out.emit({"type": "start", "command": command, "version": __version__,
-                    "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **shown})
-    return _json_out
+    json_out.emit({"type": "start", "command": command, "version": __version__,
+                   "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **shown})
+    return json_out
 
 
 def run_job(call: Callable[[Progress], Report], out: OutputMode, *, json_out: JsonLines | None,

@@ -35,6 +35,7 @@ from blobsync.engine.context import Progress
 from blobsync.engine.prompt import Answer
 from blobsync.errors import BlobsyncError, ExitCode, UsageError
 from blobsync.filters import Filters
+from blobsync.journal import FileState
 from blobsync.redact import printable, redact, strip_query
 from blobsync.report import Action, Report
 from blobsync.stopping import stop_on_signals
@@ -226,7 +227,7 @@ def jobs_list(journal_path: Path | None) -> None:
         return
     for s in summaries:
         files = sum(t["files"] for t in s.totals.values())
-        done = s.totals.get("committed", {}).get("files", 0)
+        done = s.totals.get(FileState.COMMITTED, {}).get("files", 0)
         click.echo(f"{s.job.id}  {s.job.state:<11} {_when(s.job.updated)}  {done}/{files} files  "
                    f"{s.job.source} -> {s.job.dest}")
 

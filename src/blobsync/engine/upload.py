@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import mimetypes
 from dataclasses import replace
@@ -17,6 +18,7 @@ from blobsync.engine.plan import block_count, choose_block_size, new_nonce
 from blobsync.engine.staging import BlockUploader, BlockWrite, UploadPlan
 from blobsync.engine.tasks import in_thread
 from blobsync.errors import (
+    BlobsyncError,
     ConflictError,
     IntegrityError,
     InvalidBlockListError,
@@ -141,6 +143,11 @@ class FileUploader:
             writer = self.ctx.store.writer(plan.blob, nonce)
             try:
                 return await self.blocks.run(BlockWrite(row, plan, nonce, writer, block_size, base), src, resume)
+            except SourceChangedError:
+                # The parts staged hold bytes of a version that no longer exists: no run will resume them.
+                with contextlib.suppress(BlobsyncError):
+                    await self.ctx.request(writer.abort)
+                raise
             except (ConflictError, InvalidBlockListError) as exc:
                 if base is not None:
                     # The version the delta built on changed under us (412) or lacks a part it named: send the
