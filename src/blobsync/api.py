@@ -7,6 +7,7 @@ import concurrent.futures
 import os
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -14,9 +15,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from blobsync import stopping
 from blobsync.backends.base import BlobProperties, Location
 from blobsync.backends.registry import is_remote, open_store, parse_location
-from blobsync.config import TransferConfig
+from blobsync.config import Overwrite, TransferConfig
 from blobsync.copying import plan_copy
-from blobsync.engine.context import Progress, request_path
+from blobsync.engine.context import Progress, RemoteRunner, request_path
 from blobsync.engine.delete import batch_enabled
 from blobsync.engine.prompt import Answer, OverwritePrompt
 from blobsync.engine.session import open_session
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from blobsync.syncing.watch import Ready
 
 T = TypeVar("T")
+Cluster = Any  # None, a distributed.Client, 'tcp://host:8786' or 'local:N'
 StopSignal = threading.Event | asyncio.Event | Callable[[], bool] | None
 
 
@@ -75,9 +77,30 @@ class _Selection:
     dry_run: bool = False
     on_action: Callable[[Action], None] | None = None
     confirm_overwrite: Callable[[str], Answer] | None = None
+    cluster: Cluster = None
+    url: str = ""  # the remote side as the user gave it, SAS included: what a cluster's workers open
 
     def prompt(self) -> OverwritePrompt | None:
         return OverwritePrompt(self.confirm_overwrite) if self.confirm_overwrite is not None else None
+
+
+@asynccontextmanager
+async def _remote(cluster: Cluster, url: str, upload: bool, config: TransferConfig, dry_run: bool
+                  ) -> AsyncIterator[RemoteRunner | None]:
+    """The cluster a job's files run on (None: this machine), opened for the job and closed after it."""
+    if cluster is None or dry_run:
+        yield None
+        return
+    if config.overwrite is Overwrite.PROMPT:
+        raise UsageError("--overwrite prompt cannot be used with --cluster: use true, false or ifSourceNewer")
+    from blobsync.cluster.client import ClusterTransfer
+    from blobsync.cluster.dask_adapter import DaskExecutor
+
+    executor = await DaskExecutor.open(cluster)
+    try:
+        yield ClusterTransfer(executor, url, upload)
+    finally:
+        await executor.close()
 
 
 async def _run_download(
@@ -88,8 +111,9 @@ async def _run_download(
     from blobsync.engine.download_job import DownloadJob, DownloadSpec
 
     try:
-        async with open_session(loc, config, env, journal, progress=progress,
-                                overwrite_prompt=selection.prompt()) as ctx:
+        async with (_remote(selection.cluster, selection.url, False, config, selection.dry_run) as remote,
+                    open_session(loc, config, env, journal, progress=progress,
+                                 overwrite_prompt=selection.prompt(), cluster=remote) as ctx):
             spec = DownloadSpec(loc, dest, folder, selection.filters, selection.dry_run)
             return await DownloadJob(spec, ctx, job=job, on_action=selection.on_action).run()
     finally:
@@ -103,8 +127,9 @@ async def _run_upload(
     from blobsync.engine.job import UploadJob, UploadSpec
 
     try:
-        async with open_session(loc, config, env, journal, progress=progress,
-                                overwrite_prompt=selection.prompt()) as ctx:
+        async with (_remote(selection.cluster, selection.url, True, config, selection.dry_run) as remote,
+                    open_session(loc, config, env, journal, progress=progress,
+                                 overwrite_prompt=selection.prompt(), cluster=remote) as ctx):
             spec = UploadSpec(source, loc, selection.filters, selection.dry_run)
             return await UploadJob(spec, ctx, job=job, on_action=selection.on_action).run()
     finally:
@@ -125,6 +150,7 @@ async def copy_async(
     dry_run: bool = False,
     on_action: Callable[[Action], None] | None = None,
     confirm_overwrite: Callable[[str], Answer] | None = None,
+    cluster: Cluster = None,
 ) -> Report:
     """Upload a local file or folder to a blob URL, or download a blob (or, with `config.recursive`, every
     blob under a prefix) to a local path. The direction follows from which side is a URL. Re-running the same
@@ -138,6 +164,9 @@ async def copy_async(
     With `config.overwrite` PROMPT, `confirm_overwrite(description)` is asked (in a worker thread, one file at a
     time) about each file that exists at the destination and answers an `Answer` (yes, no, all, none).
 
+    `cluster` runs the transfers on Dask workers (a `distributed.Client`, 'tcp://scheduler:8786', or 'local:N'
+    for N worker processes here); the local side must be the same path on every worker.
+
     Files that fail are listed in the returned Report (`report.failures`); with `raise_on_error=True` they
     raise TransferFailedError instead. Errors that stop the whole job (credentials, a missing container, bad
     arguments) always raise. Cancelling the task leaves the job resumable."""
@@ -146,7 +175,8 @@ async def copy_async(
     env = os.environ if env is None else env
     progress = _progress(progress, subscribers)
     config = replace(config, recursive=plan.many)
-    selection = _Selection(plan.filters, dry_run, on_action, confirm_overwrite)
+    selection = _Selection(plan.filters, dry_run, on_action, confirm_overwrite, cluster,
+                           os.fspath(dest) if plan.upload else os.fspath(source))
     journal = _journal(config.journal_path, env)
     if plan.upload:
         report = await _run_upload(plan.local, plan.remote, config, env, progress, None, journal, selection)
@@ -178,6 +208,7 @@ async def sync_async(
     subscribers: Sequence[Subscriber] = (),
     raise_on_error: bool = False,
     ready: Ready | None = None,
+    cluster: Cluster = None,
 ) -> Report:
     """Make `dest` match `source`: a local folder and a container URL (optionally with a prefix), either way.
 
@@ -185,7 +216,8 @@ async def sync_async(
     removes destination files the source lacks, only after a complete enumeration and error-free transfers.
     `on_action` sees each decision (transfer or delete, with its reason); `confirm(n)` answers DeleteMode.PROMPT.
     Uploads: `ready(rel, mtime_ns)`, if given, holds back files it returns False for (neither sent nor deleted).
-    A changed file whose previous version blobsync committed sends only its changed blocks (delta)."""
+    A changed file whose previous version blobsync committed sends only its changed blocks (delta).
+    `cluster` runs the transfers on Dask workers, as for `copy` (the comparison and deletes stay here)."""
     config = replace(config or TransferConfig(), recursive=True)
     env = os.environ if env is None else env
     src_text, dst_text = os.fspath(source), os.fspath(dest)
@@ -200,7 +232,9 @@ async def sync_async(
                     batch_enabled(env))
     journal = _journal(config.journal_path, env)
     try:
-        async with open_session(loc, config, env, journal, progress=_progress(progress, subscribers)) as ctx:
+        async with (_remote(cluster, dst_text if upload else src_text, upload, config, dry_run) as remote,
+                    open_session(loc, config, env, journal, progress=_progress(progress, subscribers),
+                                 cluster=remote) as ctx):
             report = await SyncJob(spec, ctx, on_action=on_action, confirm=confirm).run()
     finally:
         journal.close()

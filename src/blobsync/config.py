@@ -345,10 +345,19 @@ class TransferConfig:
 
     def journal_options(self) -> dict[str, object]:
         """The options worth keeping with a job (for 'jobs show' and 'jobs resume'); no secrets live here."""
+        return self._plain(lambda flag: flag.journal)
+
+    def worker_options(self) -> dict[str, object]:
+        """Every option a machine running part of the job needs (not the journal, the proxy or container
+        creation, which are the client's), as plain values for `from_journal`."""
+        return {**self._plain(lambda flag: flag.decl != "--journal" and flag.decl != "--proxy"),
+                "create_container": False}
+
+    def _plain(self, wanted: Callable[[Flag], bool]) -> dict[str, object]:
         out: dict[str, object] = {}
         for f in fields(self):
             flag = f.metadata.get("flag")
-            if flag is not None and flag.journal:
+            if flag is not None and wanted(flag):
                 value = getattr(self, f.name)
                 out[f.name] = value.value if isinstance(value, Enum) else dict(value) if isinstance(
                     value, Mapping) else value

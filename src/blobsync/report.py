@@ -39,6 +39,18 @@ class FileResult:
     bytes_delta: int = 0  # unchanged blocks a delta upload named from the committed version, not sent
 
 
+@dataclass(frozen=True)
+class ShardRow:
+    """What one task of a job run on a cluster did (a shard of files, or a range of one huge file)."""
+
+    label: str
+    worker: str
+    files: int
+    bytes: int
+    duration: float
+    retries: int
+
+
 NO_JOB = "-"  # the report's job_id when no job was opened (a no-op sync, rm)
 DRY_RUN = "dry-run"  # ... and when nothing was to be changed
 
@@ -72,6 +84,7 @@ class Report:
     duration: float = 0.0
     failures: list[FileResult] = field(default_factory=list)
     skipped_notes: list[FileResult] = field(default_factory=list)
+    shards: list[ShardRow] = field(default_factory=list)  # a job run on a cluster: one row per task
     # Sees every result as it is added: the live progress and the subscribers hang off it.
     listener: Callable[[FileResult], None] | None = field(default=None, repr=False, compare=False)
 

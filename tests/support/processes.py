@@ -14,6 +14,9 @@ from pathlib import Path
 
 # Children meant to outlive a test (the session's Azurite): never reported as left behind.
 LONG_LIVED: set[int] = set()
+# Python's own helper, started by the first process spawned with multiprocessing (a Dask LocalCluster's
+# workers) and kept for the interpreter's lifetime: not something a test started.
+_RUNTIME_HELPERS = ("multiprocessing.resource_tracker",)
 
 
 def as_from_a_terminal() -> None:
@@ -47,6 +50,9 @@ def leftover_children() -> list[tuple[int, str]]:
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
         except OSError:
+            continue
+        if any(helper in cmd for helper in _RUNTIME_HELPERS):
+            LONG_LIVED.add(pid)
             continue
         out.append((pid, cmd))
     return out

@@ -49,6 +49,28 @@ def cli() -> None:
     """Fast, resumable, verified transfers between local disks and Azure Blob Storage."""
 
 
+_cluster_option = click.option(
+    "--cluster", default=None, is_flag=False, flag_value="", metavar="ADDRESS",
+    help="Run the transfers on a Dask cluster: tcp://scheduler:8786, or local:N for N worker processes here; "
+         "--cluster alone takes DASK_SCHEDULER_ADDRESS. The local side must be the same path on every worker. "
+         "Needs pip install 'blobsync[dask]'.")
+
+
+def _cluster(address: str | None) -> str | None:
+    """--cluster's address (None: this machine only); the extra must be installed."""
+    if address is None:
+        return None
+    if not address:
+        address = os.environ.get("DASK_SCHEDULER_ADDRESS", "")
+        if not address:
+            raise UsageError("--cluster without an address takes DASK_SCHEDULER_ADDRESS, which is not set",
+                             hint="pass --cluster tcp://scheduler:8786 or --cluster local:N")
+    from blobsync.cluster.dask_adapter import require_dask
+
+    require_dask()
+    return address
+
+
 def _ask_overwrite(description: str) -> Answer:
     """--overwrite prompt, on the terminal: AzCopy's y/n/A/N."""
     while True:
@@ -85,13 +107,14 @@ def _echo_action(out: OutputMode, json_out: JsonLines | None, dry_run: bool) -> 
               default="true", show_default=True, help="What to do when the destination exists (prompt: ask).")
 @click.option("--preserve-last-modified-time", is_flag=True,
               help="Downloads: set the file's mtime to the source's (stored by blobsync, else Last-Modified).")
+@_cluster_option
 @click.option("--dry-run", is_flag=True, help="Print what would be copied, and where; copy nothing.")
 @filter_options
 @transfer_options
 @azcopy_flags("copy")
 @output_options
-def cp(source: str, destination: str, as_subdir: bool, dry_run: bool, filters: Filters, out: OutputMode,
-       log_level: str, log_file: Path | None, **options: Any) -> None:
+def cp(source: str, destination: str, as_subdir: bool, dry_run: bool, filters: Filters, cluster: str | None,
+       out: OutputMode, log_level: str, log_file: Path | None, **options: Any) -> None:
     """Copy SOURCE to DESTINATION; one of them is a blob URL, the other a local path.
 
     Upload a file (or a folder with -r) to a container or blob URL, or download a blob (or everything under a
@@ -100,6 +123,7 @@ def cp(source: str, destination: str, as_subdir: bool, dry_run: bool, filters: F
     """
     setup_logging(log_level, log_file)
     config = config_from(options)
+    address = _cluster(cluster)
     prompt = config.overwrite is Overwrite.PROMPT and not dry_run
     if prompt and not sys.stdin.isatty():
         raise UsageError("--overwrite prompt needs a terminal to ask on: use true, false or ifSourceNewer")
@@ -107,7 +131,7 @@ def cp(source: str, destination: str, as_subdir: bool, dry_run: bool, filters: F
     on_action = _echo_action(out, json_out, dry_run)
     run_job(lambda progress: api.copy(source, destination, config, progress=progress, filters=filters,
                                       as_subdir=as_subdir, dry_run=dry_run, on_action=on_action,
-                                      confirm_overwrite=_ask_overwrite if prompt else None),
+                                      confirm_overwrite=_ask_overwrite if prompt else None, cluster=address),
             out, json_out=json_out, dry_run=dry_run, show_files=not dry_run, quiet=dry_run or prompt)
 
 
@@ -126,6 +150,7 @@ def cp(source: str, destination: str, as_subdir: bool, dry_run: bool, filters: F
               default="false", show_default=True,
               help="Delete destination files the source no longer has (never ones the filters exclude).")
 @click.option("--max-delete", default=None, help="Delete nothing if more than N (or N%) would be deleted.")
+@_cluster_option
 @click.option("--dry-run", is_flag=True, help="Print what would be done, and why; change nothing.")
 @click.option("--watch", is_flag=True,
               help="Uploads: after the first sync, keep syncing files as they change, until Ctrl-C.")
@@ -136,7 +161,8 @@ def cp(source: str, destination: str, as_subdir: bool, dry_run: bool, filters: F
 @output_options
 def sync(source: str, destination: str, recursive: bool, filters: Filters, compare_hash: str, size_only: bool,
          mirror_mode: bool, delete_destination: str, max_delete: str | None, dry_run: bool, watch: bool,
-         settle: float, out: OutputMode, log_level: str, log_file: Path | None, **options: Any) -> None:
+         settle: float, cluster: str | None, out: OutputMode, log_level: str, log_file: Path | None,
+         **options: Any) -> None:
     """Make DESTINATION match SOURCE: a local folder and a container URL (with an optional prefix), either way.
 
     Files that are new, differ in size, or are newer at the source are transferred; with --delete-destination,
@@ -153,6 +179,9 @@ def sync(source: str, destination: str, recursive: bool, filters: Filters, compa
     delete = DeleteMode.parse(delete_destination)
     parse_max_delete(max_delete)  # a bad value is a usage error before any work
     config = config_from(options, recursive=True)
+    address = _cluster(cluster)
+    if watch and address is not None:
+        raise UsageError("--cluster cannot be used with --watch: a watch sends each file as it settles, here")
     json_out = start_output("sync", out, source=source, destination=destination, dry_run=dry_run,
                             watch=watch)
     if watch:
@@ -170,7 +199,7 @@ def sync(source: str, destination: str, recursive: bool, filters: Filters, compa
     def call(progress: Progress) -> Report:
         return api.sync(source, destination, config, filters=filters, compare=compare, delete=delete,
                         max_delete=max_delete, dry_run=dry_run, progress=progress, on_action=on_action,
-                        confirm=confirm)
+                        confirm=confirm, cluster=address)
 
     run_job(call, out, json_out=json_out, dry_run=dry_run, show_files=not dry_run, quiet=dry_run)
 

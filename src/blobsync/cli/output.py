@@ -158,6 +158,9 @@ def summary_record(report: Report, *, dry_run: bool = False) -> dict[str, object
         "deletes_refused": report.deletes_refused or None,
         "failures": [{"path": f.rel, "reason": f.reason} for f in report.failures],
         "exit_code": int(report.exit_code),
+        **({"shards": [{"task": s.label, "worker": s.worker, "files": s.files, "bytes": s.bytes,
+                        "duration": round(s.duration, 3), "retries": s.retries} for s in report.shards]}
+           if report.shards else {}),
     }
 
 
@@ -199,6 +202,10 @@ def _notes(report: Report) -> list[str]:
     if report.throttled:
         lines.append(f"  the service throttled {report.throttled} time(s); concurrency went down to "
                      f"{report.lowest_concurrency or 'the same level'} and back up as it recovered")
+    if report.shards:
+        workers = sorted({s.worker for s in report.shards})
+        per = ", ".join(f"{w} {human_bytes(sum(s.bytes for s in report.shards if s.worker == w))}" for w in workers)
+        lines.append(f"  on the cluster: {len(report.shards)} task(s) on {len(workers)} worker(s): {per}")
     counts = ((report.files_in_sync, "file(s) already in sync"),
               (report.files_held, "file(s) still changing, left for later"),
               (report.files_deleted, "deleted at the destination"))

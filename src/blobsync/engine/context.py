@@ -10,7 +10,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import TypeVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from blobsync.backends.base import Store
 from blobsync.config import TransferConfig
@@ -23,6 +24,12 @@ from blobsync.events import QueuedFile, Subscriber
 from blobsync.journal import Journal
 from blobsync.redact import redact
 from blobsync.report import FileResult, FileStatus
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from blobsync.engine.runner import WorkItem
+    from blobsync.report import Report
 
 T = TypeVar("T")
 log = logging.getLogger("blobsync")
@@ -119,6 +126,13 @@ class RequestPath:
         return await self.retrier.call(limited)
 
 
+class RemoteRunner(Protocol):
+    """Runs a job's files elsewhere (cluster/client.py on Dask): the JobRunner hands its items over."""
+
+    async def run(self, ctx: EngineContext, job_id: str, local_root: Path, report: Report,
+                  items: Iterable[WorkItem], totals: tuple[int, int]) -> None: ...
+
+
 def request_path(config: TransferConfig, progress: Progress, clock: Callable[[], float] = time.monotonic
                  ) -> RequestPath:
     """The request path of one job (or one ls, make or rm): its adaptive limit, retry policy and counters."""
@@ -144,6 +158,7 @@ class EngineContext:
     progress: Progress
     overwrite_prompt: OverwritePrompt | None = None  # answers --overwrite prompt
     bandwidth: TokenBucket | None = None  # the --cap-mbps bucket the store's wire obeys (re-capped live)
+    cluster: RemoteRunner | None = None  # runs the job's files on other machines instead of the local pool
 
     @property
     def limiter(self) -> RequestLimiter:
@@ -171,7 +186,8 @@ def memory_budget(config: TransferConfig) -> int:
 @asynccontextmanager
 async def open_engine(config: TransferConfig, store: Store, journal: Journal, *, progress: Progress | None = None,
                       clock: Callable[[], float] = time.monotonic, bandwidth: TokenBucket | None = None,
-                      overwrite_prompt: OverwritePrompt | None = None) -> AsyncIterator[EngineContext]:
+                      overwrite_prompt: OverwritePrompt | None = None, cluster: RemoteRunner | None = None
+                      ) -> AsyncIterator[EngineContext]:
     """The engine context of one job: its budgets, request path and thread pools, which it shuts down on exit."""
     progress = progress or Progress()
     io_pool = ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2) + 2), thread_name_prefix="bs-io")
@@ -179,7 +195,7 @@ async def open_engine(config: TransferConfig, store: Store, journal: Journal, *,
     try:
         yield EngineContext(store, journal, config, MemoryBudget(memory_budget(config)),
                             request_path(config, progress, clock), io_pool, hash_pool, progress, overwrite_prompt,
-                            bandwidth)
+                            bandwidth, cluster)
     finally:
         io_pool.shutdown(wait=True)
         hash_pool.shutdown(wait=True)

@@ -79,7 +79,7 @@ class FileDownloader:
         try:
             sent, digest = await self._fetch_into(row, props, part, block_size, done, want_md5, seen)
             if want_md5:
-                self._check_md5(row.blob, props, digest)
+                self.check_md5(row.blob, props, digest)
             mtime = destination_mtime_ns(props) if cfg.preserve_last_modified_time else None
             await in_thread(ctx.io_pool, part.finish, mtime)
         except IntegrityError:
@@ -121,11 +121,12 @@ class FileDownloader:
             return await self._single(row, props, part, want_md5, seen)
         whole = new_md5() if want_md5 else None
         fetch = RangeFetch(self.ctx, row, props, part, whole, block_size,
-                           lambda offset, view: self._get_checked(row.blob, offset, view, props.etag))
+                           lambda offset, view: self.get_checked(row.blob, offset, view, props.etag))
         sent = await fetch.run(done)
         return sent, whole.digest() if whole is not None else None
 
-    def _check_md5(self, blob: str, props: BlobProperties, got: bytes | None) -> None:
+    def check_md5(self, blob: str, props: BlobProperties, got: bytes | None) -> None:
+        """What --check-md5 makes of the bytes' MD5 against the blob's Content-MD5 (raises, logs or passes)."""
         mode = self.ctx.config.check_md5
         stored = props.content_md5
         if stored is None:
@@ -154,7 +155,7 @@ class FileDownloader:
         buf = await ctx.memory.buffer(props.size)
         view = memoryview(buf)
         try:
-            digest = await ctx.request(lambda: self._get_checked(row.blob, 0, view, props.etag or None,
+            digest = await ctx.request(lambda: self.get_checked(row.blob, 0, view, props.etag or None,
                                                                  need_md5=want_md5))
             if (not want_md5 and digest is not None and props.content_md5 is not None
                     and digest != props.content_md5 and digest not in seen):
@@ -169,7 +170,7 @@ class FileDownloader:
         ctx.progress.advanced(row.rel, props.size, props.size)
         return props.size, digest
 
-    async def _get_checked(self, blob: str, offset: int, view: memoryview, etag: str | None, *,
+    async def get_checked(self, blob: str, offset: int, view: memoryview, etag: str | None, *,
                            need_md5: bool = False) -> bytes | None:
         """One ranged GET into `view`, verified against the range MD5 the service sends for small ranges: a
         mismatch was damage in transit, raised as a transient error so that the request path fetches it again.

@@ -12,8 +12,8 @@ from blobsync.backends.base import BlobProperties, Location
 from blobsync.engine.context import EngineContext
 from blobsync.engine.download import FileDownloader
 from blobsync.engine.listing import as_properties, is_folder_marker, remote_entry
-from blobsync.engine.mtime import destination_mtime_ns
-from blobsync.engine.runner import JobRunner, WorkItem, batches
+from blobsync.engine.mtime import MTIME_KEY, destination_mtime_ns
+from blobsync.engine.runner import FileRef, JobRunner, WorkItem, batches
 from blobsync.errors import BlobNotFoundError, ExitCode, UnsafeNameError, UsageError
 from blobsync.filters import Filters
 from blobsync.journal import FileState, JobKind, JobRow
@@ -117,6 +117,7 @@ class DownloadJob:
                         listener=self.runner.progress.finished)
         downloader = FileDownloader(self.ctx)
         work = (item for batch in blobs() for item in self._items(root, batch, report, downloader))
+        self.runner.local_root = root
         await self.runner.run(report, work, totals)
         return report
 
@@ -157,4 +158,6 @@ class DownloadJob:
                 report.add(FileResult(rel, props.name, props.size, FileStatus.SKIPPED,
                                       reason="already downloaded by this job"))
                 continue
-            yield WorkItem(row, props.size, functools.partial(downloader.download, row, props, target))
+            ref = FileRef(rel, props.name, props.size, destination_mtime_ns(props), props.etag or None,
+                          props.content_md5, MTIME_KEY in props.metadata)
+            yield WorkItem(row, props.size, functools.partial(downloader.download, row, props, target), ref)

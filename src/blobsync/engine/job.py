@@ -11,7 +11,7 @@ from pathlib import Path
 from blobsync.backends.base import Location
 from blobsync.engine.context import EngineContext
 from blobsync.engine.enumerate import index_in_thread
-from blobsync.engine.runner import JobRunner, WorkItem, batches
+from blobsync.engine.runner import FileRef, JobRunner, WorkItem, batches
 from blobsync.engine.upload import FileUploader
 from blobsync.errors import ExitCode
 from blobsync.filters import Filters
@@ -79,6 +79,7 @@ class UploadJob:
             report.add(_skipped_result(item))
         if self.ctx.config.create_container and await self.runner.requests(self.store.create_container):
             log.info("created container %s", spec.dest.container)
+        self.runner.local_root = spec.source if spec.source.is_dir() else spec.source.parent
         await self.runner.run(report, work(FileUploader(self.ctx), report), totals)
         return report
 
@@ -130,4 +131,5 @@ class UploadJob:
                 report.add(FileResult(e.rel, row.blob, e.size, FileStatus.SKIPPED,
                                       reason="already uploaded by this job"))
                 continue
-            yield WorkItem(row, e.size, functools.partial(uploader.upload, row, path))
+            ref = FileRef(path.name if single else e.rel, row.blob, e.size, e.mtime_ns)
+            yield WorkItem(row, e.size, functools.partial(uploader.upload, row, path), ref)

@@ -8,6 +8,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar
 
 from blobsync.config import AUTO_CEILING, AUTO_START, Overwrite
@@ -38,12 +39,27 @@ def batches(items: Iterator[_T]) -> Iterator[list[_T]]:
 
 
 @dataclass(frozen=True)
+class FileRef:
+    """What another machine needs to transfer the file itself: the local path under the job's root, the object."""
+
+    rel: str  # local path under the job's local root, '/'-separated
+    blob: str
+    size: int
+    mtime_ns: int
+    etag: str | None = None  # downloads: the version listed
+    md5: bytes | None = None  # downloads: the blob's Content-MD5
+    exact_mtime: bool = False  # downloads: mtime_ns is the source file's own (stored by blobsync)
+
+
+@dataclass(frozen=True)
 class WorkItem:
-    """One file to transfer: its journal row, its size, and the coroutine that transfers it."""
+    """One file to transfer: its journal row, its size, the coroutine that transfers it here, and (for a cluster)
+    what it is."""
 
     row: FileRow
     size: int
     run: Callable[[], Awaitable[FileResult]]
+    ref: FileRef | None = None
 
 
 class JobRunner:
@@ -64,6 +80,7 @@ class JobRunner:
         # limit and its retry count.
         self.requests = ctx.requests
         self.job = job
+        self.local_root: Path | None = None  # the folder the items' FileRef.rel are under (set by the job)
 
     def open_job(self, source: str, dest: str) -> JobRow:
         """Resume the unfinished job for (source, dest) if there is one, else start a new one."""
@@ -99,7 +116,13 @@ class JobRunner:
             self.progress.files_total += files
             self.progress.bytes_total += nbytes
         try:
-            await self._pool(report, items, files, announce=totals is not None)
+            if self.ctx.cluster is not None:
+                assert self.local_root is not None, "a job run on a cluster names its local root"
+                await self.ctx.cluster.run(self.ctx, self.job.id, self.local_root, report, items,
+                                           totals or (files, self.progress.bytes_total))
+                self.tally(report)
+            else:
+                await self._pool(report, items, files, announce=totals is not None)
         except (asyncio.CancelledError, KeyboardInterrupt):
             self.journal.set_job_state(self.job.id, JobState.INTERRUPTED)
             raise
@@ -146,7 +169,7 @@ class JobRunner:
     def tally(self, report: Report) -> None:
         """The request path's counters into the report (again after work outside the transfers: deletes)."""
         limiter = self.requests.limiter
-        report.retries = self.requests.retrier.retries
+        report.retries = self.requests.retrier.retries + sum(s.retries for s in report.shards)
         report.throttled = limiter.throttled
         if limiter.cuts:
             report.lowest_concurrency = limiter.lowest

@@ -61,10 +61,24 @@ class BlockWrite:
         return self.plan.identity.size
 
 
-def _read(src: OpenFile, view: memoryview, offset: int, unchanged: bytes | None, need_md5: bool
-          ) -> tuple[bytes | None, bytes]:
+def read_block(src: OpenFile, view: memoryview, offset: int, unchanged: bytes | None = None, need_md5: bool = True
+               ) -> tuple[bytes | None, bytes]:
+    """Fill `view` from the file and return its digests (in a worker thread)."""
     src.read_into(view, offset)
     return block_digests(view, unchanged, need_md5)
+
+
+async def verify_commit(ctx: EngineContext, writer: ChunkedWriter, blob: str, tokens: list[str],
+                        expected: dict[str, int], size: int, md5: bytes | None) -> None:
+    """Check what the store now holds against what was sent: the parts, the length and the MD5."""
+    listing = await ctx.request(lambda: writer.parts(staged=False))
+    if [(p.token, p.size) for p in listing.committed] != [(t, expected[t]) for t in tokens]:
+        raise IntegrityError(f"{blob}: the committed block list differs from the one sent")
+    props = await ctx.request(lambda: ctx.store.stat(blob))
+    if props is None or props.size != size:
+        raise IntegrityError(f"{blob}: the blob's length after commit is not {size}")
+    if md5 is not None and props.content_md5 != md5:
+        raise IntegrityError(f"{blob}: the blob's Content-MD5 after commit differs from the file's MD5")
 
 
 class BlockUploader:
@@ -144,7 +158,7 @@ class BlockUploader:
         try:
             # A block the store holds already (resume) is only read for the whole-file MD5 and the delta memory:
             # its own MD5 would cost ~1.4 s/GiB for nothing.
-            md5, w.digests[idx] = await in_thread(ctx.io_pool, _read, src, view, offset,
+            md5, w.digests[idx] = await in_thread(ctx.io_pool, read_block, src, view, offset,
                                                   old[1] if old is not None else None,
                                                   w.tokens[idx] not in w.present)
         except BaseException:
@@ -203,16 +217,7 @@ class BlockUploader:
             return PutResult(landed.etag, None)
 
     async def _verify(self, w: BlockWrite, md5: bytes | None) -> None:
-        """Check what the store now holds against what was sent: the parts, the length and the MD5."""
-        ctx, blob = self.ctx, w.plan.blob
-        listing = await ctx.request(lambda: w.writer.parts(staged=False))
-        if [(p.token, p.size) for p in listing.committed] != [(t, w.expected[t]) for t in w.tokens]:
-            raise IntegrityError(f"{blob}: the committed block list differs from the one sent")
-        props = await ctx.request(lambda: ctx.store.stat(blob))
-        if props is None or props.size != w.size:
-            raise IntegrityError(f"{blob}: the blob's length after commit is not {w.size}")
-        if md5 is not None and props.content_md5 != md5:
-            raise IntegrityError(f"{blob}: the blob's Content-MD5 after commit differs from the file's MD5")
+        await verify_commit(self.ctx, w.writer, w.plan.blob, w.tokens, w.expected, w.size, md5)
 
     def _record(self, w: BlockWrite, result: PutResult, md5: bytes | None) -> FileResult:
         ctx, blob = self.ctx, w.plan.blob

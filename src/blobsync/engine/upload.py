@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from blobsync.backends.base import BlobHeaders, ChunkedWriter, Conditions
-from blobsync.config import Overwrite
+from blobsync.config import Overwrite, TransferConfig
 from blobsync.engine.context import EngineContext
 from blobsync.engine.delta import DeltaBase, find_base
 from blobsync.engine.digest import md5_of
@@ -83,10 +83,7 @@ class FileUploader:
         return Conditions(if_match=props.etag)
 
     def _headers(self, path: Path, identity: FileIdentity) -> BlobHeaders:
-        cfg = self.ctx.config
-        content_type = cfg.content_type or (_guess_type(path) if cfg.guess_mime_type else OCTET_STREAM)
-        metadata = {**cfg.metadata, MTIME_KEY: format_mtime(identity.mtime_ns)}
-        return BlobHeaders(content_type, None, metadata, cfg.tier, cfg.properties, cfg.blob_tags)
+        return upload_headers(self.ctx.config, path, identity)
 
     def _skipped(self, row: FileRow, identity: FileIdentity, reason: str) -> FileResult:
         self.ctx.journal.finish_file(row.id, FileState.SKIPPED, error=reason)
@@ -192,6 +189,13 @@ class FileUploader:
         if plan.conditions.if_none_match_any or plan.conditions.if_match:
             plan.conditions = Conditions(if_match=etag)  # the version left is ours to replace
         return True
+
+
+def upload_headers(cfg: TransferConfig, path: Path, identity: FileIdentity) -> BlobHeaders:
+    """The properties an uploaded file's blob gets: content type, metadata (with the source's mtime), tier, ..."""
+    content_type = cfg.content_type or (_guess_type(path) if cfg.guess_mime_type else OCTET_STREAM)
+    metadata = {**cfg.metadata, MTIME_KEY: format_mtime(identity.mtime_ns)}
+    return BlobHeaders(content_type, None, metadata, cfg.tier, cfg.properties, cfg.blob_tags)
 
 
 OCTET_STREAM = "application/octet-stream"

@@ -16,7 +16,7 @@ from blobsync.engine.delete import Doomed
 from blobsync.engine.digest import md5_of_file
 from blobsync.engine.enumerate import index_in_thread
 from blobsync.engine.listing import as_properties, is_folder_marker, remote_entry
-from blobsync.engine.runner import JobRunner, WorkItem, batches
+from blobsync.engine.runner import FileRef, JobRunner, WorkItem, batches
 from blobsync.errors import BlobsyncError, ExitCode, UnsafeNameError, UsageError
 from blobsync.filters import Filters
 from blobsync.journal import FileRow, FileState, JobKind
@@ -183,6 +183,7 @@ class SyncJob:
         if not todo and not orphans:
             return report  # a no-op sync opens no job and writes nothing to the journal
         report.job_id = self.runner.open_job(source, dest).id
+        self.runner.local_root = self.spec.local
         await self.runner.run(report, self._work(index, report), index.todo_totals())
         await self._deletes(index, report, dry_run=False)
         return report
@@ -284,7 +285,9 @@ class SyncJob:
                 row = rows[entry.rel]
                 if uploader is not None:
                     self.on_action(Action("upload", entry.rel, reason, entry.size))
-                    yield WorkItem(row, entry.size, functools.partial(uploader.upload, row, self._local_path(entry)))
+                    ref = FileRef(entry.name or entry.rel, row.blob, entry.size, entry.mtime_ns)
+                    yield WorkItem(row, entry.size, functools.partial(uploader.upload, row, self._local_path(entry)),
+                                   ref)
                     continue
                 assert downloader is not None
                 try:
@@ -295,8 +298,10 @@ class SyncJob:
                                           reason=str(exc), exit_code=ExitCode.PARTIAL))
                     continue
                 self.on_action(Action("download", entry.rel, reason, entry.size))
+                ref = FileRef(entry.rel, entry.name or entry.rel, entry.size, entry.mtime_ns, entry.etag, entry.md5,
+                              entry.exact_mtime)
                 yield WorkItem(row, entry.size,
-                               functools.partial(downloader.download, row, as_properties(entry), target))
+                               functools.partial(downloader.download, row, as_properties(entry), target), ref)
 
     # --- deletes ------------------------------------------------------------------------------------------
 

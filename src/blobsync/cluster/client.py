@@ -1,0 +1,263 @@
+"""A job's transfers run on a cluster, from the client: shards submitted as they are cut (a bounded window in
+flight), their outcomes journaled and reported as they come back, progress relayed into the client's display."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from blobsync.cluster.plan import BlockSizer, SplitFile, cut, sizing
+from blobsync.cluster.spec import JobSpec, ShardFile, ShardReport, ShardSpec, file_nonce
+from blobsync.config import Overwrite
+from blobsync.engine.context import EngineContext
+from blobsync.engine.mtime import MTIME_KEY, format_mtime
+from blobsync.engine.runner import WorkItem
+from blobsync.errors import BlobsyncError, ExitCode, Scope, TransientError, UsageError
+from blobsync.journal import FileRow, FileState
+from blobsync.local.target import PartFile, safe_join
+from blobsync.report import FileResult, FileStatus, Report, ShardRow
+
+log = logging.getLogger("blobsync")
+WATCH = 2.0  # seconds between looks at the cluster while no result comes back
+GRACE = 60.0  # seconds with no worker at all before the job stops
+LOST_SCHEDULER = ("lost the Dask scheduler: the job stops; run the same command again (with --cluster, or without "
+                  "it on this machine) to finish it")
+
+
+class Executor(Protocol):
+    """What the client needs of a cluster (the Dask adapter is one): any scheduler that runs the specs' work."""
+
+    async def workers(self) -> list[str]:
+        """The workers there are (waiting a little for the first one)."""
+        ...
+
+    def worker_count(self) -> int:
+        """How many workers the scheduler knows now (no waiting)."""
+        ...
+
+    def connected(self) -> bool:
+        """Whether the scheduler is still there."""
+        ...
+
+    async def blind_workers(self, path: str, marker: str) -> list[str]:
+        """The workers that do not see file `marker` (holding its own name) under `path`."""
+        ...
+
+    def run_shard(self, spec: ShardSpec) -> Awaitable[ShardReport]: ...
+
+    def run_split(self, split: SplitFile, upload: bool) -> Awaitable[list[ShardReport]]: ...
+
+    def follow(self, topic: str, handler: Callable[[dict[str, Any]], None]) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+@dataclass
+class _Unit:
+    """A unit in flight: what it carries, to journal and report when it comes back (or fails)."""
+
+    label: str
+    files: dict[str, tuple[FileRow, ShardFile]]
+    task: asyncio.Future[list[ShardReport]] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+class ClusterTransfer:
+    """Runs the files of a job on an Executor instead of the local file pool (JobRunner hands them over)."""
+
+    def __init__(self, executor: Executor, url: str, upload: bool, *, grace: float = GRACE) -> None:
+        self.executor = executor
+        self.url = url  # as the user gave it (a SAS goes to the workers, never to the journal)
+        self.upload = upload
+        self.grace = grace  # how long the job waits with no worker left before it stops
+        self.local_root = Path()
+        self._rows: dict[str, FileRow] = {}  # files of the units in flight, by local path
+
+    async def run(self, ctx: EngineContext, job_id: str, local_root: Path, report: Report,
+                  items: Iterable[WorkItem], totals: tuple[int, int]) -> None:
+        self.local_root = local_root
+        workers = await self._workers()
+        await self._check_shared(workers)
+        topic = f"blobsync-{job_id}-{uuid.uuid4().hex[:8]}"
+        self.executor.follow(topic, lambda event: ctx.progress.advanced(str(event.get("shard", "")),
+                                                                        int(event.get("bytes", 0)),
+                                                                        int(event.get("bytes", 0))))
+        job = self._job_spec(ctx, job_id, topic, len(workers))
+        split = ctx.config.overwrite is Overwrite.TRUE
+        units = cut(self._files(ctx, job_id, items), job, sizing(*totals, len(workers)),
+                    block_size_of=BlockSizer(ctx.config.block_size), split=split)
+        await self._drain(ctx, report, units, window=max(2, 3 * len(workers)))
+
+    async def _workers(self) -> list[str]:
+        workers = await self.executor.workers()
+        if not workers:
+            raise TransientError("the cluster has no workers: start some (dask worker <scheduler>), then run the "
+                                 "same command again")
+        return workers
+
+    async def _check_shared(self, workers: list[str]) -> None:
+        """Every worker must see the local folder as this machine does (NFS, Azure Files, BlobFuse, Lustre)."""
+        folder = self.local_root if self.upload or self.local_root.is_dir() else self.local_root.parent
+        folder.mkdir(parents=True, exist_ok=True)
+        marker = folder / f".blobsync-cluster-{uuid.uuid4().hex}"
+        marker.write_text(marker.name, encoding="utf-8")
+        try:
+            blind = await self.executor.blind_workers(str(folder), marker.name)
+        finally:
+            marker.unlink(missing_ok=True)
+        if blind:
+            raise UsageError(f"worker {blind[0]} cannot see {str(folder)!r}"
+                             + (f" (nor can {len(blind) - 1} more)" if len(blind) > 1 else ""),
+                             hint="the local folder must be the same path on every worker: a shared file system")
+
+    def _job_spec(self, ctx: EngineContext, job_id: str, topic: str, workers: int) -> JobSpec:
+        options = ctx.config.worker_options()
+        if ctx.config.cap_mbps:
+            options["cap_mbps"] = ctx.config.cap_mbps / workers  # the job's cap, shared by the workers
+        return JobSpec(job_id, self.upload, str(self.local_root), self.url, options, ctx.config.proxy, topic)
+
+    def _files(self, ctx: EngineContext, job_id: str, items: Iterable[WorkItem]) -> Iterator[ShardFile]:
+        for item in items:
+            ref = item.ref
+            if ref is None:
+                raise AssertionError("a cluster job needs every item's file reference")
+            ctx.progress.queued(ref.rel, ref.blob, ref.size, counted=True)
+            self._rows[ref.rel] = item.row
+            yield ShardFile(ref.rel, ref.blob, ref.size, ref.mtime_ns, file_nonce(job_id, ref.rel, ref.size,
+                            ref.mtime_ns), ref.etag or "", ref.md5.hex() if ref.md5 else None, ref.exact_mtime)
+
+    async def _drain(self, ctx: EngineContext, report: Report, units: Iterator[ShardSpec | SplitFile],
+                     window: int) -> None:
+        pending: set[asyncio.Task[tuple[ShardSpec | SplitFile, list[ShardReport] | BaseException]]] = set()
+        try:
+            for unit in units:
+                while len(pending) >= window:
+                    pending = await self._collect(ctx, report, pending)
+                pending.add(asyncio.ensure_future(self._submit(ctx, unit)))
+            while pending:
+                pending = await self._collect(ctx, report, pending)
+        except BaseException:
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+            raise
+
+    async def _submit(self, ctx: EngineContext, unit: ShardSpec | SplitFile
+                      ) -> tuple[ShardSpec | SplitFile, list[ShardReport] | BaseException]:
+        try:
+            if isinstance(unit, ShardSpec):
+                return unit, [await self.executor.run_shard(unit)]
+            if not self.upload:
+                self._prepare_part(unit)
+            return unit, await self.executor.run_split(unit, self.upload)
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # we are being stopped
+            return unit, exc  # the scheduler cancelled it (it went away)
+        except Exception as exc:  # the unit's files fail with it; _failed decides how far it reaches
+            return unit, exc
+
+    def _prepare_part(self, unit: SplitFile) -> None:
+        """The shared partial file, sized, before several workers write their ranges into it."""
+        f = unit.file
+        PartFile(safe_join(self.local_root, f.rel), f.size, keep=False).close()
+
+    async def _collect(self, ctx: EngineContext, report: Report, pending: set[asyncio.Task[Any]]) -> set[Any]:
+        alone_since: float | None = None
+        while True:
+            done, rest = await asyncio.wait(pending, timeout=WATCH, return_when=asyncio.FIRST_COMPLETED)
+            if done:
+                break
+            alone_since = self._watch(alone_since)
+        for task in done:
+            unit, outcome = task.result()
+            files = unit.files if isinstance(unit, ShardSpec) else (unit.file,)
+            if isinstance(outcome, BaseException):
+                await self._failed(ctx, report, files, outcome)
+            else:
+                self._apply(ctx, report, files, outcome)
+        return rest
+
+    def _apply(self, ctx: EngineContext, report: Report, files: Iterable[ShardFile], reports: list[ShardReport]
+               ) -> None:
+        by_rel = {f.rel: f for f in files}
+        for shard in reports:
+            report.shards.append(ShardRow(shard.label, shard.worker, shard.files, shard.bytes, shard.duration,
+                                          shard.retries))
+            report.retries += shard.retries
+            for outcome in shard.outcomes:
+                f = by_rel.get(outcome.rel)
+                row = self._rows.pop(outcome.rel, None)
+                if f is None or row is None:
+                    continue
+                sent = sum(r.sent for r in reports) if len(by_rel) == 1 else outcome.sent
+                self._record(ctx, report, row, f, outcome.ok, outcome.skipped, sent, outcome.reason,
+                             outcome.exit_code)
+
+    def _watch(self, alone_since: float | None) -> float | None:
+        """Between results: stop the job (resumable) once the scheduler is gone or no worker is left for long."""
+        if not self.executor.connected():
+            raise TransientError(LOST_SCHEDULER)
+        if self.executor.worker_count():
+            return None
+        now = time.monotonic()
+        if alone_since is not None and now - alone_since >= self.grace:
+            raise TransientError(f"no Dask worker left for {self.grace:.0f}s: the job stops; run the same command "
+                                 "again to finish it")
+        return alone_since if alone_since is not None else now
+
+    async def _failed(self, ctx: EngineContext, report: Report, files: Iterable[ShardFile], error: BaseException
+                      ) -> None:
+        if isinstance(error, BlobsyncError) and error.scope is Scope.RUN:
+            raise error  # no other shard fares better: bad credentials, a missing container
+        if not self.executor.connected() or _lost_cluster(error):
+            raise TransientError(f"{LOST_SCHEDULER} ({type(error).__name__})") from error
+        reason = f"failed on the cluster after its retries: {type(error).__name__}: {error}"
+        log.warning("%s", reason)
+        for f in files:
+            row = self._rows.pop(f.rel, None)
+            if row is None:
+                continue
+            # The shard failed as a whole, but some of its files may have been completed by a try of it.
+            done = await self._completed(ctx, f)
+            self._record(ctx, report, row, f, done, False, 0, "" if done else reason, int(ExitCode.PARTIAL))
+
+    async def _completed(self, ctx: EngineContext, f: ShardFile) -> bool:
+        """Whether the planned version of `f` is at its destination (an upload verifies before it is visible
+        with its source's mtime; a download has its name only once checked)."""
+        if not self.upload:
+            target = self.local_root / f.rel
+            return target.is_file() and target.stat().st_size == f.size
+        try:
+            props = await ctx.request(lambda: ctx.store.stat(f.blob))
+        except BlobsyncError:
+            return False
+        return (props is not None and props.size == f.size
+                and props.metadata.get(MTIME_KEY) == format_mtime(f.mtime_ns))
+
+    def _record(self, ctx: EngineContext, report: Report, row: FileRow, f: ShardFile, ok: bool, skipped: bool,
+                sent: int, reason: str, code: int) -> None:
+        if ok and skipped:
+            ctx.journal.finish_file(row.id, FileState.SKIPPED, error=reason)
+            report.add(FileResult(f.rel, f.blob, f.size, FileStatus.SKIPPED, reason=reason))
+        elif ok:
+            ctx.journal.finish_file(row.id, FileState.COMMITTED, bytes_sent=sent)
+            report.add(FileResult(f.rel, f.blob, f.size, FileStatus.TRANSFERRED, bytes_sent=sent))
+            report.bytes_sent += sent
+            report.bytes_reused += f.size - sent
+        else:
+            ctx.journal.finish_file(row.id, FileState.FAILED, error=reason)
+            report.add(FileResult(f.rel, f.blob, f.size, FileStatus.FAILED, reason=reason,
+                                  exit_code=ExitCode(code) if code else ExitCode.PARTIAL))
+
+
+def _lost_cluster(error: BaseException) -> bool:
+    """The scheduler (or the connection to it) is gone: no other shard can run either."""
+    names = {type(e).__name__ for e in (error, error.__cause__, error.__context__) if e is not None}
+    return bool(names & {"CommClosedError", "StreamClosedError", "CancelledError", "FutureCancelledError"})

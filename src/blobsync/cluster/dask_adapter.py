@@ -1,0 +1,178 @@
+"""The Dask adapter: an Executor over a Dask scheduler (`tcp://host:8786`) or a LocalCluster (`local:N`).
+
+Each shard, range, hash and commit is one Dask task (retried up to twice where it raised; a worker that dies takes
+its tasks to another worker, as Dask does); progress comes back as Dask events under the job's topic."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from blobsync.cluster.plan import SplitFile
+from blobsync.cluster.spec import RangeSpec, ShardReport, ShardSpec
+from blobsync.errors import TransientError, UsageError
+
+log = logging.getLogger("blobsync")
+TASK_RETRIES = 2  # a task that raised runs at most three times in all
+EXTRA_HINT = "pip install 'blobsync[dask]'"
+
+
+def require_dask() -> None:
+    """--cluster without the extra installed is a usage error naming it."""
+    try:
+        import distributed  # noqa: F401
+    except ImportError as exc:
+        raise UsageError(f"--cluster needs Dask distributed, which is not installed: {EXTRA_HINT}") from exc
+
+
+def _local_workers(where: str) -> int:
+    try:
+        n = int(where.split(":", 1)[1])
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise UsageError(f"invalid --cluster {where!r}: local:N takes a number of workers, e.g. local:4")
+    return n
+
+
+class DaskExecutor:
+    """Runs the client's units on Dask workers."""
+
+    # distributed's asynchronous API is typed for its blocking use: held as Any here.
+    def __init__(self, client: Any, cluster: Any = None) -> None:
+        self.client = client
+        self.cluster = cluster
+
+    @classmethod
+    async def open(cls, where: str | Any) -> DaskExecutor:
+        require_dask()
+        import distributed
+
+        client_type: Any = distributed.Client
+        if not isinstance(where, str):  # a Client of the caller's: ours talks to the same scheduler
+            where = where.scheduler.address
+        if where.startswith("local:"):
+            local_type: Any = distributed.LocalCluster
+            cluster = await local_type(n_workers=_local_workers(where), processes=True, threads_per_worker=1,
+                                         asynchronous=True, dashboard_address=None, silence_logs=logging.ERROR)
+            return cls(await client_type(cluster, asynchronous=True), cluster)
+        try:
+            client = await client_type(where, asynchronous=True, timeout=10)
+        except (TimeoutError, OSError) as exc:
+            raise TransientError(f"cannot reach the Dask scheduler at {where}: {exc}") from exc
+        return cls(client)
+
+    async def workers(self) -> list[str]:
+        if not self.worker_count():
+            with contextlib.suppress(TimeoutError):
+                await self.client.wait_for_workers(1, timeout=30)
+        identity = await self.client.scheduler.identity(n_workers=-1)
+        return sorted(identity.get("workers", {}))
+
+    def worker_count(self) -> int:
+        """From the client's cache, which the scheduler keeps current (an asynchronous client's cache carries
+        the totals, not the workers)."""
+        return int(self.client.scheduler_info().get("n_workers", 0))
+
+    def connected(self) -> bool:
+        return bool(self.client.status == "running")
+
+    async def blind_workers(self, path: str, marker: str) -> list[str]:
+        seen = await self.client.run(_sees, path, marker, on_error="return")
+        return sorted(worker for worker, ok in seen.items() if ok is not True)
+
+    def run_shard(self, spec: ShardSpec) -> Any:
+        return self.client.submit(_run_shard, spec, key=_key("shard", spec.shard), retries=TASK_RETRIES, pure=False)
+
+    async def run_split(self, split: SplitFile, upload: bool) -> list[ShardReport]:
+        first = split.ranges[0]
+        whole = RangeSpec(first.job, first.file, first.block_size, 0, split.ranges[-1].last)
+        work = _stage_range if upload else _fetch_range
+        parts = [self.client.submit(work, r, key=_key("range", r.first), retries=TASK_RETRIES, pure=False)
+                 for r in split.ranges]
+        if upload:
+            md5 = self.client.submit(_hash_file, whole, key=_key("md5"), retries=TASK_RETRIES, pure=False)
+            last = self.client.submit(_commit, whole, md5, *parts, key=_key("commit"), retries=TASK_RETRIES,
+                                      pure=False)
+        else:
+            last = self.client.submit(_finish, whole, *parts, key=_key("finish"), retries=TASK_RETRIES, pure=False)
+        reports: list[ShardReport] = await self.client.gather([*parts, last])
+        return reports
+
+    def follow(self, topic: str, handler: Callable[[dict[str, Any]], None]) -> None:
+        self.client.subscribe_topic(topic, lambda event: handler(event[1]))
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.client.close(), 10)
+        if self.cluster is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.cluster.close(), 20)
+
+
+def _key(kind: str, n: int | None = None) -> str:
+    return f"blobsync-{kind}-{'' if n is None else f'{n}-'}{uuid.uuid4().hex[:12]}"
+
+
+# --- what runs on a worker (module level: Dask ships these by reference) ------------------------------------
+
+
+def _sees(path: str, marker: str) -> bool:
+    try:
+        with open(os.path.join(path, marker), encoding="utf-8") as f:
+            return f.read() == marker
+    except OSError:
+        return False
+
+
+def _publisher(topic: str) -> tuple[Callable[[dict[str, Any]], None], str]:
+    from distributed import get_worker
+
+    worker = get_worker()
+    return (lambda msg: worker.log_event(topic, msg)), str(worker.address)
+
+
+def _run_shard(spec: ShardSpec) -> ShardReport:
+    from blobsync.cluster.work import run_shard
+
+    publish, name = _publisher(spec.job.topic)
+    return run_shard(spec, publish, name)
+
+
+def _stage_range(spec: RangeSpec) -> ShardReport:
+    from blobsync.cluster.split import stage_range
+
+    publish, name = _publisher(spec.job.topic)
+    return stage_range(spec, publish, name)
+
+
+def _fetch_range(spec: RangeSpec) -> ShardReport:
+    from blobsync.cluster.split import fetch_range
+
+    publish, name = _publisher(spec.job.topic)
+    return fetch_range(spec, publish, name)
+
+
+def _hash_file(spec: RangeSpec) -> str:
+    from blobsync.cluster.split import hash_file
+
+    return hash_file(spec)
+
+
+def _commit(spec: RangeSpec, md5_hex: str, *staged: ShardReport) -> ShardReport:
+    from blobsync.cluster.split import commit_split
+
+    publish, name = _publisher(spec.job.topic)
+    return commit_split(spec, md5_hex, *staged, publish=publish, worker=name)
+
+
+def _finish(spec: RangeSpec, *fetched: ShardReport) -> ShardReport:
+    from blobsync.cluster.split import finish_download
+
+    publish, name = _publisher(spec.job.topic)
+    return finish_download(spec, *fetched, publish=publish, worker=name)

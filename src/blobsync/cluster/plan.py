@@ -1,0 +1,76 @@
+"""Cutting a job's transfer list into shards on the client: about equal bytes and file counts, a few times as many
+shards as workers so that fast workers take more, and files too big for one shard cut into block ranges."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+from blobsync.cluster.spec import JobSpec, RangeSpec, ShardFile, ShardSpec
+from blobsync.engine.plan import block_count, choose_block_size
+
+SHARDS_PER_WORKER = 3
+MAX_FILES_PER_SHARD = 5000  # a shard's spec travels in one message: bounded, however many files the job has
+MIN_SHARD_BYTES = 64 * 1024 * 1024  # below this a shard costs more in scheduling than it saves in balance
+
+
+@dataclass(frozen=True)
+class SplitFile:
+    """A file cut into block ranges: one task each, one hash task, one commit (or finish) task after them all."""
+
+    ranges: tuple[RangeSpec, ...]
+
+    @property
+    def file(self) -> ShardFile:
+        return self.ranges[0].file
+
+
+@dataclass(frozen=True)
+class Sizing:
+    shard_bytes: int
+    shard_files: int
+    workers: int
+
+
+def sizing(files: int, nbytes: int, workers: int) -> Sizing:
+    shards = max(1, workers * SHARDS_PER_WORKER)
+    return Sizing(max(MIN_SHARD_BYTES, -(-nbytes // shards)),
+                  max(1, min(MAX_FILES_PER_SHARD, -(-files // shards))), max(1, workers))
+
+
+def cut(files: Iterable[ShardFile], job: JobSpec, size: Sizing, *, block_size_of: Callable[[int], int],
+        split: bool) -> Iterator[ShardSpec | SplitFile]:
+    """Shards as the files stream by (nothing is held but the shard being filled)."""
+    shard: list[ShardFile] = []
+    nbytes = 0
+    number = 0
+    for f in files:
+        block_size = block_size_of(f.size)
+        if split and f.size > size.shard_bytes and block_count(f.size, block_size) > 1:
+            yield _split(job, f, block_size, min(size.shard_bytes, -(-f.size // (2 * size.workers))))
+            continue
+        shard.append(f)
+        nbytes += f.size
+        if len(shard) >= size.shard_files or nbytes >= size.shard_bytes:
+            yield ShardSpec(job, number, tuple(shard))
+            number += 1
+            shard, nbytes = [], 0
+    if shard:
+        yield ShardSpec(job, number, tuple(shard))
+
+
+def _split(job: JobSpec, f: ShardFile, block_size: int, range_bytes: int) -> SplitFile:
+    """Ranges of whole blocks, at least two per worker: every worker takes part in one huge file."""
+    n = block_count(f.size, block_size)
+    per = max(1, range_bytes // block_size)
+    return SplitFile(tuple(RangeSpec(job, f, block_size, first, min(n, first + per)) for first in range(0, n, per)))
+
+
+class BlockSizer:
+    """The block size a file gets: the engine's rule for the block size asked for."""
+
+    def __init__(self, requested: int) -> None:
+        self.requested = requested
+
+    def __call__(self, size: int) -> int:
+        return choose_block_size(size, self.requested)

@@ -1,0 +1,83 @@
+"""What a worker is given and gives back: plain, picklable records (no Dask types), so any scheduler can run them."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ShardFile:
+    """One file of a shard. `nonce` is fixed by the client: whichever worker runs the shard (once or again after a
+    worker died) stages the same part names, so a rerun finds the parts staged already."""
+
+    rel: str  # path under the local root, '/'-separated
+    blob: str  # the object's name in the container
+    size: int
+    mtime_ns: int
+    nonce: str
+    etag: str = ""  # downloads: the version planned (read If-Match)
+    md5: str | None = None  # downloads: the blob's Content-MD5, hex
+    exact_mtime: bool = False  # downloads: mtime_ns is the source file's own (stored by blobsync)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What every task of one job shares: where the bytes go, and the options the worker runs with."""
+
+    job: str  # the client's job id
+    upload: bool
+    local_root: str  # the same path on every worker (a shared file system)
+    url: str  # the container URL as the user gave it, SAS included (never journaled)
+    options: dict[str, Any]  # TransferConfig.worker_options(), the cap already split across the workers
+    proxy: str | None = None
+    topic: str = ""  # where workers publish progress
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    job: JobSpec
+    shard: int
+    files: tuple[ShardFile, ...]
+
+
+@dataclass(frozen=True)
+class RangeSpec:
+    """Blocks [first, last) of one huge file, staged (upload) or fetched into the shared partial file (download)."""
+
+    job: JobSpec
+    file: ShardFile
+    block_size: int
+    first: int
+    last: int
+
+
+@dataclass
+class FileOutcome:
+    rel: str
+    ok: bool
+    sent: int = 0
+    reason: str = ""
+    exit_code: int = 0
+    skipped: bool = False
+
+
+@dataclass
+class ShardReport:
+    """What one task did, for the client's report and journal."""
+
+    label: str  # 'shard 3', or 'big.bin blocks 0-15'
+    worker: str
+    files: int = 0
+    bytes: int = 0
+    sent: int = 0
+    duration: float = 0.0
+    retries: int = 0
+    outcomes: list[FileOutcome] = field(default_factory=list)
+
+
+def file_nonce(job: str, rel: str, size: int, mtime_ns: int) -> str:
+    """A nonce for one version of one file in one job: the same on every machine and every rerun of the job, and
+    another one as soon as the file changes."""
+    return hashlib.sha256(f"{job}\0{rel}\0{size}\0{mtime_ns}".encode()).hexdigest()[:16]

@@ -1,0 +1,218 @@
+"""A file too big for one shard, spread over several workers: range tasks stage (or fetch) its blocks, one task
+hashes it in order, and one task commits it once (a download: checks and renames the shared partial file).
+
+Any task may run more than once (a worker died and the scheduler ran it again): staging asks the store what it
+holds first, and the commit recognises its own earlier commit instead of failing."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from blobsync.cluster.spec import FileOutcome, RangeSpec, ShardReport
+from blobsync.cluster.work import Publish, check_identity, shard_engine, worker_name
+from blobsync.engine.context import EngineContext
+from blobsync.engine.digest import feed, md5_of_file, new_md5
+from blobsync.engine.download import FileDownloader
+from blobsync.engine.listing import as_properties
+from blobsync.engine.mtime import destination_mtime_ns
+from blobsync.engine.plan import block_count, block_ranges
+from blobsync.engine.staging import read_block, verify_commit
+from blobsync.engine.tasks import for_each, in_thread
+from blobsync.engine.upload import upload_headers
+from blobsync.errors import BlobsyncError, InvalidBlockListError, Scope
+from blobsync.journal.index import Entry
+from blobsync.local.files import OpenFile
+from blobsync.local.target import PartFile, safe_join
+
+
+def _label(spec: RangeSpec) -> str:
+    return f"{spec.file.rel} blocks {spec.first}-{spec.last - 1}"
+
+
+def _path(spec: RangeSpec) -> Path:
+    return Path(spec.job.local_root) / spec.file.rel
+
+
+def _run(work: Callable[[], Coroutine[Any, Any, ShardReport]]) -> ShardReport:
+    return asyncio.run(work())
+
+
+def stage_range(spec: RangeSpec, publish: Publish | None = None, worker: str | None = None) -> ShardReport:
+    """Stage blocks [first, last) of a file under the client's nonce, leaving those the store holds already."""
+    return _run(lambda: _stage_range(spec, publish, worker or worker_name()))
+
+
+async def _stage_range(spec: RangeSpec, publish: Publish | None, worker: str) -> ShardReport:
+    started = time.monotonic()
+    f = spec.file
+    async with shard_engine(spec.job, f"{f.nonce}-{spec.first}", _label(spec), publish) as (ctx, relay):
+        writer = ctx.store.writer(f.blob, f.nonce)
+        tokens = [writer.token(i) for i in range(block_count(f.size, spec.block_size))]
+        expected = {tokens[i]: length for i, _, length in block_ranges(f.size, spec.block_size)}
+        held = await ctx.request(lambda: writer.parts())
+        sent = 0
+        if [p.token for p in held.committed] != tokens:  # else the commit landed already: nothing to stage
+            present = {p.token for p in held.staged if expected.get(p.token) == p.size}
+            sent = await _stage_blocks(ctx, spec, writer.stage, tokens, present)
+        retries = ctx.requests.retrier.retries
+    relay.flush()
+    nbytes = sum(length for i, _, length in block_ranges(f.size, spec.block_size) if spec.first <= i < spec.last)
+    return ShardReport(_label(spec), worker, 0, nbytes, sent, time.monotonic() - started, retries)
+
+
+async def _stage_blocks(ctx: EngineContext, spec: RangeSpec, stage: Callable[[int, memoryview, bytes | None],
+                        Awaitable[None]], tokens: list[str], present: set[str]) -> int:
+    f, path, size = spec.file, _path(spec), spec.block_size
+    src = OpenFile(path)
+    sent = 0
+
+    async def one(idx: int) -> None:
+        nonlocal sent
+        offset = idx * size
+        length = min(size, f.size - offset)
+        if tokens[idx] not in present:
+            buf = await ctx.memory.buffer(size)
+            view = memoryview(buf)[:length]
+            try:
+                md5, _ = await in_thread(ctx.io_pool, read_block, src, view, offset)
+                await ctx.request(lambda: stage(idx, view, md5))
+            finally:
+                ctx.memory.release(buf)
+            sent += length
+        ctx.progress.advanced(f.rel, length, length if tokens[idx] not in present else 0)
+
+    try:
+        check_identity(path, f)
+        await for_each(range(spec.first, spec.last), one, max(1, ctx.config.start_concurrency))
+        check_identity(path, f)  # no block of another version is staged under this version's nonce
+    finally:
+        src.close()
+    return sent
+
+
+def hash_file(spec: RangeSpec) -> str:
+    """The whole file's MD5 (hex), read in order beside the range tasks: a blob's Content-MD5 cannot be made of
+    the parts' MD5s."""
+    path = _path(spec)
+    check_identity(path, spec.file)
+    digest = md5_of_file(path)
+    check_identity(path, spec.file)
+    return digest.hex()
+
+
+def commit_split(spec: RangeSpec, md5_hex: str | None, *staged: ShardReport, publish: Publish | None = None,
+                 worker: str | None = None) -> ShardReport:
+    """Commit every block of the file, in order, once all range tasks are done; then verify what the store holds."""
+    return _run(lambda: _commit_split(spec, md5_hex, staged, publish, worker or worker_name()))
+
+
+async def _commit_split(spec: RangeSpec, md5_hex: str | None, staged: tuple[ShardReport, ...],
+                        publish: Publish | None, worker: str) -> ShardReport:
+    started = time.monotonic()
+    f = spec.file
+    sent = sum(r.sent for r in staged)
+    outcome = FileOutcome(f.rel, True, sent)
+    async with shard_engine(spec.job, f"{f.nonce}-commit", f"{f.rel} commit", publish) as (ctx, relay):
+        try:
+            await _commit(ctx, spec, bytes.fromhex(md5_hex) if md5_hex else None)
+        except BlobsyncError as exc:
+            if exc.scope is not Scope.FILE:
+                raise  # the scheduler runs the task again, or the job stops
+            outcome = FileOutcome(f.rel, False, sent, str(exc), int(exc.exit_code))
+        relay.on_done_outcome(outcome)
+    return ShardReport(f"{f.rel} commit", worker, 1, f.size, 0, time.monotonic() - started,
+                       ctx.requests.retrier.retries, [outcome])
+
+
+async def _commit(ctx: EngineContext, spec: RangeSpec, md5: bytes | None) -> None:
+    f, path = spec.file, _path(spec)
+    ident = check_identity(path, f)
+    writer = ctx.store.writer(f.blob, f.nonce)
+    tokens = [writer.token(i) for i in range(block_count(f.size, spec.block_size))]
+    expected = {tokens[i]: length for i, _, length in block_ranges(f.size, spec.block_size)}
+    headers = replace(upload_headers(ctx.config, path, ident), content_md5=md5)
+    try:
+        await ctx.request(lambda: writer.commit([(t, False) for t in tokens], headers))
+    except InvalidBlockListError:
+        landed = await ctx.request(lambda: writer.parts(staged=False))
+        if [p.token for p in landed.committed] != tokens:
+            raise  # the staged blocks are gone and no commit of ours landed: stage them again
+    await verify_commit(ctx, writer, f.blob, tokens, expected, f.size, md5)
+
+
+def fetch_range(spec: RangeSpec, publish: Publish | None = None, worker: str | None = None) -> ShardReport:
+    """Fetch blocks [first, last) of a blob (If-Match the planned version) into the shared partial file."""
+    return _run(lambda: _fetch_range(spec, publish, worker or worker_name()))
+
+
+async def _fetch_range(spec: RangeSpec, publish: Publish | None, worker: str) -> ShardReport:
+    started = time.monotonic()
+    f, size = spec.file, spec.block_size
+    target = safe_join(Path(spec.job.local_root), f.rel)
+    sent = 0
+    async with shard_engine(spec.job, f"{f.nonce}-{spec.first}", _label(spec), publish) as (ctx, relay):
+        part = await in_thread(ctx.io_pool, lambda: PartFile(target, f.size, keep=True))
+        downloader = FileDownloader(ctx)
+
+        async def one(idx: int) -> None:
+            nonlocal sent
+            offset = idx * size
+            length = min(size, f.size - offset)
+            buf = await ctx.memory.buffer(size)
+            view = memoryview(buf)[:length]
+            try:
+                await ctx.request(lambda: downloader.get_checked(f.blob, offset, view, f.etag or None))
+                await in_thread(ctx.io_pool, part.write_view, view, offset)
+            finally:
+                ctx.memory.release(buf)
+            sent += length
+            ctx.progress.advanced(f.rel, length, length)
+
+        try:
+            await for_each(range(spec.first, spec.last), one, max(1, ctx.config.start_concurrency))
+            await in_thread(ctx.io_pool, part.sync)
+        finally:
+            part.close()
+        retries = ctx.requests.retrier.retries
+    relay.flush()
+    return ShardReport(_label(spec), worker, 0, sent, sent, time.monotonic() - started, retries)
+
+
+def finish_download(spec: RangeSpec, *fetched: ShardReport, publish: Publish | None = None,
+                    worker: str | None = None) -> ShardReport:
+    """Check the whole partial file's MD5 against the blob's, then give it its name: one rename, once whole."""
+    return _run(lambda: _finish_download(spec, fetched, publish, worker or worker_name()))
+
+
+async def _finish_download(spec: RangeSpec, fetched: tuple[ShardReport, ...], publish: Publish | None,
+                           worker: str) -> ShardReport:
+    started = time.monotonic()
+    f = spec.file
+    sent = sum(r.sent for r in fetched)
+    outcome = FileOutcome(f.rel, True, sent)
+    async with shard_engine(spec.job, f"{f.nonce}-finish", f"{f.rel} finish", publish) as (ctx, relay):
+        target = safe_join(Path(spec.job.local_root), f.rel)
+        props = as_properties(Entry(f.rel, f.size, f.mtime_ns, f.exact_mtime,
+                                    bytes.fromhex(f.md5) if f.md5 else None, f.etag, f.blob))
+        part = await in_thread(ctx.io_pool, lambda: PartFile(target, f.size, keep=True))
+        try:
+            whole = new_md5()
+            await in_thread(ctx.io_pool, feed, whole, part.chunks(0, f.size))
+            FileDownloader(ctx).check_md5(f.blob, props, whole.digest())
+            mtime = destination_mtime_ns(props) if ctx.config.preserve_last_modified_time else None
+            await in_thread(ctx.io_pool, part.finish, mtime)
+        except BlobsyncError as exc:
+            if exc.scope is not Scope.FILE:
+                raise
+            part.discard()
+            outcome = FileOutcome(f.rel, False, sent, str(exc), int(exc.exit_code))
+        finally:
+            part.close()
+        relay.on_done_outcome(outcome)
+    return ShardReport(f"{f.rel} finish", worker, 1, f.size, 0, time.monotonic() - started,
+                       ctx.requests.retrier.retries, [outcome])

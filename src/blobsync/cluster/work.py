@@ -1,0 +1,185 @@
+"""The work a worker does, engine-neutral (plain specs in, plain reports out): a shard of whole files, and the
+range, hash and commit tasks of a file too big for one shard."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import os
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from blobsync.cluster.spec import FileOutcome, JobSpec, ShardFile, ShardReport, ShardSpec
+from blobsync.config import TransferConfig
+from blobsync.engine.context import EngineContext, Progress
+from blobsync.engine.download import FileDownloader
+from blobsync.engine.listing import as_properties
+from blobsync.engine.plan import block_count, choose_block_size
+from blobsync.engine.runner import JobRunner, WorkItem
+from blobsync.engine.session import open_session
+from blobsync.engine.upload import FileUploader
+from blobsync.errors import BlobsyncError, ExitCode, SourceChangedError, UnsafeNameError
+from blobsync.events import BaseSubscriber
+from blobsync.journal import FileRow, FileState, JobKind, Journal
+from blobsync.journal.index import Entry
+from blobsync.local.files import FileIdentity
+from blobsync.local.target import safe_join
+from blobsync.report import FileResult, FileStatus, Report
+
+Publish = Callable[[dict[str, Any]], None]  # sends one progress event to the client (the adapter's channel)
+
+
+def worker_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def worker_config(job: JobSpec, journal_path: Path) -> TransferConfig:
+    return TransferConfig.from_journal(job.options, journal_path=journal_path, proxy=job.proxy)
+
+
+def _journal_path(job: JobSpec, key: str) -> Path:
+    """One task run's journal, on this worker's own disk and for this run only: a rerun (here or on another
+    worker) resumes through the client's nonces, asking the store what it holds, never through a journal."""
+    return Path(tempfile.gettempdir()) / f"blobsync-shards-{os.getuid() if hasattr(os, 'getuid') else 0}" / (
+        f"{job.job}-{key}-{os.getpid()}-{threading.get_ident()}.db")
+
+
+class _Relay(BaseSubscriber):
+    """Progress events to the client, a few per second at most, and every file's outcome kept for the report."""
+
+    def __init__(self, publish: Publish | None, label: str) -> None:
+        self.publish = publish
+        self.label = label
+        self.outcomes: list[FileOutcome] = []
+        self._bytes = 0
+        self._last = 0.0
+
+    def on_progress(self, rel: str, nbytes: int) -> None:
+        self._bytes += nbytes
+        now = time.monotonic()
+        if self.publish is not None and now - self._last >= 0.25:
+            self._last = now
+            self.publish({"shard": self.label, "bytes": self._bytes})
+            self._bytes = 0
+
+    def on_done(self, result: FileResult) -> None:
+        failed = result.status is FileStatus.FAILED
+        self.on_done_outcome(FileOutcome(result.rel, not failed, result.bytes_sent, result.reason,
+                                         int(result.exit_code), result.status is FileStatus.SKIPPED))
+
+    def on_done_outcome(self, outcome: FileOutcome) -> None:
+        self.outcomes.append(outcome)
+        if self.publish is not None:
+            self.publish({"shard": self.label, "bytes": self._bytes, "file": outcome.rel, "ok": outcome.ok})
+            self._bytes = 0
+
+    def flush(self) -> None:
+        if self.publish is not None and self._bytes:
+            self.publish({"shard": self.label, "bytes": self._bytes})
+            self._bytes = 0
+
+
+@contextlib.asynccontextmanager
+async def shard_engine(job: JobSpec, key: str, label: str, publish: Publish | None
+                       ) -> AsyncIterator[tuple[EngineContext, _Relay]]:
+    """The engine for one task on this worker, with its own journal (`key` names it) and a relay of its progress."""
+    relay = _Relay(publish, label)
+    path = _journal_path(job, key)
+    journal = Journal(path)
+    try:
+        async with open_session(job.url, worker_config(job, path), os.environ, journal,
+                                progress=Progress(subscribers=[relay])) as ctx:
+            yield ctx, relay
+    finally:
+        journal.close()
+        for leftover in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+            with contextlib.suppress(OSError):
+                leftover.unlink()
+
+
+def run_shard(spec: ShardSpec, publish: Publish | None = None, worker: str | None = None) -> ShardReport:
+    """Transfer the shard's files with the engine, resuming what an earlier run of it (here or elsewhere) left."""
+    return asyncio.run(_run_shard(spec, publish, worker or worker_name()))
+
+
+async def _run_shard(spec: ShardSpec, publish: Publish | None, worker: str) -> ShardReport:
+    label = f"shard-{spec.shard}"
+    started = time.monotonic()
+    async with shard_engine(spec.job, label, f"shard {spec.shard}", publish) as (ctx, relay):
+        kind = JobKind.UPLOAD if spec.job.upload else JobKind.DOWNLOAD
+        runner = JobRunner(kind, ctx)
+        job = runner.open_job(spec.job.local_root, f"{ctx.store.display_url}#{spec.job.job}/{spec.shard}")
+        report = Report(job.id, spec.job.local_root, ctx.store.display_url, listener=ctx.progress.finished)
+        rows = ctx.journal.add_files(job.id, ((f.rel, f.blob, f.size, f.mtime_ns, 0) for f in spec.files))
+        items = _upload_items(ctx, spec, rows) if spec.job.upload else _download_items(ctx, spec, rows, report)
+        await runner.run(report, items)
+        retries = ctx.requests.retrier.retries
+    relay.flush()
+    return ShardReport(f"shard {spec.shard}", worker, len(spec.files), sum(f.size for f in spec.files),
+                       report.bytes_sent, time.monotonic() - started, retries, relay.outcomes)
+
+
+def _upload_items(ctx: EngineContext, spec: ShardSpec, rows: dict[str, FileRow]) -> Iterator[WorkItem]:
+    uploader = FileUploader(ctx)
+    root = Path(spec.job.local_root)
+    for f in spec.files:
+        row = rows[f.rel]
+        if row.state is FileState.COMMITTED:
+            continue
+        path = root / f.rel
+        row = _with_nonce(ctx, row, f, path)
+        yield WorkItem(row, f.size, functools.partial(uploader.upload, row, path))
+
+
+def _with_nonce(ctx: EngineContext, row: FileRow, f: ShardFile, path: Path) -> FileRow:
+    """A file new to this worker's journal takes the client's nonce: the parts any earlier run staged are found."""
+    if row.nonce is not None or f.size <= ctx.config.single_put_limit:
+        return row
+    try:
+        ident = FileIdentity.of(os.stat(path))
+    except OSError:
+        return row  # the upload itself reports why the file cannot be read
+    block_size = choose_block_size(f.size, ctx.config.block_size)
+    ctx.journal.start_file(row.id, nonce=f.nonce, block_size=block_size, n_blocks=block_count(f.size, block_size),
+                           size=ident.size, mtime_ns=ident.mtime_ns, inode=ident.inode, reset=True,
+                           ctime_ns=ident.ctime_ns)
+    ctx.journal.flush()
+    return replace(row, nonce=f.nonce, block_size=block_size, size=ident.size, mtime_ns=ident.mtime_ns,
+                   inode=ident.inode, ctime_ns=ident.ctime_ns, state=FileState.ACTIVE)
+
+
+def _download_items(ctx: EngineContext, spec: ShardSpec, rows: dict[str, FileRow], report: Report
+                    ) -> Iterator[WorkItem]:
+    downloader = FileDownloader(ctx)
+    root = Path(spec.job.local_root)
+    for f in spec.files:
+        row = rows[f.rel]
+        try:
+            target = safe_join(root, f.rel)
+        except UnsafeNameError as exc:
+            ctx.journal.finish_file(row.id, FileState.FAILED, error=str(exc))
+            report.add(FileResult(f.rel, f.blob, f.size, FileStatus.FAILED, reason=str(exc),
+                                  exit_code=ExitCode.PARTIAL))
+            continue
+        props = as_properties(Entry(f.rel, f.size, f.mtime_ns, f.exact_mtime, bytes.fromhex(f.md5) if f.md5
+                                    else None, f.etag, f.blob))
+        yield WorkItem(row, f.size, functools.partial(downloader.download, row, props, target))
+
+
+def check_identity(path: Path, f: ShardFile) -> FileIdentity:
+    """The file as planned (size and mtime), or SourceChangedError: no part of another version may be staged."""
+    try:
+        ident = FileIdentity.of(os.stat(path))
+    except OSError as exc:
+        raise BlobsyncError(f"{path}: {exc.strerror or exc}") from exc
+    if (ident.size, ident.mtime_ns) != (f.size, f.mtime_ns):
+        raise SourceChangedError(f"{path}: file changed since the job was planned; nothing of it is committed")
+    return ident
+
