@@ -49,7 +49,7 @@ from harness.workloads import (
 )
 
 WORKLOADS = ("upload-large", "upload-small", "download-large", "noop-sync", "resume", "slow-link", "slow-small",
-             "sparse-rss", "null-upload-large", "null-upload-small", "null-download-large")  # fmt: skip
+             "sparse-rss", "null-upload-large", "null-upload-small", "null-download-large", "cluster")  # fmt: skip
 ORIG_ARGV_ENV = "BLOBSYNC_BENCH_ORIG_ARGV"  # survives the re-exec under the venv so the report shows what was typed
 
 
@@ -139,6 +139,11 @@ def make_workload(name: str, a: argparse.Namespace) -> Workload:
         return SlowLinkUpload(name, lambda: small_tree(cache, a.slow_files, a.small_kib * 1024), True,
                               f"{a.slow_files:,} files of {a.small_kib} KiB up over a {a.rate_mbit:g} Mbit/s link "
                               f"with +{a.delay_ms:g} ms per request", a.rate_mbit, a.delay_ms)  # fmt: skip
+    if name == "cluster":  # one job on 1 and 2 Dask workers here: Azurite-bound, so this shows the overhead
+        return Upload(name, lambda: large_file(cache, a.large_mib), False,
+                      f"one {size_label(a.large_mib)} file up with `--cluster local:1` and `local:2` (split into "
+                      "block ranges over the workers) against the plain engine",
+                      tools=("blobsync", "blobsync-cluster1", "blobsync-cluster2"))  # fmt: skip
     if name == "sparse-rss":
         return SparseRss(cache, [int(float(x) * 1024) for x in a.sparse_gib.split(",")])
     raise ValueError(name)

@@ -74,6 +74,19 @@ def test_a_sync_runs_on_two_workers_and_one_huge_file_is_split_over_both(contain
     assert not list((tmp_path / "down").rglob("*.blobsync-part*"))
 
 
+def test_cp_r_up_and_down_on_a_cluster_keeps_azcopys_layout(container: ContainerHandle, tmp_path: Path,
+                                                             azurite_env: str) -> None:
+    files = _tree(tmp_path / "run1", small=30)
+    config = TransferConfig.from_mib(journal_path=tmp_path / "j.db", recursive=True)
+    up = blobsync.copy(tmp_path / "run1", container.url, config, cluster="local:2")
+    assert up.ok and up.files_transferred == len(files) and up.shards
+    _same_bytes(container, files, prefix="run1/")  # the folder is a level of its own, as without a cluster
+    down = blobsync.copy(f"{container.url}/run1", tmp_path / "dl", config, cluster="local:2")
+    assert down.ok and down.files_transferred == len(files)
+    for rel, data in files.items():
+        assert (tmp_path / "dl" / "run1" / rel).read_bytes() == data, rel
+
+
 @pytest.fixture
 def local_cluster(proxy_env: str) -> Iterator[object]:
     """A LocalCluster whose workers talk to Azurite through the fault proxy (they inherit its environment)."""

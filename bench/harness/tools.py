@@ -36,6 +36,8 @@ DESCRIPTIONS = {
     "blobsync-nocheck": "`blobsync cp --check-md5 NoCheck`",
     "blobsync-cap": "`blobsync cp --cap-mbps N`",
     "blobsync-base": "blobsync, defaults, run from another checkout's `src/` (`--base-src`: A/B of two commits)",
+    "blobsync-cluster1": "`blobsync cp --cluster local:1`: a LocalCluster of one worker process started by the command",
+    "blobsync-cluster2": "`blobsync cp --cluster local:2`: two worker processes on this machine (the same two cores)",
     "sdk": "azure-storage-blob: one blob `upload_blob`/`download_blob(max_concurrency=8)`; many files: aio "
     "`upload_blob` under a semaphore of 8; `validate_content=False` (the SDK's default)",
     "sdk-validate": "the same with `validate_content=True` (an MD5 per request, checked by the service / client)",
@@ -216,6 +218,8 @@ def _blobsync_tail(tool: str, tmp: Path, st: Settings, journal: Path | None = No
         extra += ["--check-md5", "NoCheck"]
     elif tool == "blobsync-cap":
         extra += ["--cap-mbps", f"{st.cap_mbps:g}"]
+    elif tool.startswith("blobsync-cluster"):
+        extra += ["--cluster", f"local:{tool.removeprefix('blobsync-cluster')}"]
     if st.memory_mb is not None:
         extra += ["--memory-mb", f"{st.memory_mb:g}"]
     # A private journal per run: runs never see each other's jobs (the resume workload reuses one on purpose).

@@ -138,7 +138,7 @@ async def _run_upload(
 
 async def copy_async(
     source: str | os.PathLike[str],
-    dest: str,
+    dest: str | os.PathLike[str],
     config: TransferConfig | None = None,
     *,
     env: Mapping[str, str] | None = None,
@@ -171,12 +171,13 @@ async def copy_async(
     raise TransferFailedError instead. Errors that stop the whole job (credentials, a missing container, bad
     arguments) always raise. Cancelling the task leaves the job resumable."""
     config = config or TransferConfig()
+    dest = os.fspath(dest)
     plan = plan_copy(os.fspath(source), dest, recursive=config.recursive, as_subdir=as_subdir, filters=filters)
     env = os.environ if env is None else env
     progress = _progress(progress, subscribers)
     config = replace(config, recursive=plan.many)
     selection = _Selection(plan.filters, dry_run, on_action, confirm_overwrite, cluster,
-                           os.fspath(dest) if plan.upload else os.fspath(source))
+                           dest if plan.upload else os.fspath(source))
     journal = _journal(config.journal_path, env)
     if plan.upload:
         report = await _run_upload(plan.local, plan.remote, config, env, progress, None, journal, selection)
@@ -186,7 +187,8 @@ async def copy_async(
     return _finish(report, raise_on_error)
 
 
-def copy(source: str | os.PathLike[str], dest: str, config: TransferConfig | None = None, **kwargs: Any) -> Report:
+def copy(source: str | os.PathLike[str], dest: str | os.PathLike[str], config: TransferConfig | None = None,
+         **kwargs: Any) -> Report:
     """Blocking form of `blobsync.aio.copy` (same arguments)."""
     return _blocking(copy_async(source, dest, config, **kwargs))
 
