@@ -188,6 +188,19 @@ async def listing_pages_through_everything_under_a_prefix(store: Store, read_bac
 
 
 @case
+async def a_level_lists_its_objects_and_the_prefixes_below(store: Store, read_back: ReadBack) -> None:
+    if not store.capabilities.lists_levels:
+        pytest.skip("this store lists no levels")
+    for name in ("top/a.bin", "top/b.bin", "top/sub1/x", "top/sub1/deep/y", "top/sub2/z", "other/w"):
+        await store.put(name, b"x", HEADERS)
+    objects, below, marker = await store.list_level("top/")
+    assert [p.name for p in objects] == ["top/a.bin", "top/b.bin"] and below == ["top/sub1/", "top/sub2/"]
+    assert marker == ""
+    objects, below, _ = await store.list_level("")
+    assert objects == [] and below == ["other/", "top/"]
+
+
+@case
 async def deletes_say_what_they_did(store: Store, read_back: ReadBack) -> None:
     v = await store.put("del.bin", b"x", HEADERS)
     with pytest.raises(ConflictError):

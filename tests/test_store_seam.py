@@ -167,3 +167,48 @@ def test_a_file_that_changed_during_its_upload_commits_nothing_and_leaves_no_par
     assert not report.ok and "changed while it was being uploaded" in report.failures[0].reason
     assert "f.bin" not in box.objects
     assert not box.staged.get("f.bin")  # the parts of a version that no longer exists were dropped
+
+
+class _InProcess:
+    """A RemoteRunner that runs the items here, one by one: what a cluster does, without one."""
+
+    def __init__(self) -> None:
+        self.files = 0
+
+    async def run(self, ctx: object, job_id: str, local_root: Path, report: blobsync.Report,
+                  items: object, totals: tuple[int, int]) -> None:
+        for item in items:  # type: ignore[attr-defined]
+            report.add(await item.run())
+            self.files += 1
+
+
+def test_a_job_for_a_cluster_lists_its_destination_one_prefix_at_a_time(tmp_path: Path, box: memory.Container
+                                                                         ) -> None:
+    import asyncio
+
+    from blobsync.engine.session import open_session
+    from blobsync.filters import Filters
+    from blobsync.journal import Journal
+    from blobsync.syncing.job import SyncJob, SyncSpec
+
+    files = _tree(tmp_path / "src")
+    assert blobsync.sync(tmp_path / "src", f"memory://{box.name}/run", _config(tmp_path)).ok
+    box.faults.calls.clear()
+    url = f"memory://{box.name}/run"
+    runner = _InProcess()
+
+    async def down() -> blobsync.Report:
+        journal = Journal(tmp_path / "j2.db")
+        config = TransferConfig(preserve_last_modified_time=True, recursive=True, journal_path=tmp_path / "j2.db")
+        try:
+            async with open_session(url, config, os.environ, journal, cluster=runner) as ctx:
+                spec = SyncSpec(tmp_path / "down", ctx.store.location, False, Filters())
+                return await SyncJob(spec, ctx).run()
+        finally:
+            journal.close()
+
+    report = asyncio.run(down())
+    assert report.ok and runner.files == len(files)
+    assert box.faults.calls["list_level"] == 1 and box.faults.calls["list_page"] == 1  # the top, then sub/
+    for rel, data in files.items():
+        assert (tmp_path / "down" / rel).read_bytes() == data

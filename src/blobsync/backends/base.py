@@ -83,6 +83,7 @@ class Capabilities:
     range_md5_max: int = 0  # the largest range whose MD5 the store sends with it (0: it never does)
     batch_delete_max: int = 0  # deletes one delete_many request takes (0: delete_many is not offered)
     keeps_parts: bool = False  # a commit may name parts of the current version (delta uploads)
+    lists_levels: bool = False  # list_level: one level at a time (a huge listing then runs one prefix per task)
 
 
 class Location(Protocol):
@@ -177,6 +178,11 @@ class Store(Protocol):
 
     async def list_page(self, prefix: str = "", marker: str = "") -> tuple[list[BlobProperties], str]:
         """One page of objects under `prefix` from `marker` on, and the marker of the next page ('' after it)."""
+        ...
+
+    async def list_level(self, prefix: str = "", marker: str = "") -> tuple[list[BlobProperties], list[str], str]:
+        """One page of one level under `prefix` ('/' as the delimiter): its objects, the prefixes one level down
+        (each ending in '/'), and the next page's marker. Offered where capabilities.lists_levels."""
         ...
 
     async def read_into(self, name: str, offset: int, buf: memoryview, if_match: str | None = None, *,

@@ -164,7 +164,8 @@ def _props(name: str, obj: _Object) -> BlobProperties:
 class MemoryStore:
     """Store over one in-process container."""
 
-    capabilities = Capabilities(range_md5_max=RANGE_MD5_MAX, batch_delete_max=256, keeps_parts=True)
+    capabilities = Capabilities(range_md5_max=RANGE_MD5_MAX, batch_delete_max=256, keeps_parts=True,
+                                lists_levels=True)
     page_size = 5000
 
     def __init__(self, location: MemoryLocation) -> None:
@@ -226,6 +227,18 @@ class MemoryStore:
         more = len(names) > self.page_size
         box.faults.take("list_page", None, after=True)
         return [_props(n, box.objects[n]) for n in page], quote(page[-1]) if more else ""
+
+    async def list_level(self, prefix: str = "", marker: str = "") -> tuple[list[BlobProperties], list[str], str]:
+        box = await self._enter("list_level")
+        entries: dict[str, str | None] = {}  # name (object) or prefix (ending in '/') -> object name or None
+        for name in box.objects:
+            if name.startswith(prefix):
+                head, sep, _ = name[len(prefix):].partition("/")
+                entries[prefix + head + sep] = None if sep else name
+        keys = sorted(k for k in entries if k > unquote(marker))
+        page = keys[:self.page_size]
+        objects = [_props(k, box.objects[k]) for k in page if entries[k] is not None]
+        return objects, [k for k in page if entries[k] is None], quote(page[-1]) if len(keys) > self.page_size else ""
 
     async def read_into(self, name: str, offset: int, buf: memoryview, if_match: str | None = None, *,
                         range_md5: bool = False) -> BlobProperties:

@@ -215,6 +215,19 @@ def _parse_listing_tree(body: bytes) -> tuple[list[BlobProperties], str]:
     return [_listed_properties(blob) for blob in root.iterfind("Blobs/Blob")], root.findtext("NextMarker") or ""
 
 
+def _parse_level(body: bytes) -> tuple[list[BlobProperties], list[str], str]:
+    """A page listed with delimiter '/': the blobs at this level, the prefixes one level down, the next marker."""
+    from xml.etree import ElementTree
+
+    root = ElementTree.fromstring(body)
+    prefixes = []
+    for node in root.iterfind("Blobs/BlobPrefix/Name"):
+        name = node.text or ""
+        prefixes.append(unquote(name) if node.get("Encoded", "").lower() == "true" else name)
+    return ([_listed_properties(blob) for blob in root.iterfind("Blobs/Blob")], prefixes,
+            root.findtext("NextMarker") or "")
+
+
 # A page holds ~700 bytes of XML per blob, and ElementTree plus findtext cost ~20 µs a blob: more than the rest of a
 # no-op sync's work per file. The scanner reads the shape the service writes with one regex match per blob.
 # It relies on well-formed XML ('<' in text is always escaped) and checks the rest: no whitespace between elements,
@@ -350,7 +363,7 @@ class AzureContainerStore:
 
     page_size = 5000  # blobs per List Blobs page: the service's maximum
     capabilities = Capabilities(max_parts=50_000, max_part_size=4000 * 1024 * 1024, range_md5_max=RANGE_MD5_MAX,
-                                batch_delete_max=BATCH_MAX, keeps_parts=True)
+                                batch_delete_max=BATCH_MAX, keeps_parts=True, lists_levels=True)
 
     def __init__(
         self,
@@ -683,11 +696,18 @@ class AzureContainerStore:
         """One List Blobs request: up to 5,000 blobs from `marker` on, and the marker of the next page ('')."""
         return _parse_listing(await self._list_body(prefix, marker))
 
-    async def _list_body(self, prefix: str, marker: str, size: int | None = None) -> bytes:
+    async def list_level(self, prefix: str = "", marker: str = "") -> tuple[list[BlobProperties], list[str], str]:
+        """One List Blobs page with delimiter '/': the blobs directly under `prefix`, the prefixes one level
+        down (each ending in '/'), and the next page's marker."""
+        return _parse_level(await self._list_body(prefix, marker, delimiter="/"))
+
+    async def _list_body(self, prefix: str, marker: str, size: int | None = None, delimiter: str = "") -> bytes:
         query = [("restype", "container"), ("comp", "list"), ("include", "metadata"),
                  ("maxresults", str(size or self.page_size))]
         if prefix:
             query.append(("prefix", prefix))
+        if delimiter:
+            query.append(("delimiter", delimiter))
         if marker:
             query.append(("marker", marker))
         _, _, body = await self._call("GET", None, query, {}, None, f"list blobs in {self._loc.container}", (200,))
