@@ -151,6 +151,29 @@ def test_a_shard_that_fails_three_times_fails_its_files_and_the_rest_go_up(
         assert container.download(rel) == files[rel]
 
 
+def test_sigterm_stops_a_cluster_job_with_one_line_and_it_resumes(container: ContainerHandle, tmp_path: Path,
+                                                                  proxy: FaultProxy, azurite: object) -> None:
+    """What a pipeline does to a job it stops: SIGTERM. The workers go with it; no Dask traceback on stderr."""
+    env = clean_env({"AZURE_STORAGE_CONNECTION_STRING": azurite.connection_string_via(proxy.endpoint())})  # type: ignore[attr-defined]
+    data = random_file(tmp_path / "src" / "f.bin", 48 * MiB, seed=7)
+    args = ["sync", str(tmp_path / "src"), f"{proxy.endpoint()}/{container.name}", "--journal", str(tmp_path / "j.db")]
+    proxy.hold_after("put_block", 2)
+    proc = subprocess.Popen([sys.executable, "-m", "blobsync", *args, "--cluster", "local:1"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        proxy.wait_for_held(1, timeout=120)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        kill_tree(proc.pid)
+        proxy.release_holds()
+    assert proc.returncode == 130, err
+    assert "interrupted" in err.splitlines()[-1] and "Traceback" not in err and "never retrieved" not in err
+    done = run([*args, "--output-type", "json"], env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert container.download("f.bin") == data
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -232,6 +255,8 @@ def test_the_cli_runs_on_a_scheduler_and_workers_and_survives_losing_the_schedul
     finished = run(args, env=env, timeout=240)  # the same command without the cluster finishes the job here
     assert finished.returncode == 0, finished.stderr
     _same_bytes(container, {**files, **more})
+    # ... from the blocks the workers staged: the client journaled the nonces they staged under.
+    assert int(_summary(finished.stdout)["bytes_reused"]) >= 8 * MiB  # type: ignore[call-overload]
 
 
 def test_a_worker_that_cannot_see_the_folder_is_named(container: ContainerHandle, tmp_path: Path,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Iterator
@@ -17,9 +18,11 @@ from blobsync.cluster.spec import JobSpec, ShardFile, ShardReport, ShardSpec, fi
 from blobsync.config import Overwrite
 from blobsync.engine.context import EngineContext
 from blobsync.engine.mtime import MTIME_KEY, format_mtime
+from blobsync.engine.plan import block_count, choose_block_size
 from blobsync.engine.runner import WorkItem
 from blobsync.errors import BlobsyncError, ExitCode, Scope, TransientError, UsageError
 from blobsync.journal import FileRow, FileState
+from blobsync.local.files import FileIdentity
 from blobsync.local.target import PartFile, safe_join
 from blobsync.report import FileResult, FileStatus, Report, ShardRow
 
@@ -128,8 +131,25 @@ class ClusterTransfer:
                 raise AssertionError("a cluster job needs every item's file reference")
             ctx.progress.queued(ref.rel, ref.blob, ref.size, counted=True)
             self._rows[ref.rel] = item.row
-            yield ShardFile(ref.rel, ref.blob, ref.size, ref.mtime_ns, file_nonce(job_id, ref.rel, ref.size,
-                            ref.mtime_ns), ref.etag or "", ref.md5.hex() if ref.md5 else None, ref.exact_mtime)
+            nonce = file_nonce(job_id, ref.rel, ref.size, ref.mtime_ns)
+            if self.upload and ref.size > ctx.config.single_put_limit:
+                self._journal_nonce(ctx, item.row, ref.rel, ref.size, nonce)
+            yield ShardFile(ref.rel, ref.blob, ref.size, ref.mtime_ns, nonce, ref.etag or "",
+                            ref.md5.hex() if ref.md5 else None, ref.exact_mtime)
+
+    def _journal_nonce(self, ctx: EngineContext, row: FileRow, rel: str, size: int, nonce: str) -> None:
+        """The client's journal keeps the nonce the workers stage under: the same command run later without a
+        cluster resumes from the blocks they staged instead of sending the file again."""
+        if row.nonce == nonce:
+            return
+        try:
+            ident = FileIdentity.of(os.stat(self.local_root / rel))
+        except OSError:
+            return  # the worker that takes the file reports why it cannot be read
+        block_size = choose_block_size(size, ctx.config.block_size)
+        ctx.journal.start_file(row.id, nonce=nonce, block_size=block_size, n_blocks=block_count(size, block_size),
+                               size=ident.size, mtime_ns=ident.mtime_ns, inode=ident.inode, reset=True,
+                               ctime_ns=ident.ctime_ns)
 
     async def _drain(self, ctx: EngineContext, report: Report, units: Iterator[ShardSpec | SplitFile],
                      window: int) -> None:
@@ -138,6 +158,7 @@ class ClusterTransfer:
             for unit in units:
                 while len(pending) >= window:
                     pending = await self._collect(ctx, report, pending)
+                ctx.journal.flush()  # the unit's nonces are durable before any worker stages under them
                 pending.add(asyncio.ensure_future(self._submit(ctx, unit)))
             while pending:
                 pending = await self._collect(ctx, report, pending)

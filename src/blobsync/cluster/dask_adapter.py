@@ -101,8 +101,9 @@ class DaskExecutor:
                                       pure=False)
         else:
             last = self.client.submit(_finish, whole, *parts, key=_key("finish"), retries=TASK_RETRIES, pure=False)
-        reports: list[ShardReport] = await self.client.gather([*parts, last])
-        return reports
+        # One await per future, not client.gather: a cancelled gather leaves Dask tasks that later fail unseen
+        # (AllExit tracebacks on stderr when the user stops the job).
+        return [await future for future in (*parts, last)]
 
     def follow(self, topic: str, handler: Callable[[dict[str, Any]], None]) -> None:
         self.client.subscribe_topic(topic, lambda event: handler(event[1]))
