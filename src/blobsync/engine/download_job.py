@@ -11,13 +11,13 @@ from pathlib import Path
 from blobsync.backends.base import BlobProperties, Location
 from blobsync.engine.context import EngineContext
 from blobsync.engine.download import FileDownloader
-from blobsync.engine.listing import as_properties, is_folder_marker, remote_entry
+from blobsync.engine.listing import RemoteLister, as_properties
 from blobsync.engine.mtime import MTIME_KEY, destination_mtime_ns
 from blobsync.engine.runner import FileRef, JobRunner, WorkItem, batches
 from blobsync.errors import BlobNotFoundError, ExitCode, UnsafeNameError, UsageError
 from blobsync.filters import Filters
 from blobsync.journal import FileState, JobKind, JobRow
-from blobsync.journal.index import Entry, SyncIndex
+from blobsync.journal.index import SyncIndex
 from blobsync.local.target import safe_join
 from blobsync.naming import folder_prefix
 from blobsync.report import DRY_RUN, Action, FileResult, FileStatus, Report
@@ -64,24 +64,16 @@ class DownloadJob:
         return spec.dest.parent, spec.dest.name, props
 
     async def _list_into(self, index: SyncIndex) -> None:
-        """Every blob under the prefix into the scratch index, page by page: memory stays flat however many."""
+        """Every blob under the prefix into the scratch index; a job on a cluster lists one prefix per task."""
         prefix = folder_prefix(self.spec.source.path)
         filters = self.spec.filters
-        batch: list[Entry] = []
-        listed = 0
-        async for props in self.store.list_objects(prefix, request=self.runner.requests):
-            if is_folder_marker(props):
-                continue
-            listed += 1
-            entry = remote_entry(prefix, props)
-            if not filters.matches(entry.rel, props.last_modified.timestamp()):
-                continue
-            batch.append(entry)
-            if len(batch) >= 1000:
-                index.add("src", batch)
-                batch = []
-        index.add("src", batch)
-        if not listed and prefix and filters.top is None and self.runner.job is None:
+        lister = RemoteLister(self.store, self.runner.requests, prefix, index, "src", filters,
+                              lambda props, entry: props.last_modified.timestamp())
+        if self.ctx.cluster is not None and self.store.capabilities.lists_levels:
+            await lister.by_level()
+        else:
+            await lister.under(prefix)
+        if not lister.listed and prefix and filters.top is None and self.runner.job is None:
             # A folder URL with nothing under it is most likely a typo; AzCopy fails too. (A wildcard that
             # matches nothing, or filters that take nothing, are a successful empty copy.)
             raise BlobNotFoundError(f"no blobs under {prefix!r} in container {self.spec.source.container!r}",

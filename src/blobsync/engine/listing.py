@@ -1,12 +1,16 @@
-"""Blobs as scratch-index entries and back: a listing of millions is kept in SQLite, not in memory."""
+"""Listings into the scratch index, and blobs as index entries and back: millions are kept in SQLite, not in memory."""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from datetime import UTC, datetime
 
-from blobsync.backends.base import BlobProperties
+from blobsync.backends.base import BlobProperties, Requester, Store
 from blobsync.engine.mtime import MTIME_KEY, format_mtime, parse_mtime
-from blobsync.journal.index import Entry
+from blobsync.engine.tasks import for_each
+from blobsync.filters import Filters
+from blobsync.journal.index import Entry, SyncIndex
 from blobsync.naming import relative_name
 
 
@@ -33,3 +37,58 @@ def as_properties(entry: Entry) -> BlobProperties:
     metadata = {MTIME_KEY: format_mtime(entry.mtime_ns)} if entry.exact_mtime else {}
     return BlobProperties(entry.name or entry.rel, entry.size, entry.etag or "",
                           datetime.fromtimestamp(entry.mtime_ns / 1e9, UTC), entry.md5, None, metadata)
+
+
+LISTINGS_IN_FLIGHT = 16  # prefixes listed at once when a listing goes one prefix per task
+
+
+class RemoteLister:
+    """Lists what is under a root prefix into one side of a scratch index, page by page (memory stays flat
+    however many objects): all at once, or one top-level prefix per task where the store lists levels."""
+
+    def __init__(self, store: Store, request: Requester, root: str, index: SyncIndex, side: str, filters: Filters,
+                 when: Callable[[BlobProperties, Entry], float]) -> None:
+        self.store = store
+        self.request = request
+        self.root = root  # entries are named relative to it
+        self.index = index
+        self.side = side
+        self.filters = filters
+        self.when = when  # the time the filters' --include-after/before compare
+        self.listed = 0  # objects seen (folder markers aside), whether the filters took them or not
+
+    async def under(self, prefix: str, expected: Callable[[], int | None] | None = None) -> None:
+        """Every object under `prefix`; batches of 1,000 leave little to insert after the last page. Each page is
+        retried on its own; one that keeps failing stops the listing (and with it any delete)."""
+        batch: list[Entry] = []
+        async for props in self.store.list_objects(prefix, expected=expected, request=self.request):
+            self._take(props, batch)
+            if len(batch) >= 1000:
+                self.index.add(self.side, batch)
+                batch = []
+        self.index.add(self.side, batch)
+
+    async def by_level(self) -> None:
+        """The top level, then every prefix below it that the filters can match in, many at once: a serial
+        listing of 10^8 objects is 20,000 round trips, hours."""
+        prefixes: list[str] = []
+        marker = ""
+        while True:
+            objects, below, marker = await self.request(functools.partial(self.store.list_level, self.root,
+                                                                          marker))
+            batch: list[Entry] = []
+            for props in objects:
+                self._take(props, batch)
+            self.index.add(self.side, batch)
+            prefixes += [p for p in below if self.filters.enters(p[len(self.root):].rstrip("/"))]
+            if not marker:
+                break
+        await for_each(prefixes, self.under, LISTINGS_IN_FLIGHT)
+
+    def _take(self, props: BlobProperties, batch: list[Entry]) -> None:
+        if is_folder_marker(props):
+            return
+        self.listed += 1
+        entry = remote_entry(self.root, props)
+        if self.filters.matches(entry.rel, self.when(props, entry)):
+            batch.append(entry)

@@ -15,9 +15,8 @@ from blobsync.engine.context import EngineContext
 from blobsync.engine.delete import Doomed
 from blobsync.engine.digest import md5_of_file
 from blobsync.engine.enumerate import index_in_thread
-from blobsync.engine.listing import as_properties, is_folder_marker, remote_entry
+from blobsync.engine.listing import RemoteLister, as_properties
 from blobsync.engine.runner import FileRef, JobRunner, WorkItem, batches
-from blobsync.engine.tasks import for_each
 from blobsync.errors import BlobsyncError, ExitCode, UnsafeNameError, UsageError
 from blobsync.filters import Filters
 from blobsync.journal import FileRow, FileState, JobKind
@@ -28,7 +27,6 @@ from blobsync.report import DRY_RUN, NO_JOB, Action, FileResult, FileStatus, Rep
 from blobsync.syncing.compare import MTIME_WINDOWS, CompareMode, decide
 
 log = logging.getLogger("blobsync")
-LISTINGS_IN_FLIGHT = 16  # prefixes listed at once when a job lists one prefix per task
 
 
 class DeleteMode(FlagEnum):
@@ -136,49 +134,15 @@ class SyncJob:
         self.local_count = index.count(side)
 
     async def _index_remote(self, index: SyncIndex, side: str) -> None:
-        """List the remote side into the index page by page (memory stays flat however many blobs)."""
+        """List the remote side into the index; a job on a cluster lists one top-level prefix per task."""
+        lister = RemoteLister(self.store, self.runner.requests, self._prefix, index, side, self.spec.filters,
+                              lambda props, entry: entry.mtime_ns / 1e9)
         if self.ctx.cluster is not None and self.store.capabilities.lists_levels:
-            await self._index_by_level(index, side)
-            return
-        # The local count predicts the remote one (a sync makes them match): the store then keeps the last
-        # page small.
-        await self._index_under(index, side, self._prefix, lambda: self.local_count)
-
-    async def _index_under(self, index: SyncIndex, side: str, listed: str,
-                           expected: Callable[[], int | None] | None = None) -> None:
-        """Every object under `listed` into the index, named relative to the sync's root."""
-        prefix = self._prefix
-        filters = self.spec.filters
-        batch: list[Entry] = []
-        # Batches of 1,000 leave little to insert after the last page, which nothing overlaps. Each page is
-        # retried on its own; a page that keeps failing stops the sync, and with it any delete.
-        async for props in self.store.list_objects(listed, expected=expected, request=self.runner.requests):
-            if is_folder_marker(props):
-                continue
-            entry = remote_entry(prefix, props)
-            if filters.matches(entry.rel, entry.mtime_ns / 1e9):
-                batch.append(entry)
-            if len(batch) >= 1000:
-                index.add(side, batch)
-                batch = []
-        index.add(side, batch)
-
-    async def _index_by_level(self, index: SyncIndex, side: str) -> None:
-        """A job big enough for a cluster lists its destination one top-level prefix per task, many at once: the
-        20,000 round trips of a serial listing of 10^8 blobs would take hours. Prefixes nothing can match in are
-        not listed at all."""
-        root = self._prefix
-        prefixes: list[str] = []
-        marker = ""
-        while True:
-            objects, below, marker = await self.runner.requests(functools.partial(self.store.list_level, root,
-                                                                                  marker))
-            entries = [remote_entry(root, p) for p in objects if not is_folder_marker(p)]
-            index.add(side, [e for e in entries if self.spec.filters.matches(e.rel, e.mtime_ns / 1e9)])
-            prefixes += [p for p in below if self.spec.filters.enters(p[len(root):].rstrip("/"))]
-            if not marker:
-                break
-        await for_each(prefixes, lambda p: self._index_under(index, side, p), LISTINGS_IN_FLIGHT)
+            await lister.by_level()
+        else:
+            # The local count predicts the remote one (a sync makes them match): the store then keeps the last
+            # page small.
+            await lister.under(self._prefix, lambda: self.local_count)
 
     # --- the run --------------------------------------------------------------------------------------------
 
