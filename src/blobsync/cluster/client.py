@@ -9,7 +9,6 @@ import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -59,15 +58,6 @@ class Executor(Protocol):
     def follow(self, topic: str, handler: Callable[[dict[str, Any]], None]) -> None: ...
 
     async def close(self) -> None: ...
-
-
-@dataclass
-class _Unit:
-    """A unit in flight: what it carries, to journal and report when it comes back (or fails)."""
-
-    label: str
-    files: dict[str, tuple[FileRow, ShardFile]]
-    task: asyncio.Future[list[ShardReport]] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
 class ClusterTransfer:
