@@ -58,6 +58,7 @@ def test_a_sync_runs_on_two_workers_and_one_huge_file_is_split_over_both(contain
     report = blobsync.sync(tmp_path / "src", container.url, _config(tmp_path), cluster="local:2")
     assert report.ok and report.files_transferred == len(files), report.failures[:3]
     assert len({s.worker for s in report.shards}) == 2  # both workers did work
+    assert sum(s.bytes for s in report.shards) == sum(map(len, files.values()))  # each byte in one task's row
     huge = [s for s in report.shards if s.label.startswith("big/huge.bin blocks")]
     assert len(huge) >= 4 and len({s.worker for s in huge}) == 2  # the huge file itself went over both
     _same_bytes(container, files)

@@ -125,7 +125,7 @@ async def _commit_split(spec: RangeSpec, md5_hex: str | None, staged: tuple[Shar
                 raise  # the scheduler runs the task again, or the job stops
             outcome = FileOutcome(f.rel, False, sent, str(exc), int(exc.exit_code))
         relay.on_done_outcome(outcome)
-    return ShardReport(f"{f.rel} commit", worker, 1, f.size, 0, time.monotonic() - started,
+    return ShardReport(f"{f.rel} commit", worker, 1, 0, 0, time.monotonic() - started,
                        ctx.requests.retrier.retries, [outcome])
 
 
@@ -214,5 +214,5 @@ async def _finish_download(spec: RangeSpec, fetched: tuple[ShardReport, ...], pu
         finally:
             part.close()
         relay.on_done_outcome(outcome)
-    return ShardReport(f"{f.rel} finish", worker, 1, f.size, 0, time.monotonic() - started,
+    return ShardReport(f"{f.rel} finish", worker, 1, 0, 0, time.monotonic() - started,
                        ctx.requests.retrier.retries, [outcome])
