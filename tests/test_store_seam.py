@@ -212,3 +212,28 @@ def test_a_job_for_a_cluster_lists_its_destination_one_prefix_at_a_time(tmp_path
     assert box.faults.calls["list_level"] == 1 and box.faults.calls["list_page"] == 1  # the top, then sub/
     for rel, data in files.items():
         assert (tmp_path / "down" / rel).read_bytes() == data
+
+
+def test_a_failed_cluster_shard_counts_a_download_done_only_if_the_planned_version_is_there(tmp_path: Path) -> None:
+    """After a shard failed its tries, a file of the same size at the target may be the old one (a sync down of a
+    changed blob of equal size): only the blob's own mtime, kept on the file, says it is the new one."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from blobsync.cluster.client import ClusterTransfer
+    from blobsync.cluster.spec import ShardFile
+
+    target = tmp_path / "f.bin"
+    target.write_bytes(b"old bytes!")
+    planned = ShardFile("f.bin", "f.bin", 10, 1_700_000_000_123_456_789, "0" * 16)
+    transfer = ClusterTransfer(None, "memory://c", upload=False)  # type: ignore[arg-type]
+    transfer.local_root = tmp_path
+    keeps = SimpleNamespace(config=TransferConfig(preserve_last_modified_time=True))
+
+    def done(ctx: object) -> bool:
+        return asyncio.run(transfer._completed(ctx, planned))  # type: ignore[arg-type]
+
+    assert not done(keeps)  # same size, another mtime: the old file
+    os.utime(target, ns=(planned.mtime_ns, planned.mtime_ns))
+    assert done(keeps)  # the blob's mtime, as the finished download sets it
+    assert not done(SimpleNamespace(config=TransferConfig()))  # mtimes not kept: nothing tells them apart

@@ -241,10 +241,14 @@ class ClusterTransfer:
 
     async def _completed(self, ctx: EngineContext, f: ShardFile) -> bool:
         """Whether the planned version of `f` is at its destination (an upload verifies before it is visible
-        with its source's mtime; a download has its name only once checked)."""
+        with its source's mtime; a download has its name only once checked, and only its mtime, when it keeps
+        the blob's, tells it from an older file of the same size that was there before: without that, no)."""
         if not self.upload:
             target = self.local_root / f.rel
-            return target.is_file() and target.stat().st_size == f.size
+            if not ctx.config.preserve_last_modified_time or not target.is_file():
+                return False
+            st = target.stat()
+            return st.st_size == f.size and st.st_mtime_ns == f.mtime_ns
         try:
             props = await ctx.request(lambda: ctx.store.stat(f.blob))
         except BlobsyncError:
