@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from blobsync.backends.base import BlobHeaders, Conditions, Store
+from blobsync.checksums import choose_check, part_check
 from blobsync.errors import (
     BlobNotFoundError,
     BlobsyncError,
@@ -74,10 +75,13 @@ async def a_body_that_arrives_damaged_is_refused_and_retryable(store: Store, rea
     with pytest.raises(CorruptedInTransitError) as caught:
         await store.put("bad.bin", b"data", BlobHeaders("text/plain", _md5(b"other"), {}))
     assert caught.value.retryable and caught.value.scope is Scope.JOB
-    writer = store.writer("bad2.bin", "0123456789abcdef")
-    with pytest.raises(CorruptedInTransitError):
-        await writer.stage(0, b"data", _md5(b"other"))
     assert await store.stat("bad.bin") is None
+    writer = store.writer("bad2.bin", "0123456789abcdef")
+    for kind in sorted(store.capabilities.part_checks):  # every check the store says it verifies, verified
+        with pytest.raises(CorruptedInTransitError) as caught:
+            await writer.stage(0, b"data", part_check(b"other", kind))
+        assert caught.value.retryable
+        await writer.stage(0, b"data", part_check(b"data", kind))
 
 
 @case
@@ -104,8 +108,9 @@ async def a_chunked_write_commits_its_parts_in_order(store: Store, read_back: Re
     assert writer.token(3) != store.writer("big.bin", "ffeeddccbbaa9988").token(3)
     assert len({len(writer.token(i)) for i in (0, 9, 10, 49_999)}) == 1
     blocks = [os.urandom(1000 + i) for i in range(4)]
+    check = choose_check(store.capabilities.part_checks)
     for i in (2, 0, 3, 1):  # staged in any order
-        await writer.stage(i, blocks[i], _md5(blocks[i]))
+        await writer.stage(i, blocks[i], check and part_check(blocks[i], check))
     assert await store.stat("big.bin") is None  # nothing is visible before the commit
     listing = await writer.parts()
     assert sorted((p.token, p.size) for p in listing.staged) == sorted(

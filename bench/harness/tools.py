@@ -32,7 +32,7 @@ AZCOPY_ENV: dict[str, str] = {}
 DESCRIPTIONS = {
     "blobsync": "`blobsync cp` / `blobsync sync`, defaults (16 requests in flight, 8 MiB blocks, per-block MD5 and "
     "the whole-file MD5 on upload, the whole-file MD5 checked on download)",
-    "blobsync-nomd5": "`blobsync cp --no-put-md5` (blocks still carry their own Content-MD5)",
+    "blobsync-nomd5": "`blobsync cp --no-put-md5` (blocks still carry their own check: a Storage CRC64, or an MD5 without awscrt)",
     "blobsync-nocheck": "`blobsync cp --check-md5 NoCheck`",
     "blobsync-cap": "`blobsync cp --cap-mbps N`",
     "blobsync-base": "blobsync, defaults, run from another checkout's `src/` (`--base-src`: A/B of two commits)",

@@ -22,14 +22,17 @@ from blobsync.backends.base import (
     BlobProperties,
     Buffer,
     Capabilities,
+    CheckKind,
     Conditions,
     Part,
+    PartCheck,
     Parts,
     PutResult,
     Requester,
     direct,
 )
 from blobsync.backends.registry import Wire, register
+from blobsync.checksums import part_check
 from blobsync.errors import (
     BatchUnsupported,
     BlobNotFoundError,
@@ -165,7 +168,7 @@ class MemoryStore:
     """Store over one in-process container."""
 
     capabilities = Capabilities(range_md5_max=RANGE_MD5_MAX, batch_delete_max=256, keeps_parts=True,
-                                lists_levels=True)
+                                lists_levels=True, part_checks=frozenset((CheckKind.MD5, CheckKind.CRC64)))
     page_size = 5000
 
     def __init__(self, location: MemoryLocation) -> None:
@@ -327,12 +330,12 @@ class MemoryWriter:
         box.faults.take("parts", self.name, after=True)
         return result
 
-    async def stage(self, index: int, data: Buffer, md5: bytes | None) -> None:
+    async def stage(self, index: int, data: Buffer, check: PartCheck | None) -> None:
         box = await self.store._enter("stage", self.name)
         body = bytes(data)
-        if md5 is not None and hashlib.md5(body).digest() != md5:
-            raise CorruptedInTransitError(f"put block of {self.name!r}: HTTP 400 Md5Mismatch", status=400,
-                                          code="Md5Mismatch")
+        if check is not None and part_check(body, check.kind) != check:
+            code = "Crc64Mismatch" if check.kind is CheckKind.CRC64 else "Md5Mismatch"
+            raise CorruptedInTransitError(f"put block of {self.name!r}: HTTP 400 {code}", status=400, code=code)
         token = self.token(index)
         pending = box.staged.setdefault(self.name, {})
         if any(len(t) != len(token) for t in pending):

@@ -13,6 +13,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from blobsync.backends.base import PartCheck
+from blobsync.checksums import choose_check
 from blobsync.cluster.spec import FileOutcome, RangeSpec, ShardReport
 from blobsync.cluster.work import Publish, check_identity, shard_engine, worker_name
 from blobsync.engine.context import EngineContext
@@ -65,9 +67,10 @@ async def _stage_range(spec: RangeSpec, publish: Publish | None, worker: str) ->
     return ShardReport(_label(spec), worker, 0, nbytes, sent, time.monotonic() - started, retries)
 
 
-async def _stage_blocks(ctx: EngineContext, spec: RangeSpec, stage: Callable[[int, memoryview, bytes | None],
+async def _stage_blocks(ctx: EngineContext, spec: RangeSpec, stage: Callable[[int, memoryview, PartCheck | None],
                         Awaitable[None]], tokens: list[str], present: set[str]) -> int:
     f, path, size = spec.file, _path(spec), spec.block_size
+    kind = choose_check(ctx.store.capabilities.part_checks)
     src = OpenFile(path)
     sent = 0
 
@@ -79,8 +82,8 @@ async def _stage_blocks(ctx: EngineContext, spec: RangeSpec, stage: Callable[[in
             buf = await ctx.memory.buffer(size)
             view = memoryview(buf)[:length]
             try:
-                md5, _ = await in_thread(ctx.io_pool, read_block, src, view, offset)
-                await ctx.request(lambda: stage(idx, view, md5))
+                check, _ = await in_thread(ctx.io_pool, read_block, src, view, offset, None, kind)
+                await ctx.request(lambda: stage(idx, view, check))
             finally:
                 ctx.memory.release(buf)
             sent += length

@@ -1,4 +1,4 @@
-"""Every hash blobsync computes: per-block MD5s sent with each part, the whole-file MD5, xxh3-128 for deltas."""
+"""The hashes the engine computes: the check sent with each part, the whole-file MD5, xxh3-128 for deltas."""
 
 from __future__ import annotations
 
@@ -9,10 +9,14 @@ from typing import TYPE_CHECKING
 
 import xxhash
 
+from blobsync.backends.base import CheckKind, PartCheck
+from blobsync.checksums import part_check
+
 if TYPE_CHECKING:
     from blobsync.backends.base import Buffer
 
     Md5 = hashlib._Hash  # an MD5 being fed, range by range, in file order (a typeshed name only)
+
 EMPTY_MD5 = hashlib.md5().digest()
 _FILE_STEP = 8 * 1024 * 1024
 
@@ -25,14 +29,15 @@ def md5_of(data: Buffer) -> bytes:
     return hashlib.md5(data).digest()
 
 
-def block_digests(data: Buffer, unchanged: bytes | None = None, need_md5: bool = True) -> tuple[bytes | None, bytes]:
-    """(MD5, xxh3-128) of one block, in the worker thread that read it.
+def block_digests(data: Buffer, unchanged: bytes | None = None, check: CheckKind | None = CheckKind.MD5
+                  ) -> tuple[PartCheck | None, bytes]:
+    """(the part's check, xxh3-128) of one block, in the worker thread that read it.
 
-    The xxh3-128 digest is what a delta upload compares blocks by; it costs ~1/70 of the MD5. When it equals
-    `unchanged` (the committed block's), or `need_md5` is False (the store holds the block already), the block
-    is not sent, so its MD5 is skipped (None)."""
+    The xxh3-128 digest is what a delta upload compares blocks by. When it equals `unchanged` (the committed
+    block's), or `check` is None (the store holds the block already, or verifies nothing), the block is not
+    sent or not checked, so its check is skipped (None)."""
     digest = xxhash.xxh3_128_digest(data)
-    return (None if digest == unchanged or not need_md5 else hashlib.md5(data).digest()), digest
+    return (None if digest == unchanged or check is None else part_check(data, check)), digest
 
 
 def feed(hasher: Md5, chunks: Iterable[Buffer]) -> None:

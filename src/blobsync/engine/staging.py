@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 from dataclasses import dataclass, field, replace
 
-from blobsync.backends.base import BlobHeaders, ChunkedWriter, Conditions, PutResult
+from blobsync.backends.base import BlobHeaders, CheckKind, ChunkedWriter, Conditions, PartCheck, PutResult
+from blobsync.checksums import choose_check
 from blobsync.engine.budget import BlockBuffer, Window
 from blobsync.engine.context import EngineContext
 from blobsync.engine.delta import DeltaBase, committed_record
@@ -19,6 +21,7 @@ from blobsync.local.files import FileIdentity, OpenFile
 from blobsync.report import FileResult, FileStatus
 
 log = logging.getLogger("blobsync")
+HASH_AHEAD = 4  # blocks read and waiting for the whole-file MD5
 
 
 @dataclass
@@ -61,11 +64,11 @@ class BlockWrite:
         return self.plan.identity.size
 
 
-def read_block(src: OpenFile, view: memoryview, offset: int, unchanged: bytes | None = None, need_md5: bool = True
-               ) -> tuple[bytes | None, bytes]:
+def read_block(src: OpenFile, view: memoryview, offset: int, unchanged: bytes | None = None,
+               check: CheckKind | None = CheckKind.MD5) -> tuple[PartCheck | None, bytes]:
     """Fill `view` from the file and return its digests (in a worker thread)."""
     src.read_into(view, offset)
-    return block_digests(view, unchanged, need_md5)
+    return block_digests(view, unchanged, check)
 
 
 async def verify_commit(ctx: EngineContext, writer: ChunkedWriter, blob: str, tokens: list[str],
@@ -86,6 +89,7 @@ class BlockUploader:
 
     def __init__(self, ctx: EngineContext) -> None:
         self.ctx = ctx
+        self.check = choose_check(ctx.store.capabilities.part_checks)
 
     async def run(self, w: BlockWrite, src: OpenFile, resume: bool) -> FileResult:
         if resume:
@@ -116,6 +120,7 @@ class BlockUploader:
         ctx = self.ctx
         whole = new_md5() if ctx.config.put_md5 else None
         hashed: asyncio.Future[None] | None = None  # the last block queued on the one hash thread
+        queued: collections.deque[asyncio.Future[None]] = collections.deque()
         sends: set[asyncio.Task[None]] = set()
         # Reading further ahead than the requests that can be in flight only fills memory (and costs page
         # faults): a file keeps at most concurrency + 2 blocks read and not yet sent.
@@ -123,15 +128,17 @@ class BlockUploader:
         try:
             for idx, offset, length in block_ranges(w.size, w.block_size):
                 raise_first_failure(sends)
-                buf, view, md5 = await self._read_block(w, src, window, idx, offset, length)
+                while len(queued) >= HASH_AHEAD:  # the whole-file MD5 is serial: more queued only fills memory
+                    await queued.popleft()
+                buf, view, check = await self._read_block(w, src, window, idx, offset, length)
                 if whole is not None:
                     hashed = asyncio.get_running_loop().run_in_executor(ctx.hash_pool, whole.update, view)
+                    queued.append(hashed)
                 if self._found(w, idx, length):
                     self._release_after(buf, hashed)
                     window.release()
                 else:
-                    assert md5 is not None  # only a block that is not sent skips its MD5
-                    sends.add(asyncio.create_task(self._send(w, idx, view, md5, buf, hashed, window)))
+                    sends.add(asyncio.create_task(self._send(w, idx, view, check, buf, hashed, window)))
             if sends:
                 await gather_or_cancel(sends)
             if hashed is not None:
@@ -144,7 +151,7 @@ class BlockUploader:
         return whole.digest() if whole is not None else None
 
     async def _read_block(self, w: BlockWrite, src: OpenFile, window: Window, idx: int, offset: int, length: int
-                          ) -> tuple[BlockBuffer, memoryview, bytes | None]:
+                          ) -> tuple[BlockBuffer, memoryview, PartCheck | None]:
         """A window slot and a pooled buffer, filled from the file in a worker thread with its digests."""
         ctx = self.ctx
         await window.acquire()
@@ -157,15 +164,15 @@ class BlockUploader:
         old = w.base.block_at(idx, length) if w.base is not None else None
         try:
             # A block the store holds already (resume) is only read for the whole-file MD5 and the delta memory:
-            # its own MD5 would cost ~1.4 s/GiB for nothing.
-            md5, w.digests[idx] = await in_thread(ctx.io_pool, read_block, src, view, offset,
-                                                  old[1] if old is not None else None,
-                                                  w.tokens[idx] not in w.present)
+            # its own check would cost CPU for nothing.
+            check, w.digests[idx] = await in_thread(ctx.io_pool, read_block, src, view, offset,
+                                                    old[1] if old is not None else None,
+                                                    self.check if w.tokens[idx] not in w.present else None)
         except BaseException:
             ctx.memory.release(buf)
             window.release()
             raise
-        return buf, view, md5
+        return buf, view, check
 
     def _found(self, w: BlockWrite, idx: int, length: int) -> bool:
         """Whether block `idx` needs no sending: unchanged since the committed version (delta), or held already."""
@@ -183,15 +190,15 @@ class BlockUploader:
         self.ctx.progress.advanced(w.row.rel, length, 0)
         return True
 
-    async def _send(self, w: BlockWrite, idx: int, view: memoryview, md5: bytes, buf: BlockBuffer,
+    async def _send(self, w: BlockWrite, idx: int, view: memoryview, check: PartCheck | None, buf: BlockBuffer,
                     hashing: asyncio.Future[None] | None, window: Window) -> None:
         ctx = self.ctx
         try:
-            await ctx.request(lambda: w.writer.stage(idx, view, md5))
+            await ctx.request(lambda: w.writer.stage(idx, view, check))
         finally:
             self._release_after(buf, hashing)
             window.release()
-        ctx.journal.block_done(w.row.id, idx, len(view), md5.hex())
+        ctx.journal.block_done(w.row.id, idx, len(view), check.value.hex() if check is not None else "")
         ctx.progress.advanced(w.row.rel, len(view), len(view))
 
     def _release_after(self, buf: BlockBuffer, hashing: asyncio.Future[None] | None) -> None:

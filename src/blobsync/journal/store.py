@@ -35,6 +35,7 @@ _SCHEMA = (
     "CREATE UNIQUE INDEX IF NOT EXISTS [idx_files_job_id_rel] ON [files] ([job_id], [rel])",
     # Local MD5s for sync --compare-hash: valid while (size, mtime_ns, inode) are unchanged.
     "CREATE TABLE IF NOT EXISTS hashes (path text primary key, size int, mtime_ns int, inode int, md5 blob)",
+    # [md5] holds the check a block was sent with: an MD5 or a Storage CRC64, in hex.
     "CREATE TABLE IF NOT EXISTS [blocks] ([file_id] INTEGER, [idx] INTEGER, [size] INTEGER, [md5] TEXT, "
     "[boot] TEXT, PRIMARY KEY ([file_id], [idx]))",
     # Kept across jobs (each sync run is a new job), one row per blob: a commit replaces it.
@@ -389,7 +390,7 @@ class Journal:
             (nonce, block_size, n_blocks, size, mtime_ns, inode, ctime_ns, etag, time.time(), file_id),
         )
 
-    def block_done(self, file_id: int, idx: int, size: int, md5_hex: str, *, durable: bool = False,
+    def block_done(self, file_id: int, idx: int, size: int, check_hex: str, *, durable: bool = False,
                    boot: str | None = None) -> None:
         """Record a block the service acknowledged, or a range written to disk (never before).
 
@@ -397,7 +398,7 @@ class Journal:
         only record of which ranges are on disk: `durable` commits at once (one small transaction per range),
         and `boot` marks a range written but not yet fsynced (it survives a killed process, not a power cut)."""
         self._queue("insert or replace into blocks (file_id, idx, size, md5, boot) values (?, ?, ?, ?, ?)",
-                    (file_id, idx, size, md5_hex, boot))
+                    (file_id, idx, size, check_hex, boot))
         self._queue("update files set bytes_sent = bytes_sent + ? where id = ?", (size, file_id))
         if durable:
             self.flush()

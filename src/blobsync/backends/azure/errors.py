@@ -72,6 +72,7 @@ _CONFLICT_CODES = frozenset(("BlobAlreadyExists", "ConditionNotMet", "TargetCond
 # (status, code) -> the error class and the text used when the service sent no message.
 _BY_CODE: dict[tuple[int, str], tuple[type[ServiceError], str]] = {
     (400, "Md5Mismatch"): (CorruptedInTransitError, "body corrupted in transit"),
+    (400, "Crc64Mismatch"): (CorruptedInTransitError, "body corrupted in transit"),
     (400, "InvalidBlobOrBlock"): (StagingRefusedError, "InvalidBlobOrBlock"),
     (400, "InvalidBlockList"): (InvalidBlockListError, "InvalidBlockList"),
     (500, "OperationTimedOut"): (ThrottledError, "throttled"),

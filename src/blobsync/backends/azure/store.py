@@ -31,8 +31,10 @@ from blobsync.backends.base import (
     BlobProperties,
     Buffer,
     Capabilities,
+    CheckKind,
     Conditions,
     Part,
+    PartCheck,
     Parts,
     PutResult,
     Requester,
@@ -363,7 +365,8 @@ class AzureContainerStore:
 
     page_size = 5000  # blobs per List Blobs page: the service's maximum
     capabilities = Capabilities(max_parts=50_000, max_part_size=4000 * 1024 * 1024, range_md5_max=RANGE_MD5_MAX,
-                                batch_delete_max=BATCH_MAX, keeps_parts=True, lists_levels=True)
+                                batch_delete_max=BATCH_MAX, keeps_parts=True, lists_levels=True,
+                                part_checks=frozenset((CheckKind.MD5, CheckKind.CRC64)))
 
     def __init__(
         self,
@@ -580,10 +583,11 @@ class AzureContainerStore:
         _, h, _ = await self._call("PUT", name, [], req, data, f"put blob {name!r}", (201,))
         return PutResult(h.get("etag", ""), _md5_header(h.get("content-md5")))
 
-    async def put_block(self, name: str, block_id: str, data: Buffer, content_md5: bytes | None) -> None:
+    async def put_block(self, name: str, block_id: str, data: Buffer, check: PartCheck | None) -> None:
         req: dict[str, str] = {}
-        if content_md5 is not None:
-            req["Content-MD5"] = _b64(content_md5)
+        if check is not None:
+            # The service computes the named checksum of the body and refuses the block if it differs.
+            req["x-ms-content-crc64" if check.kind is CheckKind.CRC64 else "Content-MD5"] = _b64(check.value)
         await self._call(
             "PUT", name, [("comp", "block"), ("blockid", block_id)], req, data, f"put block of {name!r}",
             (201,),

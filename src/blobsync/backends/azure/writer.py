@@ -6,7 +6,7 @@ import base64
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from blobsync.backends.base import NO_CONDITIONS, BlobHeaders, Buffer, Conditions, Parts, PutResult
+from blobsync.backends.base import NO_CONDITIONS, BlobHeaders, Buffer, Conditions, PartCheck, Parts, PutResult
 from blobsync.errors import StagingRefusedError
 
 if TYPE_CHECKING:
@@ -40,8 +40,8 @@ class BlockBlobWriter:
     async def parts(self, *, staged: bool = True) -> Parts:
         return await self.store.get_block_list(self.name, "all" if staged else "committed")
 
-    async def stage(self, index: int, data: Buffer, md5: bytes | None) -> None:
-        await self.store.put_block(self.name, self.token(index), data, md5)
+    async def stage(self, index: int, data: Buffer, check: PartCheck | None) -> None:
+        await self.store.put_block(self.name, self.token(index), data, check)
 
     async def commit(self, parts: Sequence[tuple[str, bool]], headers: BlobHeaders,
                      conditions: Conditions = NO_CONDITIONS) -> PutResult:

@@ -1,0 +1,42 @@
+"""The part checks a store verifies on arrival (MD5, Storage CRC64), computed alike by the engine and by stores."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import struct
+from collections.abc import Callable
+
+from blobsync.backends.base import Buffer, CheckKind, PartCheck
+
+
+@functools.cache
+def _crc64() -> Callable[[Buffer, int], int] | None:
+    """awscrt's CRC-64/NVME (SIMD, releases the GIL, 19 GB/s here), imported on first use: its native module
+    costs ~75 ms to load, which a job of small files never needs. None where it cannot be loaded."""
+    try:
+        from awscrt.checksums import crc64nvme
+    except ImportError as exc:  # a platform without its wheel: parts then carry MD5s, ~2 s/GiB more CPU
+        logging.getLogger("blobsync").debug("no CRC64 (%s): parts are checked by MD5", exc)
+        return None
+    crc: Callable[[Buffer, int], int] = crc64nvme  # takes any buffer (its own hint says bytes)
+    return crc
+
+
+def choose_check(accepted: frozenset[CheckKind]) -> CheckKind | None:
+    """The cheapest part check the store verifies and this machine computes; None if the store verifies none."""
+    if CheckKind.CRC64 in accepted and _crc64() is not None:
+        return CheckKind.CRC64
+    return CheckKind.MD5 if CheckKind.MD5 in accepted else None
+
+
+def crc64_of(data: Buffer) -> bytes:
+    """The Storage CRC64 of `data`, as the x-ms-content-crc64 header carries it (8 bytes, little-endian)."""
+    crc = _crc64()
+    assert crc is not None, "CRC64 is chosen only where awscrt loads (choose_check)"
+    return struct.pack("<Q", crc(data, 0))
+
+
+def part_check(data: Buffer, kind: CheckKind) -> PartCheck:
+    return PartCheck(kind, crc64_of(data) if kind is CheckKind.CRC64 else hashlib.md5(data).digest())
