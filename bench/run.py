@@ -28,7 +28,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import NoReturn
 
-from harness.azurite import BenchError, NullServer
+from harness.azurite import Azurite, BenchError, NullServer
 from harness.netns import netns_available
 from harness.report import derived, fmt, report, src_state
 from harness.tools import REFERENCE_TOOLS, UPLOAD_TOOLS, VENV_PYTHON, Settings, available
@@ -75,6 +75,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     g.add_argument("--slow-files", type=int, default=1000, help="slow-small: files of --small-kib (default 1000)")
     g.add_argument("--rate-mbit", type=float, default=100.0, help="slow link rate, Mbit/s (default 100)")
     g.add_argument("--delay-ms", type=float, default=20.0, help="slow link extra round trip per request (default 20)")
+    g.add_argument("--slow-server", choices=("azurite", "null"), default="azurite",
+                   help="what answers at the far end of the slow link: Azurite, or the null server (the link and "
+                        "the client alone; default azurite)")
     g.add_argument("--cap-mbps", type=float, default=50.0, help="blobsync-cap's --cap-mbps (default 50)")
     g.add_argument("--sparse-gib", default="1,20", help="sparse-rss sizes in GiB (default 1,20)")
     g = p.add_argument_group("tools")
@@ -131,14 +134,16 @@ def make_workload(name: str, a: argparse.Namespace) -> Workload:
         return NoopSync(cache, a.noop_files)
     if name == "resume":
         return Resume(cache, a.resume_mib)
+    far = (NullServer, " to the null server") if a.slow_server == "null" else (Azurite, "")
     if name == "slow-link":
         return SlowLinkUpload(name, lambda: large_file(cache, a.slow_mib), False,
-                              f"one {size_label(a.slow_mib)} file up over a {a.rate_mbit:g} Mbit/s link with "
-                              f"+{a.delay_ms:g} ms per request", a.rate_mbit, a.delay_ms)  # fmt: skip
+                              f"one {size_label(a.slow_mib)} file up{far[1]} over a {a.rate_mbit:g} Mbit/s link "
+                              f"with +{a.delay_ms:g} ms per request", a.rate_mbit, a.delay_ms, far[0])  # fmt: skip
     if name == "slow-small":
         return SlowLinkUpload(name, lambda: small_tree(cache, a.slow_files, a.small_kib * 1024), True,
-                              f"{a.slow_files:,} files of {a.small_kib} KiB up over a {a.rate_mbit:g} Mbit/s link "
-                              f"with +{a.delay_ms:g} ms per request", a.rate_mbit, a.delay_ms)  # fmt: skip
+                              f"{a.slow_files:,} files of {a.small_kib} KiB up{far[1]} over a {a.rate_mbit:g} Mbit/s "
+                              f"link with +{a.delay_ms:g} ms per request", a.rate_mbit, a.delay_ms,
+                              far[0])  # fmt: skip
     if name == "cluster":  # one job on 1 and 2 Dask workers here: Azurite-bound, so this shows the overhead
         return Upload(name, lambda: large_file(cache, a.large_mib), False,
                       f"one {size_label(a.large_mib)} file up with `--cluster local:1` and `local:2` (split into "

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 import blobsync
-from blobsync import FileStatus, Overwrite, TransferConfig, checksums
-from blobsync.config import MiB
+from blobsync import FileStatus, Overwrite, TransferConfig
+from blobsync.config import BlockCheck, MiB
 from conftest import ContainerHandle
 from support.cli import random_file, run
 from support.proxy import FaultProxy, Rule, flip_byte
@@ -53,9 +53,9 @@ def test_sizes_round_trip(
     assert proxy.stats.requests["put_blob"] == (1 if single else 0)
     assert proxy.stats.requests["put_block"] == (0 if single else blocks)
     if not single:
-        # Every Put Block carried its own check (a Storage CRC64 where awscrt loads), and no MD5 besides.
+        # Every Put Block carried its own check (on the emulator an MD5 by default), and only one.
         sent = [e.headers for e in proxy.log if e.op == "put_block"]
-        assert all("x-ms-content-crc64" in h and "content-md5" not in h for h in sent)
+        assert all("content-md5" in h and "x-ms-content-crc64" not in h for h in sent)
         committed = container.client.get_blob_client("f.bin").get_block_list("committed")[0]
         assert [b.size for b in committed] == [min(MiB, size - i * MiB) for i in range(blocks)]
 
@@ -96,19 +96,19 @@ def test_single_file_naming_follows_azcopy(container: ContainerHandle, tmp_path:
     assert container.blob_names() == ["ckpt/renamed.pt", "ckpt/w.pt", "w.pt"]
 
 
-@pytest.mark.parametrize("check", ["Crc64Mismatch", "Md5Mismatch"])
+@pytest.mark.parametrize(("block_check", "code"), [("auto", "Md5Mismatch"), ("crc64", "Crc64Mismatch"),
+                                                   ("md5", "Md5Mismatch")])
 def test_flipped_byte_is_rejected_by_the_service_and_resent(
-    container: ContainerHandle, tmp_path: Path, proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch, check: str
+    container: ContainerHandle, tmp_path: Path, proxy: FaultProxy, block_check: str, code: str
 ) -> None:
-    # Blocks carry a Storage CRC64 where awscrt loads, else an MD5: the service verifies either.
-    if check == "Md5Mismatch":
-        monkeypatch.setattr(checksums, "_crc64", lambda: None)
+    # On the emulator 'auto' sends MD5s (Azurite's CRC64 is JavaScript); either check is verified by the service.
     data = random_file(tmp_path / "f.bin", 4 * MiB + 3, seed=9)
     proxy.add_rule(Rule("put_block", flip_byte(), nth=2))
-    report = _copy(tmp_path / "f.bin", f"{proxy.endpoint()}/{container.name}/f.bin", tmp_path, block_size_mb=1)
+    report = _copy(tmp_path / "f.bin", f"{proxy.endpoint()}/{container.name}/f.bin", tmp_path, block_size_mb=1,
+                   block_check=BlockCheck.parse(block_check))
     assert report.files_transferred == 1 and report.retries == 1
     rejected = [e for e in proxy.log if e.op == "put_block" and e.status == 400]
-    assert len(rejected) == 1 and rejected[0].error_code == check
+    assert len(rejected) == 1 and rejected[0].error_code == code
     assert proxy.stats.requests["put_block"] == 5 + 1
     _check_blob(container, "f.bin", data)
 

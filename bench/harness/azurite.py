@@ -164,13 +164,20 @@ class NullServer(Azurite):
     """bench/harness/nullserver.py in Azurite's place: it keeps sizes and declared MD5s, never the bytes, so what
     is measured is the client alone (uploads, and downloads of zero-filled blobs named in `seeds`)."""
 
-    def __init__(self, workdir: Path, seeds: tuple[str, ...] = (), **kwargs: object) -> None:
-        super().__init__(workdir)
+    def __init__(self, workdir: Path, seeds: tuple[str, ...] = (), netns: str | None = None, **kwargs: object) -> None:
+        super().__init__(workdir, netns=netns)
         self.seeds = seeds
+
+    def _listening(self) -> bool:
+        if self.netns:
+            return "null server listening" in tail(self.log)
+        return super()._listening()
 
     def start(self) -> None:
         script = Path(__file__).resolve().parent / "nullserver.py"
         cmd = [sys.executable, str(script), "--port", str(self.port), *(f"--seed={s}" for s in self.seeds)]
+        if self.netns:
+            cmd = ["ip", "netns", "exec", self.netns, *cmd]
         with self.log.open("wb") as log:
             self.proc = subprocess.Popen(cmd, cwd=self.workdir, stdin=subprocess.DEVNULL, stdout=log,
                                          stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent)

@@ -216,8 +216,9 @@ def main() -> None:
         where, size = item.rsplit(":", 1)
         container, name = where.split("/", 1)
         seeds.append((container, name, int(size)))
-    print("null server listening", flush=True)
-    web.run_app(app(seeds), host="127.0.0.1", port=a.port, print=None, access_log=None)
+    # run_app calls `print` once the socket is bound: the harness waits for this line inside a namespace.
+    web.run_app(app(seeds), host="127.0.0.1", port=a.port, access_log=None,
+                print=lambda *_: print("null server listening", flush=True))
 
 
 if __name__ == "__main__":

@@ -82,8 +82,8 @@ def columns(wl: Workload) -> list[tuple[str, str, int]]:
         ]
     if wl.name.startswith("slow"):
         rate = [("mbit_s", "Mbit/s", 1)] + ([("files_s", "files/s", 0)] if wl.kind == "files" else [])
-        return [("wall_s", "Wall s", 2), *rate, ("cap_accuracy", "Achieved / cap", 2), ("cpu_s", "Client CPU s", 2),
-                *COMMON_TAIL]  # fmt: skip
+        return [("wall_s", "Wall s", 2), *rate, ("link_fraction", "Of the link", 2), ("auto_level", "Auto level", 0),
+                ("cap_accuracy", "Achieved / cap", 2), ("cpu_s", "Client CPU s", 2), *COMMON_TAIL]  # fmt: skip
     if wl.kind == "files":
         return [("wall_s", "Wall s", 2), ("files_s", "files/s", 0), ("cpu_s", "Client CPU s", 2),
                 ("cpu_s_kfiles", "Client CPU s/1,000 files", 3), *COMMON_TAIL]  # fmt: skip

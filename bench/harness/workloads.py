@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import resource
 import shutil
 import subprocess
@@ -309,7 +310,7 @@ class Upload(Workload):
     def one(self, rnd: int, tool: str, st: Settings) -> Run:
         run = Run(rnd, tool)
         with run_dir(tool, st) as tmp, recorded(run), self.server(tmp, in_memory=self.in_memory) as azurite:
-            target = Target(azurite.blob_endpoint)
+            target = Target(azurite.blob_endpoint, like_azure=isinstance(azurite, NullServer))
             mkcontainer(target, self.container, st)
             cmd = upload_cmd(tool, self.src_for(tool), self.recursive, self.container, target, tmp, st)
             res = measure(run, cmd, env_for(target, tmp), tmp, azurite, st)
@@ -389,7 +390,7 @@ class Download(Workload):
             (tmp / "dl").mkdir()
             out = tmp / "dl" / "out.bin"
             with recorded(run), self.server(tmp) as azurite:
-                target = Target(azurite.blob_endpoint)
+                target = Target(azurite.blob_endpoint, like_azure=isinstance(azurite, NullServer))
                 self.seed(target)
                 cmd = download_cmd(tool, self.container, self.src.name, out, target, tmp, st)
                 res = measure(run, cmd, env_for(target, tmp), tmp, azurite, st)
@@ -438,7 +439,7 @@ class NoopSync(Workload):
             self.azurite = azurite
             try:
                 azurite.start()
-                target = Target(azurite.blob_endpoint)
+                target = Target(azurite.blob_endpoint, like_azure=isinstance(azurite, NullServer))
                 for tool in tools:
                     container = f"noop-{tool}"
                     mkcontainer(target, container, st)
@@ -575,11 +576,11 @@ class SlowLinkUpload(Upload):
     """Uploads through a rate-limited veth between two namespaces, with per-request latency from a relay."""
 
     def __init__(self, name: str, src_fn: Callable[[], Path], recursive: bool, description: str,
-                 rate_mbit: float, delay_ms: float) -> None:  # fmt: skip
+                 rate_mbit: float, delay_ms: float, server: type[Azurite] = Azurite) -> None:  # fmt: skip
         # --cap-mbps is judged on the large file; many small files never reach the cap (latency-bound).
         tools = ("blobsync", "azcopy", "sdk", "obstore", "rclone") if recursive else (
             "blobsync", "blobsync-cap", "azcopy", "sdk", "obstore", "rclone")
-        super().__init__(name, src_fn, recursive, description, tools)
+        super().__init__(name, src_fn, recursive, description, tools, server=server)
         self.rate_mbit, self.delay_ms = rate_mbit, delay_ms
         self.link: SlowLink | None = None
 
@@ -598,8 +599,8 @@ class SlowLinkUpload(Upload):
     def one(self, rnd: int, tool: str, st: Settings) -> Run:
         assert self.link is not None
         run = Run(rnd, tool)
-        with run_dir(tool, st) as tmp, recorded(run), Azurite(tmp, netns=self.link.srv) as azurite:
-            target = Target(self.link.endpoint, netns=self.link.cli)
+        with run_dir(tool, st) as tmp, recorded(run), self.server(tmp, netns=self.link.srv) as azurite:
+            target = Target(self.link.endpoint, netns=self.link.cli, like_azure=isinstance(azurite, NullServer))
             mkcontainer(target, self.container, st)
             cmd = upload_cmd(tool, self.src, self.recursive, self.container, target, tmp, st)
             relay = self.link.relay.pid if self.link.relay is not None else None
@@ -607,6 +608,10 @@ class SlowLinkUpload(Upload):
             problems = exit_problems(res, st) + check_listing(target, self.container, st, self.expect(tool))
             if run.wall_s == run.wall_s:
                 run.extra["mbit_s"] = self.total_bytes * 8 / run.wall_s / 1e6
+                run.extra["link_fraction"] = run.extra["mbit_s"] / self.rate_mbit
+                settled = re.search(r"settled at (\d+) requests in flight", tail(tmp / "child.log"))
+                if settled:  # blobsync's summary: where --concurrency auto ended up on this link
+                    run.extra["auto_level"] = float(settled.group(1))
                 if tool == "blobsync-cap":
                     run.extra["cap_accuracy"] = run.extra["mbit_s"] / st.cap_mbps
             finish(run, problems, tmp)

@@ -9,6 +9,7 @@ import struct
 from collections.abc import Callable
 
 from blobsync.backends.base import Buffer, CheckKind, PartCheck
+from blobsync.errors import UsageError
 
 
 @functools.cache
@@ -24,11 +25,16 @@ def _crc64() -> Callable[[Buffer, int], int] | None:
     return crc
 
 
-def choose_check(accepted: frozenset[CheckKind]) -> CheckKind | None:
-    """The cheapest part check the store verifies and this machine computes; None if the store verifies none."""
-    if CheckKind.CRC64 in accepted and _crc64() is not None:
-        return CheckKind.CRC64
-    return CheckKind.MD5 if CheckKind.MD5 in accepted else None
+def choose_check(accepted: tuple[CheckKind, ...], wanted: str = "auto") -> CheckKind | None:
+    """The part check to send: `wanted` ('auto': the first of the store's `accepted`, in its order of preference,
+    that this machine computes); None if the store verifies none. A CRC64 asked for without awscrt is a
+    UsageError."""
+    if wanted != "auto":
+        kind = CheckKind(wanted)
+        if kind is CheckKind.CRC64 and _crc64() is None:
+            raise UsageError("--block-check crc64 needs the awscrt package (pip install awscrt), which did not load")
+        return kind if kind in accepted else None
+    return next((k for k in accepted if k is not CheckKind.CRC64 or _crc64() is not None), None)
 
 
 def crc64_of(data: Buffer) -> bytes:

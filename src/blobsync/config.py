@@ -59,6 +59,14 @@ class Overwrite(FlagEnum):
     PROMPT = "prompt"  # ask for each file that exists (yes, no, all, none); needs someone to answer
 
 
+class BlockCheck(FlagEnum):
+    """The check each uploaded block carries for the service to verify on arrival."""
+
+    AUTO = "auto"  # the store's cheapest (Azure: a Storage CRC64; the emulator: an MD5)
+    CRC64 = "crc64"
+    MD5 = "md5"
+
+
 class CheckMd5(FlagEnum):
     """What a download does with the blob's stored Content-MD5 (AzCopy's --check-md5)."""
 
@@ -218,6 +226,10 @@ class TransferConfig:
     put_md5: bool = field(default=True, metadata=_flag(
         "--put-md5/--no-put-md5", "Uploads: store the whole-file MD5 as the blob's Content-MD5 (blocks carry "
         "their own); AzCopy's --put-md5=false also works.", kind=bool, default=True, show_default=True))
+    block_check: BlockCheck = field(default=BlockCheck.AUTO, metadata=_flag(
+        "--block-check", "Uploads: the check each block carries, which the service verifies: 'auto' is a Storage "
+        "CRC64 on Azure and an MD5 on the emulator (Azurite computes CRC64s in JavaScript).",
+        kind=tuple(m.value for m in BlockCheck), default="auto", show_default=True, parse=BlockCheck.parse))
     check_md5: CheckMd5 = field(default=CheckMd5.FAIL_IF_DIFFERENT, metadata=_flag(
         "--check-md5", "Downloads: compare the bytes' MD5 with the blob's Content-MD5.",
         kind=tuple(m.value for m in CheckMd5), default="FailIfDifferent", show_default=True, parse=CheckMd5.parse))
@@ -368,6 +380,7 @@ class TransferConfig:
         known = dict(options)
         known["overwrite"] = Overwrite.parse(str(known.get("overwrite", "true")))
         known["check_md5"] = CheckMd5.parse(str(known.get("check_md5", "FailIfDifferent")))
+        known["block_check"] = BlockCheck.parse(str(known.get("block_check", "auto")))
         if "concurrency" in known:  # an int in journals written before "auto" existed; either form is read back
             known["concurrency"] = parse_concurrency(known["concurrency"])  # type: ignore[arg-type]
         known.update(overrides)

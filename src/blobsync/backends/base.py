@@ -99,7 +99,7 @@ class Capabilities:
     batch_delete_max: int = 0  # deletes one delete_many request takes (0: delete_many is not offered)
     keeps_parts: bool = False  # a commit may name parts of the current version (delta uploads)
     lists_levels: bool = False  # list_level: one level at a time (a huge listing then runs one prefix per task)
-    part_checks: frozenset[CheckKind] = frozenset()  # checksums stage() verifies on arrival
+    part_checks: tuple[CheckKind, ...] = ()  # checks stage() verifies on arrival, the store's preferred first
 
 
 class Location(Protocol):

@@ -168,7 +168,7 @@ class MemoryStore:
     """Store over one in-process container."""
 
     capabilities = Capabilities(range_md5_max=RANGE_MD5_MAX, batch_delete_max=256, keeps_parts=True,
-                                lists_levels=True, part_checks=frozenset((CheckKind.MD5, CheckKind.CRC64)))
+                                lists_levels=True, part_checks=(CheckKind.CRC64, CheckKind.MD5))
     page_size = 5000
 
     def __init__(self, location: MemoryLocation) -> None:

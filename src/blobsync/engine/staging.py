@@ -89,7 +89,7 @@ class BlockUploader:
 
     def __init__(self, ctx: EngineContext) -> None:
         self.ctx = ctx
-        self.check = choose_check(ctx.store.capabilities.part_checks)
+        self.check = choose_check(ctx.store.capabilities.part_checks, ctx.config.block_check.value)
 
     async def run(self, w: BlockWrite, src: OpenFile, resume: bool) -> FileResult:
         if resume:

@@ -1,0 +1,67 @@
+"""The part checks: the Storage CRC64's value, which check a store gets, and the fallback without awscrt."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from blobsync import checksums
+from blobsync.backends.base import CheckKind, PartCheck
+from blobsync.backends.registry import open_store
+from blobsync.checksums import choose_check, crc64_of, part_check
+from blobsync.config import TransferConfig
+from blobsync.errors import UsageError
+
+SAS = "sv=2023-11-03&ss=b&srt=co&sp=rwl&se=2030-01-01T00:00:00Z&spr=https&sig=c2lnbmF0dXJl"
+
+
+def test_storage_crc64_is_crc64_nvme_as_the_header_carries_it() -> None:
+    # CRC-64/NVME's check value (the catalogue's, for b"123456789"); Azure's Storage CRC64 is that CRC.
+    assert crc64_of(b"123456789") == (0xAE8B14860A799888).to_bytes(8, "little")
+    assert crc64_of(b"") == bytes(8)
+    data = os.urandom(100_000)
+    assert crc64_of(memoryview(bytearray(data))[10:]) == crc64_of(data[10:])  # any buffer, no copy needed
+    assert part_check(b"x", CheckKind.MD5) == PartCheck(CheckKind.MD5, hashlib.md5(b"x").digest())
+    assert part_check(b"x", CheckKind.CRC64) == PartCheck(CheckKind.CRC64, crc64_of(b"x"))
+
+
+def test_azure_gets_crc64_and_the_emulator_md5_unless_asked() -> None:
+    config = TransferConfig()
+    azure = open_store(f"https://acct.blob.core.windows.net/cont?{SAS}", config, {})
+    emulator = open_store(f"http://127.0.0.1:10000/devstoreaccount1/cont?{SAS}", config, {})
+    assert choose_check(azure.capabilities.part_checks) is CheckKind.CRC64
+    assert choose_check(emulator.capabilities.part_checks) is CheckKind.MD5
+    assert choose_check(emulator.capabilities.part_checks, "crc64") is CheckKind.CRC64
+    assert choose_check(azure.capabilities.part_checks, "md5") is CheckKind.MD5
+    assert choose_check((), "auto") is None and choose_check((), "md5") is None  # a store that verifies none
+
+
+def test_without_awscrt_auto_falls_back_to_md5_and_crc64_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(checksums, "_crc64", lambda: None)
+    assert choose_check((CheckKind.CRC64, CheckKind.MD5)) is CheckKind.MD5
+    with pytest.raises(UsageError, match="awscrt"):
+        choose_check((CheckKind.CRC64, CheckKind.MD5), "crc64")
+
+
+def test_cli_block_check_crc64_without_awscrt_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    # A real process where awscrt cannot be imported (a package of that name that raises ImportError).
+    fake = tmp_path / "shadow" / "awscrt"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('awscrt is not installed here')\n")
+    (tmp_path / "f.bin").write_bytes(os.urandom(3 * 1024 * 1024))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(fake.parent), *sys.path]),
+           "XDG_STATE_HOME": str(tmp_path / "state")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "blobsync", "cp", str(tmp_path / "f.bin"),
+         f"http://127.0.0.1:9/devstoreaccount1/cont/f.bin?{SAS}", "--block-check", "crc64", "--block-size-mb", "1",
+         "--put-blob-size-mb", "1"],
+        env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert any("--block-check crc64 needs the awscrt package" in line for line in lines), proc.stderr
+    assert "Traceback" not in proc.stderr and "c2lnbmF0dXJl" not in proc.stderr
