@@ -135,12 +135,13 @@ def make_workload(name: str, a: argparse.Namespace) -> Workload:
     if name == "resume":
         return Resume(cache, a.resume_mib)
     far = (NullServer, " to the null server") if a.slow_server == "null" else (Azurite, "")
+    suffix = "-null" if a.slow_server == "null" else ""  # its own rows in the results: another far end
     if name == "slow-link":
-        return SlowLinkUpload(name, lambda: large_file(cache, a.slow_mib), False,
+        return SlowLinkUpload(name + suffix, lambda: large_file(cache, a.slow_mib), False,
                               f"one {size_label(a.slow_mib)} file up{far[1]} over a {a.rate_mbit:g} Mbit/s link "
                               f"with +{a.delay_ms:g} ms per request", a.rate_mbit, a.delay_ms, far[0])  # fmt: skip
     if name == "slow-small":
-        return SlowLinkUpload(name, lambda: small_tree(cache, a.slow_files, a.small_kib * 1024), True,
+        return SlowLinkUpload(name + suffix, lambda: small_tree(cache, a.slow_files, a.small_kib * 1024), True,
                               f"{a.slow_files:,} files of {a.small_kib} KiB up{far[1]} over a {a.rate_mbit:g} Mbit/s "
                               f"link with +{a.delay_ms:g} ms per request", a.rate_mbit, a.delay_ms,
                               far[0])  # fmt: skip
