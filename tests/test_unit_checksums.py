@@ -65,3 +65,29 @@ def test_cli_block_check_crc64_without_awscrt_is_one_line_and_exit_2(tmp_path: P
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert any("--block-check crc64 needs the awscrt package" in line for line in lines), proc.stderr
     assert "Traceback" not in proc.stderr and "c2lnbmF0dXJl" not in proc.stderr
+
+
+def test_awscrt_is_loaded_by_the_first_chunked_upload_not_by_small_files(tmp_path: Path) -> None:
+    # Its native module costs ~75 ms and ~6 MiB: a job of small files (one Put Blob each) never needs it.
+    script = """
+import sys
+from pathlib import Path
+import blobsync
+from blobsync.backends import memory
+from blobsync.config import TransferConfig
+root = Path(sys.argv[1])
+(root / "small").mkdir()
+for i in range(5):
+    (root / "small" / f"{i}.bin").write_bytes(b"x" * 1000)
+(root / "big.bin").write_bytes(b"y" * (3 * 1024 * 1024))
+memory.container("lazy")
+config = TransferConfig.from_mib(journal_path=root / "j.db", block_size_mb=1, put_blob_size_mb=1, recursive=True)
+assert blobsync.copy(root / "small", "memory://lazy/s", config).ok
+print("after small files:", "awscrt" in sys.modules)
+assert blobsync.copy(root / "big.bin", "memory://lazy/big.bin", config).ok
+print("after a chunked upload:", "awscrt" in sys.modules)
+"""
+    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["after small files: False", "after a chunked upload: True"]

@@ -200,6 +200,48 @@ def test_request_limiter_backs_off_and_recovers() -> None:
     assert limiter.limit == 16  # never above the configured maximum
 
 
+
+def test_request_slots_hold_the_limit_in_arrival_order_through_cancels_and_limit_moves() -> None:
+    from blobsync.engine.budget import RequestLimiter
+
+    async def scenario() -> None:
+        limiter = RequestLimiter(2, maximum=8)
+        order: list[int] = []
+        peak = [0]
+        gates = {i: asyncio.Event() for i in range(8)}
+
+        async def request(i: int) -> None:
+            async with limiter.slot():
+                order.append(i)
+                peak[0] = max(peak[0], limiter.active)
+                await gates[i].wait()
+
+        tasks = {i: asyncio.create_task(request(i)) for i in range(8)}
+        await asyncio.sleep(0)
+        assert order == [0, 1] and limiter.active == 2  # the others wait
+        tasks[2].cancel()  # a waiter that gives up takes no slot and blocks no one
+        await asyncio.sleep(0)
+        gates[0].set()
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert order == [0, 1, 3]  # first come, first served
+        gates[3].set()
+        tasks[4].cancel()  # woken (3 left) and cancelled before it ran: its turn passes on
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert order == [0, 1, 3, 5]
+        await limiter.set_target(4)  # more slots wake as many waiters
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert order == [0, 1, 3, 5, 6, 7] and limiter.active == 4
+        limiter.on_throttled()  # a cut: no new request starts until the active ones fall under it
+        for i in (1, 5, 6, 7):
+            gates[i].set()
+        await asyncio.gather(*(t for i, t in tasks.items() if i not in (2, 4)))
+        assert limiter.active == 0 and peak[0] == 4 and limiter.finished == 6
+
+    asyncio.run(scenario())
+
 def test_a_thread_job_keeps_its_buffer_however_often_the_caller_is_cancelled() -> None:
     # The buffer goes back to the pool when the awaiting call returns; a second cancellation arriving while it
     # waits for the thread (a gather cancelling its children, then the parent cancelling them again) must not

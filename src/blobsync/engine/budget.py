@@ -6,8 +6,7 @@ import asyncio
 import mmap
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -131,7 +130,7 @@ class RequestLimiter:
         self._limit = limit
         self.target = limit  # where additive growth stops
         self._active = 0
-        self._cond = asyncio.Condition()
+        self._waiters: deque[asyncio.Future[None]] = deque()  # in arrival order
         self._clock = clock
         self._last_cut = -1e9
         self._streak = 0
@@ -175,9 +174,8 @@ class RequestLimiter:
         self._streak += 1
         if self._streak >= self._limit:
             self._streak = 0
-            async with self._cond:
-                self._limit += 1
-                self._cond.notify()
+            self._limit += 1
+            self._wake()
 
     async def set_target(self, level: int) -> None:
         """Move the limit to `level` at once (the tuner's decision), within 1..maximum."""
@@ -185,27 +183,69 @@ class RequestLimiter:
         self.target = level
         self._streak = 0
         if level != self._limit:
-            async with self._cond:
-                self._limit = level
-                self._cond.notify_all()
+            self._limit = level
+            self._wake()
 
-    @asynccontextmanager
-    async def slot(self) -> AsyncIterator[None]:
-        async with self._cond:
-            await self._cond.wait_for(lambda: self._active < self._limit)
-            started = self._clock()
-            self._account(started)
-            self._active += 1
-        try:
-            yield
-        finally:
-            async with self._cond:
-                now = self._clock()
-                self.finished += 1
-                self.busy += now - started
-                self._account(now)
-                self._active -= 1
-                self._cond.notify()
+    def slot(self) -> _Slot:
+        """One request's slot, held for the `async with` (waiting, first come first served, while all are taken)."""
+        return _Slot(self)
+
+    async def _acquire(self) -> float:
+        # One loop thread: the check and the increment cannot be split by another task, so no lock is needed.
+        if self._active >= self._limit or self._waiters:
+            loop = asyncio.get_running_loop()
+            waiter = loop.create_future()
+            self._waiters.append(waiter)
+            try:
+                while True:
+                    await waiter
+                    if self._active < self._limit:
+                        break
+                    waiter = loop.create_future()  # the slot it was woken for is gone (a limit cut): first in line
+                    self._waiters.appendleft(waiter)
+            except BaseException:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+                elif waiter.done() and not waiter.cancelled():
+                    self._wake()  # it was woken for a slot it will not take: pass the turn on
+                raise
+        started = self._clock()
+        self._account(started)
+        self._active += 1
+        return started
+
+    def _release(self, started: float) -> None:
+        now = self._clock()
+        self.finished += 1
+        self.busy += now - started
+        self._account(now)
+        self._active -= 1
+        self._wake()
+
+    def _wake(self) -> None:
+        """Wake as many waiters, in order, as there are free slots."""
+        free = self._limit - self._active
+        while free > 0 and self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                free -= 1
+
+
+class _Slot:
+    """`async with limiter.slot():` without a generator per request (this runs once per service request)."""
+
+    __slots__ = ("_limiter", "_started")
+
+    def __init__(self, limiter: RequestLimiter) -> None:
+        self._limiter = limiter
+        self._started = 0.0
+
+    async def __aenter__(self) -> None:
+        self._started = await self._limiter._acquire()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._limiter._release(self._started)
 
 
 class Window:

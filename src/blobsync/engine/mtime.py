@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import calendar
+import functools
 import time
 
 from blobsync.backends.base import BlobProperties
@@ -14,7 +15,13 @@ _SECONDS: dict[str, int] = {}  # "YYYY-MM-DDTHH:MM:SS" -> seconds since the epoc
 
 def format_mtime(mtime_ns: int) -> str:
     seconds, nanos = divmod(mtime_ns, 1_000_000_000)
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{nanos:09d}Z"
+    return f"{_second_text(seconds)}.{nanos:09d}Z"
+
+
+@functools.lru_cache(maxsize=4096)
+def _second_text(seconds: int) -> str:
+    # One upload formats one per file, and files written together share their second.
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
 
 
 def parse_mtime(text: str) -> int | None:

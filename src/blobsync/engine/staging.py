@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 
 from blobsync.backends.base import BlobHeaders, CheckKind, ChunkedWriter, Conditions, PartCheck, PutResult
 from blobsync.checksums import choose_check
+from blobsync.config import BlockCheck
 from blobsync.engine.budget import BlockBuffer, Window
 from blobsync.engine.context import EngineContext
 from blobsync.engine.delta import DeltaBase, committed_record
@@ -74,10 +75,17 @@ def read_block(src: OpenFile, view: memoryview, offset: int, unchanged: bytes | 
 async def verify_commit(ctx: EngineContext, writer: ChunkedWriter, blob: str, tokens: list[str],
                         expected: dict[str, int], size: int, md5: bytes | None) -> None:
     """Check what the store now holds against what was sent: the parts, the length and the MD5."""
-    listing = await ctx.request(lambda: writer.parts(staged=False))
+    # Both asked at once: on a long link the check then costs one round trip, not two.
+    asked = (asyncio.ensure_future(ctx.request(lambda: writer.parts(staged=False))),
+             asyncio.ensure_future(ctx.request(lambda: ctx.store.stat(blob))))
+    try:
+        await gather_or_cancel(asked)
+    except BaseException:
+        await cancel_all(asked)
+        raise
+    listing, props = asked[0].result(), asked[1].result()
     if [(p.token, p.size) for p in listing.committed] != [(t, expected[t]) for t in tokens]:
         raise IntegrityError(f"{blob}: the committed block list differs from the one sent")
-    props = await ctx.request(lambda: ctx.store.stat(blob))
     if props is None or props.size != size:
         raise IntegrityError(f"{blob}: the blob's length after commit is not {size}")
     if md5 is not None and props.content_md5 != md5:
@@ -89,7 +97,17 @@ class BlockUploader:
 
     def __init__(self, ctx: EngineContext) -> None:
         self.ctx = ctx
-        self.check = choose_check(ctx.store.capabilities.part_checks, ctx.config.block_check.value)
+        self._check: tuple[CheckKind | None] | None = None  # (the choice,) once made
+        if ctx.config.block_check is BlockCheck.CRC64:
+            _ = self.check  # asked for by name: refused now, before anything moves, if it cannot be had
+
+    @property
+    def check(self) -> CheckKind | None:
+        """The check each block carries; chosen on first use, as a CRC64 loads awscrt (~75 ms), which a job of
+        small files never needs."""
+        if self._check is None:
+            self._check = (choose_check(self.ctx.store.capabilities.part_checks, self.ctx.config.block_check.value),)
+        return self._check[0]
 
     async def run(self, w: BlockWrite, src: OpenFile, resume: bool) -> FileResult:
         if resume:

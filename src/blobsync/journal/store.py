@@ -147,6 +147,7 @@ class Journal:
         self._conn: sqlite3.Connection | None = None
         self._db: sqlite_utils.Database | None = None
         self._pending: list[tuple[str, tuple[Any, ...]]] = []
+        self._commits_in: dict[str, bool] = {}  # container -> whether committed_blobs may hold a record of it
         self._last_flush = time.monotonic()
 
     @property
@@ -358,6 +359,7 @@ class Journal:
         return CommittedBlob(row[0], row[1], row[2], row[3], blocks)
 
     def remember_commit(self, container: str, blob: str, record: CommittedBlob) -> None:
+        self._commits_in[container] = True
         blocks = json.dumps([[bid, length, digest.hex()] for bid, length, digest in record.blocks],
                             separators=(",", ":"))
         self._queue("insert or replace into committed_blobs values (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -366,7 +368,16 @@ class Journal:
 
     def forget_commit(self, container: str, blob: str) -> None:
         """The blob was replaced by a single Put Blob or deleted: nothing of it can be reused."""
-        self._queue("delete from committed_blobs where container = ? and blob = ?", (container, blob))
+        # Most containers hold no record (no chunked upload yet): one look, then no delete per small file. A
+        # record another process adds meanwhile and this one leaves behind is harmless: a delta uses a record
+        # only while the blob still has the ETag it names.
+        held = self._commits_in.get(container)
+        if held is None:
+            held = self.conn.execute("select 1 from committed_blobs where container = ? limit 1",
+                                     (container,)).fetchone() is not None
+            self._commits_in[container] = held
+        if held:
+            self._queue("delete from committed_blobs where container = ? and blob = ?", (container, blob))
 
     # --- batched writes -----------------------------------------------------------------------------------
 

@@ -61,9 +61,10 @@ class PositionalFile:
         self._path = path
         self._flags = flags & ~(os.O_CREAT | os.O_TRUNC | getattr(os, "O_EXCL", 0))
         self._portable = portable
-        self._local = threading.local()
         self._extra: list[int] = []
-        self._lock = threading.Lock()
+        if portable:  # per-thread descriptors; with pread/pwrite (one per file opened) none are needed
+            self._local = threading.local()
+            self._lock = threading.Lock()
 
     def _own(self) -> int:
         fd: int | None = getattr(self._local, "fd", None)
@@ -104,6 +105,8 @@ class PositionalFile:
 
     def close_extra(self) -> None:
         """Close the per-thread descriptors (the caller closes `fd`)."""
+        if not self._portable:
+            return
         with self._lock:
             extra, self._extra = self._extra, []
         for fd in extra:
