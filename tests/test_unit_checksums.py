@@ -48,13 +48,19 @@ def test_without_awscrt_auto_falls_back_to_md5_and_crc64_is_refused(monkeypatch:
         choose_check((CheckKind.CRC64, CheckKind.MD5), "crc64")
 
 
-def test_cli_block_check_crc64_without_awscrt_is_one_line_and_exit_2(tmp_path: Path) -> None:
-    # A real process where awscrt cannot be imported (a package of that name that raises ImportError).
-    fake = tmp_path / "shadow" / "awscrt"
-    fake.mkdir(parents=True)
-    (fake / "__init__.py").write_text("raise ImportError('awscrt is not installed here')\n")
+@pytest.mark.parametrize("how", ["not installed", "installed but broken"])
+def test_cli_block_check_crc64_without_awscrt_is_one_line_and_exit_2(tmp_path: Path, how: str) -> None:
+    # A real process where awscrt cannot be had: absent (refused before anything starts), or present and failing
+    # to load (refused when the first block would be hashed, still before anything is sent).
+    fake = tmp_path / "shadow"
+    fake.mkdir()
+    if how == "not installed":
+        (fake / "sitecustomize.py").write_text("import sys\nsys.modules['awscrt'] = None\n")
+    else:
+        (fake / "awscrt").mkdir()
+        (fake / "awscrt" / "__init__.py").write_text("raise ImportError('awscrt is broken here')\n")
     (tmp_path / "f.bin").write_bytes(os.urandom(3 * 1024 * 1024))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(fake.parent), *sys.path]),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(fake), *sys.path]),
            "XDG_STATE_HOME": str(tmp_path / "state")}
     proc = subprocess.run(
         [sys.executable, "-m", "blobsync", "cp", str(tmp_path / "f.bin"),

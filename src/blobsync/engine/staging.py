@@ -8,7 +8,7 @@ import logging
 from dataclasses import dataclass, field, replace
 
 from blobsync.backends.base import BlobHeaders, CheckKind, ChunkedWriter, Conditions, PartCheck, PutResult
-from blobsync.checksums import choose_check
+from blobsync.checksums import choose_check, require_crc64
 from blobsync.config import BlockCheck
 from blobsync.engine.budget import BlockBuffer, Window
 from blobsync.engine.context import EngineContext
@@ -99,7 +99,7 @@ class BlockUploader:
         self.ctx = ctx
         self._check: tuple[CheckKind | None] | None = None  # (the choice,) once made
         if ctx.config.block_check is BlockCheck.CRC64:
-            _ = self.check  # asked for by name: refused now, before anything moves, if it cannot be had
+            require_crc64()  # asked for by name: refused now, before anything moves, if it is not installed
 
     @property
     def check(self) -> CheckKind | None:
