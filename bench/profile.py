@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from harness.azurite import REPO, Azurite
+from harness.azurite import REPO, Azurite, NullServer
 from harness.tools import BLOBSYNC_BIN, Settings, Target, env_for
 from harness.workloads import DEFAULT_CACHE, Download, MiB, large_file, mkcontainer, small_tree, warm
 
@@ -68,6 +68,8 @@ def main() -> int:
     p.add_argument("--gil", action="store_true", help="only samples of the thread holding the GIL")
     p.add_argument("--top", type=int, default=20)
     p.add_argument("--blobsync-args", default="", help="extra blobsync options")
+    p.add_argument("--null", action="store_true", help="uploads to the null server (the client's cost alone; blocks "
+                   "then carry what --block-check auto sends to Azure, a CRC64)")
     p.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "blobsync-profile")
     a = p.parse_args()
     if not os.access(PY_SPY, os.X_OK):
@@ -82,7 +84,10 @@ def main() -> int:
         src = large_file(DEFAULT_CACHE, a.size_mib)
     warm(src)
     tmp = Path(tempfile.mkdtemp(prefix="blobsync-profile-"))
-    az = Azurite(tmp)
+    if a.null and not a.direction.startswith("upload"):
+        print("--null profiles uploads only", file=sys.stderr)
+        return 2
+    az = NullServer(tmp) if a.null else Azurite(tmp)
     try:
         az.start()
         target = Target(az.blob_endpoint)
@@ -94,6 +99,7 @@ def main() -> int:
             mkcontainer(target, "prof", Settings())
             cmd = [str(BLOBSYNC_BIN), "cp", str(src), f"{az.blob_endpoint}/prof/"]
             cmd += ["-r"] if a.direction == "upload-small" else []
+            cmd += ["--block-check", "crc64"] if a.null else []
         else:
             dl = Download(DEFAULT_CACHE, a.size_mib)
             dl.prepare()
@@ -101,7 +107,7 @@ def main() -> int:
             cmd = [str(BLOBSYNC_BIN), "cp", f"{az.blob_endpoint}/{dl.container}/{src.name}", str(tmp / "out.bin")]
         cmd += [*a.blobsync_args.split(), "--quiet", "--journal", str(tmp / "j.db")]
         what = {"upload-small": f"{a.files}files", "noop-sync": "10000files"}.get(a.direction, f"{a.size_mib}MiB")
-        raw = a.out / f"{a.direction}-{what}{'-gil' if a.gil else ''}.txt"
+        raw = a.out / f"{a.direction}-{what}{'-gil' if a.gil else ''}{'-null' if a.null else ''}.txt"
         spy = [str(PY_SPY), "record", "--format", "raw", "--threads", "--rate", str(a.rate), "-o", str(raw)]
         spy += ["--native"] if a.native else []
         spy += ["--gil"] if a.gil else []
@@ -112,7 +118,7 @@ def main() -> int:
         what = {"upload-small": f"{a.files:,} files of 16 KiB", "noop-sync": "10,000 files (nothing to do)"}.get(
             a.direction, f"{a.size_mib * MiB / 2**30:g} GiB"
         )
-        print(f"### py-spy: blobsync {a.direction} of {what}\n")
+        print(f"### py-spy: blobsync {a.direction} of {what}{' to the null server' if a.null else ''}\n")
         print(f"```\n{' '.join(spy)} -- blobsync {' '.join(cmd[1:])}\n```\n")
         print(summarise(raw, a.top))
         print(f"\n(raw collapsed stacks: {raw})")
