@@ -255,7 +255,7 @@ def main(argv: Sequence[str]) -> int:
             text = report(wl, runs, tools, skipped, st, a.markdown, (code_before, src_state()), command)
             out.append(text)
             print(text, flush=True)
-            raw[name] = {"tools": tools, "skipped": skipped, "runs": [asdict(r) for r in runs], "kind": wl.kind,
+            raw[wl.name] = {"tools": tools, "skipped": skipped, "runs": [asdict(r) for r in runs], "kind": wl.kind,
                          "files": wl.files, "total_bytes": wl.total_bytes, "description": wl.description,
                          "command": command, "src": src_state()}
     except BenchError as exc:
