@@ -240,7 +240,27 @@ def test_request_slots_hold_the_limit_in_arrival_order_through_cancels_and_limit
         await asyncio.gather(*(t for i, t in tasks.items() if i not in (2, 4)))
         assert limiter.active == 0 and peak[0] == 4 and limiter.finished == 6
 
+    async def no_stealing() -> None:
+        # A slot freed for a woken waiter is its own until it runs: a request asking in that same step queues.
+        limiter = RequestLimiter(1)
+        order: list[str] = []
+
+        async def twice() -> None:
+            async with limiter.slot():
+                order.append("a")
+                await asyncio.sleep(0)  # b queues meanwhile
+            async with limiter.slot():  # asks right after its release woke b, before b ran
+                order.append("c")
+
+        async def once() -> None:
+            async with limiter.slot():
+                order.append("b")
+
+        await asyncio.gather(twice(), once())
+        assert order == ["a", "b", "c"] and limiter.active == 0
+
     asyncio.run(scenario())
+    asyncio.run(no_stealing())
 
 def test_a_thread_job_keeps_its_buffer_however_often_the_caller_is_cancelled() -> None:
     # The buffer goes back to the pool when the awaiting call returns; a second cancellation arriving while it

@@ -131,6 +131,7 @@ class RequestLimiter:
         self.target = limit  # where additive growth stops
         self._active = 0
         self._waiters: deque[asyncio.Future[None]] = deque()  # in arrival order
+        self._woken = 0  # waiters woken for a slot that have not run yet
         self._clock = clock
         self._last_cut = -1e9
         self._streak = 0
@@ -192,14 +193,16 @@ class RequestLimiter:
 
     async def _acquire(self) -> float:
         # One loop thread: the check and the increment cannot be split by another task, so no lock is needed.
-        if self._active >= self._limit or self._waiters:
+        # A waiter that was woken holds its slot until it runs (`_woken`): a newcomer cannot take it meanwhile.
+        if self._active + self._woken >= self._limit or self._waiters:
             loop = asyncio.get_running_loop()
             waiter = loop.create_future()
             self._waiters.append(waiter)
             try:
                 while True:
                     await waiter
-                    if self._active < self._limit:
+                    self._woken -= 1
+                    if self._active + self._woken < self._limit:
                         break
                     waiter = loop.create_future()  # the slot it was woken for is gone (a limit cut): first in line
                     self._waiters.appendleft(waiter)
@@ -207,7 +210,8 @@ class RequestLimiter:
                 if waiter in self._waiters:
                     self._waiters.remove(waiter)
                 elif waiter.done() and not waiter.cancelled():
-                    self._wake()  # it was woken for a slot it will not take: pass the turn on
+                    self._woken -= 1  # woken for a slot it will not take: pass the turn on
+                    self._wake()
                 raise
         started = self._clock()
         self._account(started)
@@ -224,11 +228,12 @@ class RequestLimiter:
 
     def _wake(self) -> None:
         """Wake as many waiters, in order, as there are free slots."""
-        free = self._limit - self._active
+        free = self._limit - self._active - self._woken
         while free > 0 and self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():
                 waiter.set_result(None)
+                self._woken += 1
                 free -= 1
 
 
