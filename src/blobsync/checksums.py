@@ -17,8 +17,8 @@ _NO_CRC64 = "--block-check crc64 needs the awscrt package (pip install awscrt), 
 
 @functools.cache
 def _crc64() -> Callable[[Buffer, int], int] | None:
-    """awscrt's CRC-64/NVME (SIMD, releases the GIL, 19 GB/s here), imported on first use: its native module
-    costs ~75 ms to load, which a job of small files never needs. None where it cannot be loaded."""
+    """awscrt's CRC-64/NVME (SIMD, releases the GIL, ~16 GB/s here: bench/checksums.py), imported on first use:
+    its native module costs ~75 ms to load, which a job of small files never needs. None where it cannot load."""
     try:
         from awscrt.checksums import crc64nvme
     except ImportError as exc:  # a platform without its wheel: parts then carry MD5s, ~2 s/GiB more CPU

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 from dataclasses import dataclass, field, replace
 
@@ -97,17 +98,14 @@ class BlockUploader:
 
     def __init__(self, ctx: EngineContext) -> None:
         self.ctx = ctx
-        self._check: tuple[CheckKind | None] | None = None  # (the choice,) once made
         if ctx.config.block_check is BlockCheck.CRC64:
             require_crc64()  # asked for by name: refused now, before anything moves, if it is not installed
 
-    @property
+    @functools.cached_property
     def check(self) -> CheckKind | None:
         """The check each block carries; chosen on first use, as a CRC64 loads awscrt (~75 ms), which a job of
         small files never needs."""
-        if self._check is None:
-            self._check = (choose_check(self.ctx.store.capabilities.part_checks, self.ctx.config.block_check.value),)
-        return self._check[0]
+        return choose_check(self.ctx.store.capabilities.part_checks, self.ctx.config.block_check.value)
 
     async def run(self, w: BlockWrite, src: OpenFile, resume: bool) -> FileResult:
         if resume:
