@@ -47,3 +47,21 @@ def test_the_engine_reaches_stores_only_through_the_seam() -> None:
                 found += [f"{path.relative_to(SRC)}: {n}" for n in names
                           if n.startswith("blobsync.backends") and n not in allowed]
     assert not found, found
+
+
+def test_the_tracked_tree_holds_no_large_file_and_no_stray_archive() -> None:
+    """No vendored wheel or tarball: dependencies come from the registries, not the repository."""
+    import subprocess
+    root = SRC.parent.parent
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, check=True).stdout
+    archives = (".whl", ".tar.gz", ".tgz", ".zip", ".tar", ".egg")
+    found = []
+    for name in filter(None, tracked.decode().split("\0")):
+        path = root / name
+        if not path.is_file():
+            continue  # deleted in the work tree
+        if path.stat().st_size > 1024 * 1024:
+            found.append(f"{name}: over 1 MB")
+        if name.endswith(archives) and not name.startswith(("tests/data/", "bench/data/")):
+            found.append(f"{name}: an archive outside tests/data and bench/data")
+    assert not found, found
