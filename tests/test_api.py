@@ -148,7 +148,7 @@ def test_cancelled_copy_leaves_a_resumable_job(container: ContainerHandle, tmp_p
     assert state == "interrupted" and blocks >= 4
     assert "big.bin" not in container.blob_names()  # nothing committed half-way
 
-    report = blobsync.resume(job_id, journal_path=tmp_path / "j.db", cap_mbps=None)
+    report = blobsync.resume(job_id, journal_path=tmp_path / "j.db", overrides={"cap_mbps": None})
     assert report.ok and report.bytes_reused >= 4 * MiB
     assert container.download("big.bin") == data
     props = container.client.get_blob_client("big.bin").get_blob_properties()

@@ -47,6 +47,13 @@ def _one_error_line(stderr: str) -> str:
         (["cp", "{tmp}/f", "http://127.0.0.1:1/devstoreaccount1/cont", "--metadata", "bad name=1"], "metadata"),
         (["cp", "{tmp}/f", "http://127.0.0.1:1/devstoreaccount1/cont", "--memory-mb", "4",
           "--block-size-mb", "8"], "must hold at least one block"),
+        *[(["cp", "{tmp}/f", "http://127.0.0.1:1/devstoreaccount1/cont", flag, value], fragment)
+          for flag, value, fragment in [
+              ("--cap-mbps", "nan", "0.001 to 1,000,000 Mbit/s"), ("--cap-mbps", "inf", "Mbit/s"),
+              ("--cap-mbps", "-1", "Mbit/s"), ("--stall-timeout", "nan", "0.1 to 86,400 seconds"),
+              ("--retry-deadline", "inf", "seconds"), ("--block-size-mb", "0.000001", "1 KiB to 4000 MiB"),
+              ("--memory-mb", "nan", "1 MiB to 1 TiB"), ("--put-blob-size-mb", "inf", "5000 MiB"),
+              ("--max-retries", "1000", "0 to 100")]],
     ],
 )
 def test_usage_errors_exit_2(args: list[str], fragment: str, tmp_path: Path) -> None:
@@ -269,3 +276,17 @@ def test_a_journal_with_damaged_pages_is_one_clear_line_and_exit_2(container: Co
         assert done.returncode == 2, (args, done.stderr)
         line = _one_error_line(done.stderr)
         assert "cannot open the journal" in line and "move it aside" in line
+
+
+@pytest.mark.parametrize("args", [
+    ["cp", "{tmp}/f", "http://127.0.0.1:1/devstoreaccount1/cont", "--progress-interval", "inf"],
+    ["sync", "{tmp}", "http://127.0.0.1:1/devstoreaccount1/cont", "--watch", "--settle", "nan"],
+    ["jobs", "clean", "--older-than", "nan"],
+    ["jobs", "cap", "abc", "inf"],
+    ["doctor", "http://127.0.0.1:1/devstoreaccount1/cont", "--timeout", "nan"],
+])
+def test_number_flags_outside_the_commands_config_refuse_nan_and_inf(args: list[str], tmp_path: Path) -> None:
+    (tmp_path / "f").write_bytes(b"x")
+    done = run([a.replace("{tmp}", str(tmp_path)) for a in args], env={"XDG_STATE_HOME": str(tmp_path)})
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr and "out of range" in done.stderr

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import os
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar
 
-from blobsync import stopping
+from blobsync import arguments, stopping
 from blobsync.backends.base import BlobProperties, Location
 from blobsync.backends.registry import is_remote, open_store, parse_location
 from blobsync.config import Overwrite, TransferConfig
@@ -36,8 +37,11 @@ if TYPE_CHECKING:
     from blobsync.syncing.watch import Ready
 
 T = TypeVar("T")
+P = ParamSpec("P")
 Cluster = Any  # None, a distributed.Client, 'tcp://host:8786' or 'local:N'
 StopSignal = threading.Event | asyncio.Event | Callable[[], bool] | None
+DeleteArg = DeleteMode | bool | Literal["true", "false", "prompt"]
+CompareArg = CompareMode | Literal["size+mtime", "size-only", "md5", "mirror"]
 
 
 def _blocking(coro: Coroutine[Any, Any, T]) -> T:
@@ -51,11 +55,54 @@ def _blocking(coro: Coroutine[Any, Any, T]) -> T:
         return pool.submit(asyncio.run, coro).result()
 
 
+def blocking_form(fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, T]:
+    """The blocking twin of an async library call, with its exact signature (so a type checker catches a
+    misspelt keyword or a wrong type at the caller)."""
+
+    @functools.wraps(fn)
+    def run(*args: P.args, **kwargs: P.kwargs) -> T:
+        return _blocking(fn(*args, **kwargs))
+
+    run.__doc__ = f"Blocking form of `blobsync.aio.{fn.__name__.removesuffix('_async')}`.\n\n{fn.__doc__ or ''}"
+    return run
+
+
 def _progress(progress: Progress | None, subscribers: Sequence[Subscriber]) -> Progress:
+    """The Progress a job reports to; `subscribers` join it once (a Progress reused across calls does not
+    collect the same subscriber again)."""
+    progress = arguments.optional(progress, "progress", Progress, "a blobsync.Progress")
     progress = progress or Progress()
-    if subscribers:
-        progress.subscribers = (*progress.subscribers, *subscribers)
+    new = [s for s in arguments.subscribers(subscribers) if not any(s is old for old in progress.subscribers)]
+    if new:
+        progress.subscribers = (*progress.subscribers, *new)
     return progress
+
+
+def _config(config: TransferConfig | None) -> TransferConfig:
+    return arguments.optional(config, "config", TransferConfig, "a blobsync.TransferConfig") or TransferConfig()
+
+
+def _check_common(filters: Filters | None, dry_run: bool, raise_on_error: bool, **callbacks: object) -> None:
+    """The arguments most calls share: checked before anything else happens."""
+    arguments.optional(filters, "filters", Filters, "a blobsync.Filters (Filters.parse(...))")
+    arguments.boolean(dry_run, "dry_run")
+    arguments.boolean(raise_on_error, "raise_on_error")
+    for name, value in callbacks.items():
+        arguments.callback(value, name)
+
+
+def _max_delete(value: object) -> str | None:
+    """--max-delete as the library takes it: a count (int or text) or a percentage text ('5%')."""
+    from blobsync.syncing.job import parse_max_delete
+
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str):
+        raise UsageError(f"invalid max_delete={value!r}: a count (e.g. 100) or a percentage (e.g. '5%')")
+    parse_max_delete(value)
+    return value
 
 
 def _finish(report: Report, raise_on_error: bool) -> Report:
@@ -170,14 +217,16 @@ async def copy_async(
     Files that fail are listed in the returned Report (`report.failures`); with `raise_on_error=True` they
     raise TransferFailedError instead. Errors that stop the whole job (credentials, a missing container, bad
     arguments) always raise. Cancelling the task leaves the job resumable."""
-    config = config or TransferConfig()
-    dest = os.fspath(dest)
-    plan = plan_copy(os.fspath(source), dest, recursive=config.recursive, as_subdir=as_subdir, filters=filters)
-    env = os.environ if env is None else env
+    config = _config(config)
+    source, dest = arguments.path_or_url(source, "source"), arguments.path_or_url(dest, "dest")
+    _check_common(filters, dry_run, raise_on_error, on_action=on_action, confirm_overwrite=confirm_overwrite)
+    as_subdir = arguments.boolean(as_subdir, "as_subdir")
+    env = arguments.env(env)
     progress = _progress(progress, subscribers)
+    plan = plan_copy(source, dest, recursive=config.recursive, as_subdir=as_subdir, filters=filters)
     config = replace(config, recursive=plan.many)
     selection = _Selection(plan.filters, dry_run, on_action, confirm_overwrite, cluster,
-                           dest if plan.upload else os.fspath(source))
+                           dest if plan.upload else source)
     journal = _journal(config.journal_path, env)
     if plan.upload:
         report = await _run_upload(plan.local, plan.remote, config, env, progress, None, journal, selection)
@@ -187,10 +236,7 @@ async def copy_async(
     return _finish(report, raise_on_error)
 
 
-def copy(source: str | os.PathLike[str], dest: str | os.PathLike[str], config: TransferConfig | None = None,
-         **kwargs: Any) -> Report:
-    """Blocking form of `blobsync.aio.copy` (same arguments)."""
-    return _blocking(copy_async(source, dest, config, **kwargs))
+copy = blocking_form(copy_async)
 
 
 async def sync_async(
@@ -199,9 +245,9 @@ async def sync_async(
     config: TransferConfig | None = None,
     *,
     filters: Filters | None = None,
-    compare: CompareMode = CompareMode.SIZE_AND_MTIME,
-    delete: DeleteMode = DeleteMode.FALSE,
-    max_delete: str | None = None,
+    compare: CompareArg = CompareMode.SIZE_AND_MTIME,
+    delete: DeleteArg = DeleteMode.FALSE,
+    max_delete: str | int | None = None,
     dry_run: bool = False,
     env: Mapping[str, str] | None = None,
     progress: Progress | None = None,
@@ -220,9 +266,14 @@ async def sync_async(
     Uploads: `ready(rel, mtime_ns)`, if given, holds back files it returns False for (neither sent nor deleted).
     A changed file whose previous version blobsync committed sends only its changed blocks (delta).
     `cluster` runs the transfers on Dask workers, as for `copy` (the comparison and deletes stay here)."""
-    config = replace(config or TransferConfig(), recursive=True)
-    env = os.environ if env is None else env
-    src_text, dst_text = os.fspath(source), os.fspath(dest)
+    config = replace(_config(config), recursive=True)
+    src_text, dst_text = arguments.path_or_url(source, "source"), arguments.path_or_url(dest, "dest")
+    _check_common(filters, dry_run, raise_on_error, on_action=on_action, confirm=confirm)
+    delete, compare = arguments.choice(delete, DeleteMode, "delete"), arguments.choice(compare, CompareMode, "compare")
+    max_delete = _max_delete(max_delete)
+    arguments.callback(ready, "ready")
+    env = arguments.env(env)
+    progress = _progress(progress, subscribers)
     if is_remote(src_text) == is_remote(dst_text):
         raise UsageError("sync needs one local folder and one container URL")
     upload = is_remote(dst_text)
@@ -235,18 +286,14 @@ async def sync_async(
     journal = _journal(config.journal_path, env)
     try:
         async with (_remote(cluster, dst_text if upload else src_text, upload, config, dry_run) as remote,
-                    open_session(loc, config, env, journal, progress=_progress(progress, subscribers),
-                                 cluster=remote) as ctx):
+                    open_session(loc, config, env, journal, progress=progress, cluster=remote) as ctx):
             report = await SyncJob(spec, ctx, on_action=on_action, confirm=confirm).run()
     finally:
         journal.close()
     return _finish(report, raise_on_error)
 
 
-def sync(source: str | os.PathLike[str], dest: str | os.PathLike[str], config: TransferConfig | None = None,
-         **kwargs: Any) -> Report:
-    """Blocking form of `blobsync.aio.sync` (same arguments)."""
-    return _blocking(sync_async(source, dest, config, **kwargs))
+sync = blocking_form(sync_async)
 
 
 def _stop_check(stop: StopSignal) -> Callable[[], bool]:
@@ -265,9 +312,9 @@ async def watch_async(
     settle: float = 2.0,
     stop: StopSignal = None,
     filters: Filters | None = None,
-    compare: CompareMode = CompareMode.SIZE_AND_MTIME,
-    delete: DeleteMode = DeleteMode.FALSE,
-    max_delete: str | None = None,
+    compare: CompareArg = CompareMode.SIZE_AND_MTIME,
+    delete: DeleteArg = DeleteMode.FALSE,
+    max_delete: str | int | None = None,
     env: Mapping[str, str] | None = None,
     on_round: Callable[[Report], None] | None = None,
     on_error: Callable[[BlobsyncError, float], None] | None = None,
@@ -281,15 +328,18 @@ async def watch_async(
     cancelling the task stops at once, leaving partial files resumable. Returns the number of rounds run."""
     from blobsync.syncing.watch import Watcher
 
-    src_text = os.fspath(source)
+    src_text, dest = arguments.path_or_url(source, "source"), arguments.url(dest, "dest")
+    settle = arguments.number(settle, "settle", 0, 86400, " seconds")
+    arguments.stop_signal(stop)
+    _check_common(filters, False, False, on_round=on_round, on_error=on_error)
+    delete, compare = arguments.choice(delete, DeleteMode, "delete"), arguments.choice(compare, CompareMode, "compare")
+    max_delete = _max_delete(max_delete)
     if is_remote(src_text) or not is_remote(dest):
         raise UsageError("watch needs a local folder as the source and a container URL as the destination")
     if delete is DeleteMode.PROMPT:
         raise UsageError("--delete-destination prompt cannot be used with --watch: use true or false")
-    if settle < 0:
-        raise UsageError("--settle must be zero or more seconds")
-    config = replace(config or TransferConfig(), recursive=True)
-    env = os.environ if env is None else env
+    config = replace(_config(config), recursive=True)
+    env = arguments.env(env)
     root = Path(src_text).expanduser().absolute()
     if not root.is_dir():
         raise UsageError(f"source folder {src_text!r} does not exist or is not a folder")
@@ -307,27 +357,32 @@ async def watch_async(
     return watcher.rounds
 
 
-def watch(source: str | os.PathLike[str], dest: str, config: TransferConfig | None = None, **kwargs: Any) -> int:
-    """Blocking form of `blobsync.aio.watch`: run it in a thread beside a training loop, with
-    `stop=threading.Event()`."""
-    return _blocking(watch_async(source, dest, config, **kwargs))
+watch = blocking_form(watch_async)  # run it in a thread beside a training loop, with stop=threading.Event()
 
 
 async def resume_async(
     job_id: str,
     *,
     sas: str | None = None,
-    journal_path: Path | None = None,
+    journal_path: str | os.PathLike[str] | None = None,
     env: Mapping[str, str] | None = None,
     progress: Progress | None = None,
     subscribers: Sequence[Subscriber] = (),
     raise_on_error: bool = False,
     confirm_overwrite: Callable[[str], Answer] | None = None,
-    **overrides: object,
+    overrides: Mapping[str, object] | None = None,
 ) -> Report:
     """Resume a journaled copy job by id. Credentials come from `sas` or the environment, never from the
-    journal; `overrides` replace stored options (e.g. concurrency=4)."""
-    env = os.environ if env is None else env
+    journal; `overrides` replace stored options by TransferConfig field name (e.g. {"concurrency": 4})."""
+    arguments.url(job_id, "job_id")
+    arguments.optional(sas, "sas", str, "the SAS text")
+    journal_path = arguments.optional_path(journal_path, "journal_path")
+    _check_common(None, False, raise_on_error, confirm_overwrite=confirm_overwrite)
+    overrides = dict(arguments.optional(overrides, "overrides", Mapping, "a mapping of TransferConfig fields") or {})
+    unknown = sorted(set(overrides) - {f.name for f in fields(TransferConfig)})
+    if unknown:
+        raise UsageError(f"invalid overrides: {', '.join(unknown)} (use TransferConfig field names)")
+    env = arguments.env(env)
     progress = _progress(progress, subscribers)
     journal = _journal(journal_path, env)
     try:
@@ -353,9 +408,7 @@ async def resume_async(
     return _finish(report, raise_on_error)
 
 
-def resume(job_id: str, **kwargs: Any) -> Report:
-    """Blocking form of `blobsync.aio.resume` (same arguments)."""
-    return _blocking(resume_async(job_id, **kwargs))
+resume = blocking_form(resume_async)
 
 
 @dataclass(frozen=True)
@@ -387,8 +440,7 @@ def set_job_cap(job_id: str, cap_mbps: float, journal_path: Path | None = None,
                 env: Mapping[str, str] | None = None) -> JobRow:
     """Change the bandwidth cap of a job started with --cap-mbps; a running job applies it within a second, a
     resumed one starts with it. Returns the job."""
-    if not cap_mbps > 0:
-        raise UsageError("the cap must be a positive number of megabits per second")
+    arguments.number(cap_mbps, "cap_mbps", 0.001, 1_000_000, " Mbit/s")
     journal = _journal(journal_path, env)
     try:
         job = journal.get_job(job_id)
@@ -433,7 +485,9 @@ async def blob_entries_async(
     AzCopy's list prints them."""
     from blobsync.syncing.remove import blobs_at
 
-    env = os.environ if env is None else env
+    url, env = arguments.url(url, "url"), arguments.env(env)
+    max_retries = int(arguments.number(max_retries, "max_retries", 0, 100, integer=True))
+    arguments.optional(proxy, "proxy", str, "a proxy URL")
     config = TransferConfig(max_retries=max_retries, proxy=proxy)
     store = open_store(url, config, env)
     try:
@@ -446,7 +500,9 @@ async def blob_entries_async(
 async def make_container_async(url: str, *, env: Mapping[str, str] | None = None, max_retries: int = 8,
                                proxy: str | None = None) -> bool:
     """Create the container the URL names; False when it exists already."""
-    env = os.environ if env is None else env
+    url, env = arguments.url(url, "url"), arguments.env(env)
+    max_retries = int(arguments.number(max_retries, "max_retries", 0, 100, integer=True))
+    arguments.optional(proxy, "proxy", str, "a proxy URL")
     loc = parse_location(url)
     if loc.path:
         raise UsageError(f"{loc.display!r} names a blob or folder: make takes a container URL")
@@ -458,18 +514,16 @@ async def make_container_async(url: str, *, env: Mapping[str, str] | None = None
         await store.close()
 
 
-def make_container(url: str, **kwargs: Any) -> bool:
-    """Blocking form of `blobsync.aio.make_container`."""
-    return _blocking(make_container_async(url, **kwargs))
+make_container = blocking_form(make_container_async)
 
 
-def list_blobs(url: str, **kwargs: Any) -> list[BlobProperties]:
-    """Blocking form of `blobsync.aio.list_blobs`, as a list."""
+async def _collect_blobs(url: str, *, env: Mapping[str, str] | None = None, max_retries: int = 8,
+                         proxy: str | None = None) -> list[BlobProperties]:
+    """Every blob the URL names, as a list (see `blobsync.aio.list_blobs`)."""
+    return [props async for props in list_blobs_async(url, env=env, max_retries=max_retries, proxy=proxy)]
 
-    async def collect() -> list[BlobProperties]:
-        return [props async for props in list_blobs_async(url, **kwargs)]
 
-    return _blocking(collect())
+list_blobs = blocking_form(_collect_blobs)
 
 
 async def remove_async(
@@ -491,27 +545,34 @@ async def remove_async(
     `dry_run` lists what would go and deletes nothing."""
     from blobsync.syncing.remove import RemoveJob, RemoveSpec
 
-    config = config or TransferConfig()
-    env = os.environ if env is None else env
+    config, url = _config(config), arguments.url(url, "url")
+    _check_common(filters, dry_run, raise_on_error, on_action=on_action)
+    recursive = arguments.boolean(recursive, "recursive")
+    list_of_files = arguments.optional_path(list_of_files, "list_of_files")
+    env = arguments.env(env)
+    progress = _progress(progress, subscribers)
     loc = parse_location(url)
     spec = RemoveSpec(loc, recursive, filters or Filters(), dry_run, config.start_concurrency,
                       Path(list_of_files) if list_of_files is not None else None, batch_enabled(env))
     store = open_store(loc, config, env)
     try:
-        requests = request_path(config, _progress(progress, subscribers))
+        requests = request_path(config, progress)
         report = await RemoveJob(spec, store, requests, on_action=on_action).run()
     finally:
         await store.close()
     return _finish(report, raise_on_error)
 
 
-def remove(url: str, config: TransferConfig | None = None, **kwargs: Any) -> Report:
-    """Blocking form of `blobsync.aio.remove` (same arguments)."""
-    return _blocking(remove_async(url, config, **kwargs))
+remove = blocking_form(remove_async)
 
 
-def diagnose(url: str, **kwargs: Any) -> Diagnosis:
+def diagnose(url: str, *, write_test: bool = False, env: Mapping[str, str] | None = None, timeout: float = 15.0,
+             proxy: str | None = None) -> Diagnosis:
     """Blocking form of `blobsync.aio.diagnose`: what `blobsync doctor` checks, as a Diagnosis."""
     from blobsync.backends.azure.doctor import diagnose as diagnose_async
 
-    return _blocking(diagnose_async(url, **kwargs))
+    url, env = arguments.url(url, "url"), arguments.env(env)
+    arguments.boolean(write_test, "write_test")
+    timeout = arguments.number(timeout, "timeout", 0.1, 3600, " seconds")
+    arguments.optional(proxy, "proxy", str, "a proxy URL")
+    return _blocking(diagnose_async(url, write_test=write_test, env=env, timeout=timeout, proxy=proxy))

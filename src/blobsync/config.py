@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
@@ -11,6 +13,7 @@ from types import MappingProxyType
 from typing import Any, Literal, Self
 from urllib.parse import quote
 
+from blobsync.arguments import boolean, choice, number, optional_path
 from blobsync.errors import UsageError
 from blobsync.redact import register_secret
 
@@ -18,6 +21,8 @@ MiB = 1024 * 1024
 MAX_BLOCK_SIZE = 4000 * MiB
 MAX_PUT_BLOB_SIZE = 5000 * MiB
 MAX_BLOCKS = 50_000
+MIN_BLOCK_SIZE = 1024
+MAX_MEMORY = 1 << 40
 TIERS = ("Hot", "Cool", "Cold", "Archive")
 _RESERVED_METADATA = ("mtime",)
 AUTO: Literal["auto"] = "auto"
@@ -173,10 +178,39 @@ def parse_metadata(text: str | None) -> dict[str, str]:
     return out
 
 
+def _size_text(n: float) -> str:
+    """A byte count as a person writes it: '1 KiB', '4000 MiB', '1 TiB', '0 bytes'."""
+    units = (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", MiB), ("KiB", 1024))
+    for unit, size in units:  # the largest unit the number is a whole count of (4000 MiB, not 3.90625 GiB)
+        if n >= size and n % size == 0:
+            return f"{n // size:g} {unit}"
+    for unit, size in units:
+        if n >= size:
+            return f"{n / size:g} {unit}"
+    return f"{n:g} bytes"
+
+
+def _bytes_in(value: object, name: str, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise UsageError(f"{name} {value!r} is out of range: {_size_text(lo)} to {_size_text(hi)} (in bytes)")
+    return value
+
+
 def _mib(value: float, flag: str, lo: float, hi: int) -> int:
+    """A size given in MiB (as the flags take it), finite and within [lo, hi] bytes."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise UsageError(f"invalid {flag} {value!r}: a number of MiB from {_size_text(lo)} to {_size_text(hi)}")
     if not (lo <= value * MiB <= hi):
-        raise UsageError(f"{flag} {value:g} is out of range: {lo / MiB:g} to {hi // MiB} MiB")
+        raise UsageError(f"{flag} {value:g} is out of range: {_size_text(lo)} to {_size_text(hi)}")
     return int(value * MiB)
+
+
+def _concurrency_value(value: object) -> Concurrency:
+    if value == AUTO and isinstance(value, str):
+        return AUTO
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 512:
+        raise UsageError(f"--concurrency {value!r} is out of range: 'auto' or 1 to 512 requests")
+    return value
 
 
 @dataclass(frozen=True)
@@ -203,6 +237,10 @@ def _tier(text: str | None) -> str | None:
     return next((t for t in TIERS if text and t.lower() == text.lower()), None)
 
 
+_BOOL_FIELDS = ("put_md5", "preserve_last_modified_time", "guess_mime_type", "create_container", "recursive",
+                "follow_symlinks")
+
+
 @dataclass(frozen=True)
 class TransferConfig:
     """Options of a transfer; sizes in bytes. Build it with `TransferConfig.from_mib(...)` from MiB values.
@@ -211,7 +249,7 @@ class TransferConfig:
 
     block_size: int = field(default=8 * MiB, metadata=_flag(
         "--block-size-mb", "Block (upload) or range (download) size; raised so no blob needs over 50,000 blocks.",
-        kind=float, default=8, show_default=True, parse=lambda v: _mib(v, "--block-size-mb", 1 / 1024,
+        kind=float, default=8, show_default=True, parse=lambda v: _mib(v, "--block-size-mb", MIN_BLOCK_SIZE,
                                                                         MAX_BLOCK_SIZE)))
     put_blob_size: int | None = field(default=None, metadata=_flag(  # None: same as block_size (AzCopy's rule)
         "--put-blob-size-mb", "Files up to this size go in one request [default: the block size].", kind=float,
@@ -221,7 +259,7 @@ class TransferConfig:
         "ceiling N.", default="auto", show_default=True, parse=parse_concurrency))
     memory: int = field(default=256 * MiB, metadata=_flag(
         "--memory-mb", "Bytes in flight (buffers), shared by all files.", kind=float, default=256,
-        show_default=True, parse=lambda v: _mib(v, "--memory-mb", 1, 1 << 45)))
+        show_default=True, parse=lambda v: _mib(v, "--memory-mb", MiB, MAX_MEMORY)))
     overwrite: Overwrite = field(default=Overwrite.TRUE, metadata=_flag(None, parse=Overwrite.parse))
     put_md5: bool = field(default=True, metadata=_flag(
         "--put-md5/--no-put-md5", "Uploads: store the whole-file MD5 as the blob's Content-MD5 (blocks carry "
@@ -283,24 +321,34 @@ class TransferConfig:
             "&".join(f"{quote(k)}={quote(v)}" for k, v in self.blob_tags.items()))))
 
     def _check_limits(self) -> None:
-        if not (1 <= self.block_size <= MAX_BLOCK_SIZE):
-            raise UsageError(f"--block-size-mb is out of range: up to {MAX_BLOCK_SIZE // MiB} MiB")
-        if self.put_blob_size is not None and not (0 <= self.put_blob_size <= MAX_PUT_BLOB_SIZE):
-            raise UsageError(f"--put-blob-size-mb is out of range: 0 to {MAX_PUT_BLOB_SIZE // MiB} MiB")
-        if self.concurrency != AUTO and not (
-                isinstance(self.concurrency, int) and 1 <= self.concurrency <= 512):
-            raise UsageError(f"--concurrency {self.concurrency} is out of range: 'auto' or 1 to 512")
-        if self.memory < MiB:
-            raise UsageError("--memory-mb must be at least 1")
+        """Every number finite and within a range stated as a person writes it; enums and bools mean what the
+        caller wrote (False is FALSE, "false" is FALSE), whatever the Python type."""
+        set_ = functools.partial(object.__setattr__, self)
+        set_("overwrite", choice(self.overwrite, Overwrite, "overwrite"))
+        set_("block_check", choice(self.block_check, BlockCheck, "block_check"))
+        set_("check_md5", choice(self.check_md5, CheckMd5, "check_md5"))
+        for name in _BOOL_FIELDS:
+            set_(name, boolean(getattr(self, name), name))
+        set_("concurrency", _concurrency_value(self.concurrency))
+        _bytes_in(self.block_size, "block_size (--block-size-mb)", MIN_BLOCK_SIZE, MAX_BLOCK_SIZE)
+        if self.put_blob_size is not None:
+            _bytes_in(self.put_blob_size, "put_blob_size (--put-blob-size-mb)", 0, MAX_PUT_BLOB_SIZE)
+        _bytes_in(self.memory, "memory (--memory-mb)", MiB, MAX_MEMORY)
         if self.memory < self.block_size:
-            raise UsageError(
-                f"--memory-mb ({self.memory // MiB}) must hold at least one block "
-                f"(--block-size-mb {self.block_size / MiB:g})"
-            )
-        if self.cap_mbps is not None and self.cap_mbps <= 0:
-            raise UsageError("--cap-mbps must be positive")
-        if self.max_retries < 0 or self.retry_deadline <= 0 or self.stall_timeout <= 0:
-            raise UsageError("retry limits and timeouts must be positive")
+            raise UsageError(f"memory (--memory-mb) {_size_text(self.memory)} must hold at least one block "
+                             f"(--block-size-mb {_size_text(self.block_size)})")
+        if self.cap_mbps is not None:
+            number(self.cap_mbps, "cap_mbps (--cap-mbps)", 0.001, 1_000_000, " Mbit/s")
+        number(self.max_retries, "max_retries (--max-retries)", 0, 100, integer=True)
+        number(self.retry_deadline, "retry_deadline (--retry-deadline)", 0.1, 30 * 86400, " seconds")
+        number(self.stall_timeout, "stall_timeout (--stall-timeout)", 0.1, 86400, " seconds")
+        set_("journal_path", optional_path(self.journal_path, "journal_path (--journal)"))
+        for name in ("content_type", "tier", "proxy"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
+                raise UsageError(f"invalid {name}={getattr(self, name)!r}: expected text or None")
+        for name in ("metadata", "properties", "blob_tags"):
+            if not isinstance(getattr(self, name), Mapping):
+                raise UsageError(f"invalid {name}={getattr(self, name)!r}: expected a mapping of text to text")
 
     def _check_text(self) -> None:
         """Every text that reaches a request header: checked here, before anything is sent."""
@@ -348,10 +396,10 @@ class TransferConfig:
         **kwargs: object,
     ) -> TransferConfig:
         return cls(
-            block_size=_mib(block_size_mb, "--block-size-mb", 1 / 1024, MAX_BLOCK_SIZE),
+            block_size=_mib(block_size_mb, "--block-size-mb", MIN_BLOCK_SIZE, MAX_BLOCK_SIZE),
             put_blob_size=None if put_blob_size_mb is None
             else _mib(put_blob_size_mb, "--put-blob-size-mb", 0, MAX_PUT_BLOB_SIZE),
-            memory=_mib(memory_mb, "--memory-mb", 1, 1 << 45),
+            memory=_mib(memory_mb, "--memory-mb", MiB, MAX_MEMORY),
             **kwargs,  # type: ignore[arg-type]
         )
 

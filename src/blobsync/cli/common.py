@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import math
 import sqlite3
 import sys
 import time
@@ -16,6 +17,7 @@ from typing import Any, TypeVar
 import click
 
 from blobsync._version import __version__
+from blobsync.arguments import range_text
 from blobsync.cli.output import JsonEvents, JsonLines, ProgressDisplay, summary, summary_record
 from blobsync.engine.context import Progress
 from blobsync.errors import BlobsyncError, ExitCode
@@ -31,6 +33,24 @@ F = TypeVar("F", bound=Callable[..., Any])
 # Where a command running with --output-type json keeps its JsonLines (in the invocation's click context, so
 # that in-process runners calling several commands share nothing): a fatal error is a JSON line too.
 _JSON_OUT = "blobsync.json_out"
+
+
+class Finite(click.ParamType[float]):
+    """A number flag: finite (no nan, no inf) and within a range stated as a person writes it."""
+
+    name = "number"
+
+    def __init__(self, lo: float, hi: float, unit: str = "") -> None:
+        self.lo, self.hi, self.unit = lo, hi, unit
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number: use {range_text(self.lo, self.hi, self.unit)}", param, ctx)
+        if not (math.isfinite(number) and self.lo <= number <= self.hi):
+            self.fail(f"{value} is out of range: {range_text(self.lo, self.hi, self.unit)}", param, ctx)
+        return number
 
 
 def _json_out() -> JsonLines | None:
@@ -131,7 +151,7 @@ def output_options(fn: F) -> F:
     decorated: Any = exit_codes_option(logging_options(wrapper))
     decorated = click.option("--quiet", is_flag=True,
                              help="No progress display (results and the summary still print).")(decorated)
-    decorated = click.option("--progress-interval", type=click.FloatRange(min=0.05), default=None,
+    decorated = click.option("--progress-interval", type=Finite(0.05, 3600, " seconds"), default=None,
                              help="Seconds between progress lines [default: 0.5 on a terminal, else 10].")(decorated)
     decorated = click.option(
         "--output-level", type=click.Choice(["default", "essential", "quiet"], case_sensitive=False),

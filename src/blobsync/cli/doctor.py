@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from blobsync.cli.common import handle_errors, logging_options, setup_logging
+from blobsync.cli.common import Finite, handle_errors, logging_options, setup_logging
 from blobsync.cli.options import config_option
 from blobsync.cli.output import JsonLines
 
@@ -16,7 +16,8 @@ from blobsync.cli.output import JsonLines
 @click.command()
 @click.argument("url")
 @click.option("--write-test", is_flag=True, help="Also put, read back and delete a small probe blob.")
-@click.option("--timeout", type=float, default=15, show_default=True, help="Seconds to wait for the endpoint.")
+@click.option("--timeout", type=Finite(0.1, 3600, " seconds"), default=15, show_default=True,
+              help="Seconds to wait for the endpoint.")
 @click.option("--output-type", type=click.Choice(["text", "json"], case_sensitive=False), default="text",
               show_default=True, help="json: one object with every finding.")
 @config_option("proxy")

@@ -16,6 +16,7 @@ from blobsync import api
 from blobsync._version import __version__
 from blobsync.cli.azcopy import AzCommand, azcopy_flags
 from blobsync.cli.common import (
+    Finite,
     OutputMode,
     exit_codes_option,
     filter_options,
@@ -154,7 +155,7 @@ def cp(source: str, destination: str, as_subdir: bool, dry_run: bool, filters: F
 @click.option("--dry-run", is_flag=True, help="Print what would be done, and why; change nothing.")
 @click.option("--watch", is_flag=True,
               help="Uploads: after the first sync, keep syncing files as they change, until Ctrl-C.")
-@click.option("--settle", type=float, default=2.0, show_default=True,
+@click.option("--settle", type=Finite(0, 86400, " seconds"), default=2.0, show_default=True,
               help="With --watch: send a file only once it has not been modified for this many seconds.")
 @transfer_options
 @azcopy_flags("sync")
@@ -263,7 +264,7 @@ def jobs_list(journal_path: Path | None) -> None:
 
 @jobs.command("cap")
 @click.argument("job_id")
-@click.argument("mbps", type=float)
+@click.argument("mbps", type=Finite(0.001, 1_000_000, " Mbit/s"))
 @_journal_option
 @handle_errors
 def jobs_cap(job_id: str, mbps: float, journal_path: Path | None) -> None:
@@ -310,7 +311,8 @@ def jobs_resume(job_id: str, sas: str | None, journal_path: Path | None, out: Ou
 
 
 @jobs.command("clean")
-@click.option("--older-than", "older_than", type=float, default=None, help="Only jobs older than DAYS.")
+@click.option("--older-than", "older_than", type=Finite(0, 36500, " days"), default=None,
+              help="Only jobs older than DAYS.")
 @click.option("--all", "include_unfinished", is_flag=True, help="Also forget unfinished (resumable) jobs.")
 @_journal_option
 @handle_errors

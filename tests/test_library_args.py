@@ -1,0 +1,119 @@
+"""Library arguments mean what a Python caller writes: False is false, "false" is false, and anything else is a
+UsageError naming the argument, raised before any request (issue 26, point 1)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import blobsync
+from blobsync import DeleteMode, Overwrite, TransferConfig, UsageError
+from conftest import ContainerHandle
+
+NOWHERE = "http://127.0.0.1:1/devstoreaccount1/cont"  # nothing listens: an error here proves no request was made
+
+
+def _tree(tmp_path: Path) -> Path:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "keep.txt").write_bytes(b"keep")
+    return src
+
+
+@pytest.mark.parametrize("delete", [False, "false", "FALSE", DeleteMode.FALSE])
+def test_delete_false_in_any_spelling_keeps_the_destinations_orphans(
+        container: ContainerHandle, tmp_path: Path, delete: Any) -> None:
+    container.client.upload_blob("orphan.txt", b"precious")
+    report = blobsync.sync(_tree(tmp_path), container.url, TransferConfig(journal_path=tmp_path / "j.db"),
+                           delete=delete)
+    assert report.files_failed == 0
+    assert container.blob_names() == ["keep.txt", "orphan.txt"]
+    assert container.download("orphan.txt") == b"precious"
+
+
+@pytest.mark.parametrize("delete", [True, "true", DeleteMode.TRUE])
+def test_delete_true_in_any_spelling_deletes_them(container: ContainerHandle, tmp_path: Path, delete: Any) -> None:
+    container.client.upload_blob("orphan.txt", b"old")
+    blobsync.sync(_tree(tmp_path), container.url, TransferConfig(journal_path=tmp_path / "j.db"), delete=delete)
+    assert container.blob_names() == ["keep.txt"]
+
+
+@pytest.mark.parametrize("overwrite", [False, "false", Overwrite.FALSE])
+def test_overwrite_false_in_any_spelling_keeps_the_existing_blob(
+        container: ContainerHandle, tmp_path: Path, overwrite: Any) -> None:
+    container.client.upload_blob("keep.txt", b"already there")
+    config = TransferConfig(overwrite=overwrite, journal_path=tmp_path / "j.db")
+    assert config.overwrite is Overwrite.FALSE
+    report = blobsync.copy(_tree(tmp_path) / "keep.txt", container.url, config)
+    assert report.files_skipped == 1
+    assert container.download("keep.txt") == b"already there"
+
+
+@pytest.mark.parametrize(("call", "named"), [
+    (lambda src: blobsync.sync(src, NOWHERE, delete="yes"), "delete"),
+    (lambda src: blobsync.sync(src, NOWHERE, delete=0), "delete"),
+    (lambda src: blobsync.sync(src, NOWHERE, delete=None), "delete"),
+    (lambda src: blobsync.sync(src, NOWHERE, compare="newest"), "compare"),
+    (lambda src: blobsync.sync(src, NOWHERE, dry_run="false"), "dry_run"),
+    (lambda src: blobsync.sync(src, NOWHERE, raise_on_error="no"), "raise_on_error"),
+    (lambda src: blobsync.sync(src, NOWHERE, subscribers=print), "subscribers"),
+    (lambda src: blobsync.sync(src, NOWHERE, subscribers=[print]), "subscriber"),
+    (lambda src: blobsync.sync(src, NOWHERE, max_delete="lots"), "--max-delete"),
+    (lambda src: blobsync.sync(src, NOWHERE, on_action="print"), "on_action"),
+    (lambda src: blobsync.sync(src, NOWHERE, config={"concurrency": 4}), "config"),
+    (lambda src: blobsync.copy(src, NOWHERE, as_subdir="false"), "as_subdir"),
+    (lambda src: blobsync.copy(src, 42), "dest"),
+    (lambda src: blobsync.copy(src, NOWHERE, filters="*.pt"), "filters"),
+    (lambda src: blobsync.watch(src, NOWHERE, settle=float("nan")), "settle"),
+    (lambda src: blobsync.watch(src, NOWHERE, stop="now"), "stop"),
+    (lambda src: blobsync.remove(NOWHERE, recursive="yes"), "recursive"),
+    (lambda src: blobsync.resume("abc", overrides={"concurency": 4}), "concurency"),
+    (lambda src: blobsync.list_blobs(NOWHERE, max_retries=-1), "max_retries"),
+    (lambda src: TransferConfig(overwrite="sometimes"), "overwrite"),
+    (lambda src: TransferConfig(overwrite=None), "overwrite"),
+    (lambda src: TransferConfig(recursive="false"), "recursive"),
+    (lambda src: TransferConfig(concurrency="lots"), "--concurrency"),
+    (lambda src: TransferConfig(concurrency=True), "--concurrency"),
+    (lambda src: TransferConfig(block_size=1), "block_size"),
+    (lambda src: TransferConfig(cap_mbps=float("nan")), "cap_mbps"),
+    (lambda src: TransferConfig(cap_mbps=float("inf")), "cap_mbps"),
+    (lambda src: TransferConfig(stall_timeout=float("nan")), "stall_timeout"),
+    (lambda src: TransferConfig(retry_deadline=float("inf")), "retry_deadline"),
+    (lambda src: TransferConfig(max_retries=2.5), "max_retries"),
+    (lambda src: TransferConfig.from_mib(block_size_mb=0.000001), "--block-size-mb"),
+    (lambda src: TransferConfig.from_mib(memory_mb=float("nan")), "--memory-mb"),
+])
+def test_a_bad_argument_is_a_usage_error_naming_it_before_any_request(
+        tmp_path: Path, call: Any, named: str) -> None:
+    with pytest.raises(UsageError) as caught:
+        call(_tree(tmp_path))
+    assert named in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_ranges_are_stated_as_a_person_writes_them() -> None:
+    with pytest.raises(UsageError) as caught:
+        TransferConfig.from_mib(block_size_mb=0.000001)
+    assert "1 KiB to 4000 MiB" in str(caught.value)
+    with pytest.raises(UsageError) as caught:
+        TransferConfig(cap_mbps=float("inf"))
+    assert "Mbit/s" in str(caught.value) and "inf" in str(caught.value)
+
+
+def test_a_reused_progress_gets_its_subscribers_once(container: ContainerHandle, tmp_path: Path) -> None:
+    done: list[str] = []
+
+    class Count(blobsync.BaseSubscriber):
+        def on_done(self, result: blobsync.FileResult) -> None:
+            done.append(result.rel)
+
+    progress, counter = blobsync.Progress(), Count()
+    src = _tree(tmp_path)
+    for i in range(3):
+        (src / "keep.txt").write_bytes(b"v%d" % i)
+        blobsync.copy(src / "keep.txt", container.url, TransferConfig(journal_path=tmp_path / "j.db"),
+                      progress=progress, subscribers=[counter])
+    assert len(progress.subscribers) == 1
+    assert len(done) == 3
