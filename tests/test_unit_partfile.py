@@ -82,11 +82,11 @@ def test_a_file_system_that_refuses_direct_io_gets_buffered_writes(tmp_path: Pat
     real_open = os.open
     refused: list[int] = []
 
-    def no_direct(path: object, flags: int, *args: object) -> int:
+    def no_direct(path: object, flags: int, *args: object, **kwargs: object) -> int:
         if flags & os.O_DIRECT:
             refused.append(flags)
             raise OSError(errno.EINVAL, "Invalid argument")
-        return real_open(path, flags, *args)  # type: ignore[arg-type]
+        return real_open(path, flags, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(target_mod.os, "open", no_direct)
     target = tmp_path / "fallback.bin"

@@ -105,6 +105,17 @@ def _max_delete(value: object) -> str | None:
     return value
 
 
+def _suffixes(value: object) -> tuple[str, ...]:
+    """trusted_suffixes as the library takes it: a sequence of host names or domains (or one ';'-joined text)."""
+    from blobsync.config import parse_suffixes
+
+    if isinstance(value, str):
+        return parse_suffixes(value)
+    if isinstance(value, Sequence) and all(isinstance(v, str) for v in value):
+        return parse_suffixes(";".join(value))
+    raise UsageError(f"invalid trusted_suffixes={value!r}: a list of host names or domains")
+
+
 def _finish(report: Report, raise_on_error: bool) -> Report:
     if raise_on_error and report.failures:
         raise TransferFailedError(report)
@@ -471,15 +482,18 @@ def clean_jobs(
 
 async def list_blobs_async(
     url: str, *, env: Mapping[str, str] | None = None, max_retries: int = 8, proxy: str | None = None,
+    trusted_suffixes: Sequence[str] = (),
 ) -> AsyncIterator[BlobProperties]:
     """Every blob the URL names: the blob itself, or all blobs under the container or folder, page by page
     (memory stays flat on huge containers). Each item has name, size, tier, Content-MD5, last modified."""
-    async for _, props in blob_entries_async(url, env=env, max_retries=max_retries, proxy=proxy):
+    async for _, props in blob_entries_async(url, env=env, max_retries=max_retries, proxy=proxy,
+                                             trusted_suffixes=trusted_suffixes):
         yield props
 
 
 async def blob_entries_async(
     url: str, *, env: Mapping[str, str] | None = None, max_retries: int = 8, proxy: str | None = None,
+    trusted_suffixes: Sequence[str] = (),
 ) -> AsyncIterator[tuple[str, BlobProperties]]:
     """As `list_blobs_async`, each blob with its name relative to the URL (a blob URL: its last segment), as
     AzCopy's list prints them."""
@@ -488,7 +502,7 @@ async def blob_entries_async(
     url, env = arguments.url(url, "url"), arguments.env(env)
     max_retries = int(arguments.number(max_retries, "max_retries", 0, 100, integer=True))
     arguments.optional(proxy, "proxy", str, "a proxy URL")
-    config = TransferConfig(max_retries=max_retries, proxy=proxy)
+    config = TransferConfig(max_retries=max_retries, proxy=proxy, trusted_suffixes=_suffixes(trusted_suffixes))
     store = open_store(url, config, env)
     try:
         async for entry in blobs_at(store, store.location.path, request_path(config, Progress())):
@@ -498,7 +512,7 @@ async def blob_entries_async(
 
 
 async def make_container_async(url: str, *, env: Mapping[str, str] | None = None, max_retries: int = 8,
-                               proxy: str | None = None) -> bool:
+                               proxy: str | None = None, trusted_suffixes: Sequence[str] = ()) -> bool:
     """Create the container the URL names; False when it exists already."""
     url, env = arguments.url(url, "url"), arguments.env(env)
     max_retries = int(arguments.number(max_retries, "max_retries", 0, 100, integer=True))
@@ -506,7 +520,7 @@ async def make_container_async(url: str, *, env: Mapping[str, str] | None = None
     loc = parse_location(url)
     if loc.path:
         raise UsageError(f"{loc.display!r} names a blob or folder: make takes a container URL")
-    config = TransferConfig(max_retries=max_retries, proxy=proxy)
+    config = TransferConfig(max_retries=max_retries, proxy=proxy, trusted_suffixes=_suffixes(trusted_suffixes))
     store = open_store(loc, config, env)
     try:
         return await request_path(config, Progress())(store.create_container)
@@ -518,9 +532,10 @@ make_container = blocking_form(make_container_async)
 
 
 async def _collect_blobs(url: str, *, env: Mapping[str, str] | None = None, max_retries: int = 8,
-                         proxy: str | None = None) -> list[BlobProperties]:
+                         proxy: str | None = None, trusted_suffixes: Sequence[str] = ()) -> list[BlobProperties]:
     """Every blob the URL names, as a list (see `blobsync.aio.list_blobs`)."""
-    return [props async for props in list_blobs_async(url, env=env, max_retries=max_retries, proxy=proxy)]
+    return [props async for props in list_blobs_async(url, env=env, max_retries=max_retries, proxy=proxy,
+                                                      trusted_suffixes=trusted_suffixes)]
 
 
 list_blobs = blocking_form(_collect_blobs)
@@ -567,7 +582,7 @@ remove = blocking_form(remove_async)
 
 
 def diagnose(url: str, *, write_test: bool = False, env: Mapping[str, str] | None = None, timeout: float = 15.0,
-             proxy: str | None = None) -> Diagnosis:
+             proxy: str | None = None, trusted_suffixes: Sequence[str] = ()) -> Diagnosis:
     """Blocking form of `blobsync.aio.diagnose`: what `blobsync doctor` checks, as a Diagnosis."""
     from blobsync.backends.azure.doctor import diagnose as diagnose_async
 
@@ -575,4 +590,5 @@ def diagnose(url: str, *, write_test: bool = False, env: Mapping[str, str] | Non
     arguments.boolean(write_test, "write_test")
     timeout = arguments.number(timeout, "timeout", 0.1, 3600, " seconds")
     arguments.optional(proxy, "proxy", str, "a proxy URL")
-    return _blocking(diagnose_async(url, write_test=write_test, env=env, timeout=timeout, proxy=proxy))
+    return _blocking(diagnose_async(url, write_test=write_test, env=env, timeout=timeout, proxy=proxy,
+                                    trusted_suffixes=_suffixes(trusted_suffixes)))

@@ -161,6 +161,20 @@ def parse_blob_tags(text: str | None) -> dict[str, str]:
     return tags
 
 
+def parse_suffixes(text: str | None) -> tuple[str, ...]:
+    """--trusted-microsoft-suffixes 'a.example;*.b.example': host names or domains, without schemes or paths."""
+    out = []
+    for item in (text or "").split(";"):
+        item = item.strip().lstrip("*").lstrip(".")
+        if not item:
+            continue
+        if not re.fullmatch(r"[A-Za-z0-9.\-:\[\]]+", item):
+            raise UsageError(f"invalid --trusted-microsoft-suffixes item {item!r}: a host name or domain, e.g. "
+                             "'blob.example.com'")
+        out.append(item.lower())
+    return tuple(out)
+
+
 def parse_metadata(text: str | None) -> dict[str, str]:
     """Parse AzCopy-style 'k=v;k2=v2' metadata; names must be valid C# identifiers, as Azure requires."""
     out: dict[str, str] = {}
@@ -311,6 +325,10 @@ class TransferConfig:
         parse=lambda values: {k: v for k, v in values.items() if v is not None}))
     blob_tags: Mapping[str, str] = field(default_factory=dict, metadata=_flag(
         "--blob-tags", "Blob index tags, 'k1=v1&k2=v2' (at most 10).", parse=parse_blob_tags))
+    trusted_suffixes: tuple[str, ...] = field(default=(), metadata=_flag(  # beside Azure's own; never journaled
+        "--trusted-microsoft-suffixes", "More host suffixes (';'-separated) that account keys and Azure AD tokens may "
+        "go to, beside *.core.windows.net and the national clouds' (a SAS in the URL goes anywhere).",
+        metavar="SUFFIXES", parse=parse_suffixes, journal=False))
 
     def __post_init__(self) -> None:
         self._check_limits()
@@ -346,6 +364,10 @@ class TransferConfig:
         for name in ("content_type", "tier", "proxy"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 raise UsageError(f"invalid {name}={getattr(self, name)!r}: expected text or None")
+        suffixes = self.trusted_suffixes
+        if isinstance(suffixes, str) or not all(isinstance(x, str) for x in suffixes):
+            raise UsageError(f"invalid trusted_suffixes={suffixes!r}: a tuple of host names or domains")
+        set_("trusted_suffixes", parse_suffixes(";".join(suffixes)))
         for name in ("metadata", "properties", "blob_tags"):
             if not isinstance(getattr(self, name), Mapping):
                 raise UsageError(f"invalid {name}={getattr(self, name)!r}: expected a mapping of text to text")

@@ -96,6 +96,14 @@ class DiskFullError(LocalWriteError):
     scope = Scope.JOB
 
 
+class UnsafeTargetError(LocalWriteError):
+    """A symbolic link (or another odd file) sits where a download would write: nothing is written through it."""
+
+
+class TargetBusyError(LocalWriteError):
+    """Another run is writing the same local file (its partial file is locked), or replaced it meanwhile."""
+
+
 class UnsafeNameError(BlobsyncError):
     """A blob name that would escape the target folder or cannot be a local file name."""
 

@@ -14,6 +14,8 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     # Authorization headers
     (re.compile(r"(?i)(SharedKey(?:Lite)? [^:\s]+:)[A-Za-z0-9+/=]+"), r"\1REDACTED"),
     (re.compile(r"(?i)(Bearer )[A-Za-z0-9._~+/=-]+"), r"\1REDACTED"),
+    # A password in a URL's user info: scheme://user:password@host
+    (re.compile(r"(?i)(\b[a-z][a-z0-9+.-]*://[^/\s:@'\"]*:)[^/\s@'\"]*@"), r"\1REDACTED@"),
 )
 
 # Process-wide on purpose: a secret any part has seen (a key, a token, a proxy password) must be hidden by every
@@ -48,7 +50,7 @@ def printable(text: str) -> str:
 
 def strip_query(url: str) -> str:
     """Return `url` without its query string: the form that may be logged or journaled."""
-    return url.split("?", 1)[0]
+    return redact(url.split("?", 1)[0])
 
 
 class RedactingFilter(logging.Filter):

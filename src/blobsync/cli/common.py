@@ -20,7 +20,7 @@ from blobsync._version import __version__
 from blobsync.arguments import range_text
 from blobsync.cli.output import JsonEvents, JsonLines, ProgressDisplay, summary, summary_record
 from blobsync.engine.context import Progress
-from blobsync.errors import BlobsyncError, ExitCode
+from blobsync.errors import BlobsyncError, ExitCode, UsageError
 from blobsync.events import Subscriber
 from blobsync.filters import Filters
 from blobsync.journal.store import damaged
@@ -44,12 +44,16 @@ class Finite(click.ParamType[float]):
         self.lo, self.hi, self.unit = lo, hi, unit
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        """The number, or a UsageError (one line, exit 2: cli.main reports it as every other usage error)."""
+        name = (param.opts[0] if param.opts and param.opts[0].startswith("-") else (param.name or "").upper()) \
+            if param is not None else "value"
         try:
             number = float(value)
         except (TypeError, ValueError):
-            self.fail(f"{value!r} is not a number: use {range_text(self.lo, self.hi, self.unit)}", param, ctx)
+            raise UsageError(f"invalid {name} {value!r}: use a number from "
+                             f"{range_text(self.lo, self.hi, self.unit)}") from None
         if not (math.isfinite(number) and self.lo <= number <= self.hi):
-            self.fail(f"{value} is out of range: {range_text(self.lo, self.hi, self.unit)}", param, ctx)
+            raise UsageError(f"{name} {value} is out of range: {range_text(self.lo, self.hi, self.unit)}")
         return number
 
 

@@ -11,6 +11,7 @@ import click
 from blobsync.cli.common import Finite, handle_errors, logging_options, setup_logging
 from blobsync.cli.options import config_option
 from blobsync.cli.output import JsonLines
+from blobsync.config import parse_suffixes
 
 
 @click.command()
@@ -21,10 +22,11 @@ from blobsync.cli.output import JsonLines
 @click.option("--output-type", type=click.Choice(["text", "json"], case_sensitive=False), default="text",
               show_default=True, help="json: one object with every finding.")
 @config_option("proxy")
+@config_option("trusted_suffixes")
 @logging_options
 @handle_errors
-def doctor(url: str, write_test: bool, timeout: float, output_type: str, proxy: str | None, log_level: str,
-           log_file: Path | None) -> None:
+def doctor(url: str, write_test: bool, timeout: float, output_type: str, proxy: str | None,
+           trusted_suffixes: str | None, log_level: str, log_file: Path | None) -> None:
     """Check a container URL before a transfer: its SAS (permissions, expiry, start, protocol, resource,
     IP range) or other credential, what an upload, download, sync or rm would still need, and whether the
     endpoint answers and the container exists. Secrets are never printed.
@@ -34,7 +36,8 @@ def doctor(url: str, write_test: bool, timeout: float, output_type: str, proxy: 
     from blobsync.backends.azure.doctor import Level, diagnose  # here: every other command starts without it
 
     setup_logging(log_level, log_file)
-    d = asyncio.run(diagnose(url, write_test=write_test, timeout=timeout, proxy=proxy))
+    d = asyncio.run(diagnose(url, write_test=write_test, timeout=timeout, proxy=proxy,
+                             trusted_suffixes=parse_suffixes(trusted_suffixes)))
     if output_type.lower() == "json":
         JsonLines().emit({
             "type": "doctor", "url": d.url, "credential": d.credential,

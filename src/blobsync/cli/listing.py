@@ -24,7 +24,7 @@ from blobsync.cli.common import (
 )
 from blobsync.cli.options import config_option
 from blobsync.cli.output import JsonLines, human_bytes
-from blobsync.config import TransferConfig
+from blobsync.config import TransferConfig, parse_suffixes
 from blobsync.engine.context import Progress
 from blobsync.filters import Filters
 from blobsync.redact import printable
@@ -55,11 +55,12 @@ def _line(rel: str, props: BlobProperties) -> str:
               default="default", help="quiet: no total line.")
 @config_option("max_retries")
 @config_option("proxy")
+@config_option("trusted_suffixes")
 @azcopy_flags("list")
 @logging_options
 @exit_codes_option
-def ls(url: str, output_type: str, output_level: str, max_retries: int, proxy: str | None, log_level: str,
-       log_file: Path | None) -> None:
+def ls(url: str, output_type: str, output_level: str, max_retries: int, proxy: str | None,
+       trusted_suffixes: str | None, log_level: str, log_file: Path | None) -> None:
     """List the blob URL names, or every blob under a container or folder URL.
 
     One line per blob: last modified (UTC), size in bytes, access tier, Content-MD5 (hex) and the name relative
@@ -70,7 +71,8 @@ def ls(url: str, output_type: str, output_level: str, max_retries: int, proxy: s
 
     async def show() -> tuple[int, int]:
         count = total = 0
-        async for rel, props in api.blob_entries_async(url, max_retries=max_retries, proxy=proxy):
+        async for rel, props in api.blob_entries_async(url, max_retries=max_retries, proxy=proxy,
+                                                       trusted_suffixes=parse_suffixes(trusted_suffixes)):
             count += 1
             total += props.size
             if json_out is not None:
@@ -97,11 +99,12 @@ def ls(url: str, output_type: str, output_level: str, max_retries: int, proxy: s
 @click.option("--concurrency", type=int, default=16, show_default=True, help="Deletes in flight.")
 @config_option("max_retries")
 @config_option("proxy")
+@config_option("trusted_suffixes")
 @azcopy_flags("remove")
 @output_options
 def rm(url: str, recursive: bool, filters: Filters, dry_run: bool, list_of_files: Path | None,
-       concurrency: int, max_retries: int, proxy: str | None, out: OutputMode, log_level: str,
-       log_file: Path | None) -> None:
+       concurrency: int, max_retries: int, proxy: str | None, trusted_suffixes: str | None, out: OutputMode,
+       log_level: str, log_file: Path | None) -> None:
     """Remove the blob URL names or, with -r, the blobs under a container or folder URL.
 
     Filters (relative to the URL) choose which; snapshots go with their blob. Needs 'd' (delete) in a SAS,
@@ -110,7 +113,8 @@ def rm(url: str, recursive: bool, filters: Filters, dry_run: bool, list_of_files
     setup_logging(log_level, log_file)
     if not recursive and not list_of_files and filters != Filters():
         raise click.UsageError("filters choose among many blobs: use them with -r or --list-of-files")
-    config = TransferConfig(concurrency=concurrency, max_retries=max_retries, proxy=proxy)
+    config = TransferConfig(concurrency=concurrency, max_retries=max_retries, proxy=proxy,
+                            trusted_suffixes=parse_suffixes(trusted_suffixes))
     json_out = start_output("rm", out, url=url, recursive=recursive, dry_run=dry_run)
 
     def on_action(action: Action) -> None:

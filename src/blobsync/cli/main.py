@@ -19,6 +19,7 @@ from blobsync.cli.common import (
     Finite,
     OutputMode,
     exit_codes_option,
+    fail,
     filter_options,
     handle_errors,
     logging_options,
@@ -31,7 +32,7 @@ from blobsync.cli.doctor import doctor
 from blobsync.cli.listing import ls, rm
 from blobsync.cli.options import config_from, config_option, transfer_options
 from blobsync.cli.output import JsonLines, human_bytes, summary, summary_record
-from blobsync.config import Overwrite, TransferConfig
+from blobsync.config import Overwrite, TransferConfig, parse_suffixes
 from blobsync.engine.context import Progress
 from blobsync.engine.prompt import Answer
 from blobsync.errors import BlobsyncError, ExitCode, UsageError
@@ -327,6 +328,7 @@ def jobs_clean(older_than: float | None, include_unfinished: bool, journal_path:
 @click.argument("url")
 @config_option("proxy")
 @config_option("max_retries")
+@config_option("trusted_suffixes")
 @click.option("--output-type", type=click.Choice(["text", "json"], case_sensitive=False), default="text",
               show_default=True, help="json: one JSON line with the outcome.")
 @click.option("--output-level", type=click.Choice(["default", "essential", "quiet"], case_sensitive=False),
@@ -334,11 +336,12 @@ def jobs_clean(older_than: float | None, include_unfinished: bool, journal_path:
 @azcopy_flags("make")
 @logging_options
 @exit_codes_option
-def make(url: str, proxy: str | None, max_retries: int, output_type: str, output_level: str, log_level: str,
-         log_file: Path | None) -> None:
+def make(url: str, proxy: str | None, max_retries: int, trusted_suffixes: str | None, output_type: str,
+         output_level: str, log_level: str, log_file: Path | None) -> None:
     """Create the container URL names (AzCopy's make); one that exists already is an error (exit 1)."""
     setup_logging(log_level, log_file)
-    created = api.make_container(url, max_retries=max_retries, proxy=proxy)
+    created = api.make_container(url, max_retries=max_retries, proxy=proxy,
+                                 trusted_suffixes=parse_suffixes(trusted_suffixes))
     if not created:
         raise BlobsyncError(f"the container {strip_query(url)!r} already exists")
     if output_type.lower() == "json":
@@ -376,7 +379,10 @@ def main() -> None:
     gc.set_threshold(20_000, 20, 20)
     azcopy_codes = _azcopy_exit_codes(sys.argv[1:], os.environ)
     try:
-        cli(prog_name="blobsync")
+        try:
+            cli(prog_name="blobsync")
+        except BlobsyncError as exc:  # raised while click parsed a flag (a Finite number), before any command
+            fail(str(exc), int(exc.exit_code))
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
         # AzCopy exits 0 or 1: scripts written for it test `== 1`; blobsync's finer codes are in README.

@@ -177,7 +177,7 @@ class ClusterTransfer:
     def _prepare_part(self, unit: SplitFile) -> None:
         """The shared partial file, sized, before several workers write their ranges into it."""
         f = unit.file
-        PartFile(safe_join(self.local_root, f.rel), f.size, keep=False).close()
+        PartFile(safe_join(self.local_root, f.rel), f.size, keep=False, root=self.local_root).close()
 
     async def _collect(self, ctx: EngineContext, report: Report, pending: set[asyncio.Task[Any]]) -> set[Any]:
         alone_since: float | None = None

@@ -159,7 +159,8 @@ async def _fetch_range(spec: RangeSpec, publish: Publish | None, worker: str) ->
     target = safe_join(Path(spec.job.local_root), f.rel)
     sent = 0
     async with shard_engine(spec.job, f"{f.nonce}-{spec.first}", _label(spec), publish) as (ctx, relay):
-        part = await in_thread(ctx.io_pool, lambda: PartFile(target, f.size, keep=True))
+        part = await in_thread(ctx.io_pool, lambda: PartFile(target, f.size, keep=True,
+                                                             root=Path(spec.job.local_root), shared=True))
         downloader = FileDownloader(ctx)
 
         async def one(idx: int) -> None:
@@ -202,7 +203,8 @@ async def _finish_download(spec: RangeSpec, fetched: tuple[ShardReport, ...], pu
         target = safe_join(Path(spec.job.local_root), f.rel)
         props = as_properties(Entry(f.rel, f.size, f.mtime_ns, f.exact_mtime,
                                     bytes.fromhex(f.md5) if f.md5 else None, f.etag, f.blob))
-        part = await in_thread(ctx.io_pool, lambda: PartFile(target, f.size, keep=True))
+        part = await in_thread(ctx.io_pool, lambda: PartFile(target, f.size, keep=True,
+                                                             root=Path(spec.job.local_root), shared=True))
         try:
             whole = new_md5()
             await in_thread(ctx.io_pool, feed, whole, part.chunks(0, f.size))

@@ -157,8 +157,8 @@ def _with_nonce(ctx: EngineContext, row: FileRow, f: ShardFile, path: Path) -> F
 
 def _download_items(ctx: EngineContext, spec: ShardSpec, rows: dict[str, FileRow], report: Report
                     ) -> Iterator[WorkItem]:
-    downloader = FileDownloader(ctx)
     root = Path(spec.job.local_root)
+    downloader = FileDownloader(ctx, root)
     for f in spec.files:
         row = rows[f.rel]
         try:

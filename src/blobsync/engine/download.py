@@ -25,8 +25,9 @@ log = logging.getLogger("blobsync")
 class FileDownloader:
     """Downloads blobs of one job. Errors that concern only the file are raised as such; callers decide."""
 
-    def __init__(self, ctx: EngineContext) -> None:
+    def __init__(self, ctx: EngineContext, root: Path | None = None) -> None:
         self.ctx = ctx
+        self.root = root  # the target folder: no link below it is followed (default: each target's folder)
 
     async def download(self, row: FileRow, props: BlobProperties, target: Path) -> FileResult:
         cfg = self.ctx.config
@@ -73,7 +74,8 @@ class FileDownloader:
         ctx = self.ctx
         cfg = ctx.config
         block_size, done = self._resumable(row, props, target)
-        part = await in_thread(ctx.io_pool, lambda: PartFile(target, props.size, keep=done is not None))
+        part = await in_thread(ctx.io_pool, lambda: PartFile(target, props.size, keep=done is not None,
+                                                             root=self.root))
         done = done or set()
         want_md5 = cfg.check_md5 is not CheckMd5.NO_CHECK
         try:

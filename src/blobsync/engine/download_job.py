@@ -18,6 +18,7 @@ from blobsync.errors import BlobNotFoundError, ExitCode, UnsafeNameError, UsageE
 from blobsync.filters import Filters
 from blobsync.journal import FileState, JobKind, JobRow
 from blobsync.journal.index import SyncIndex
+from blobsync.local.folding import NameClaims, probe
 from blobsync.local.target import safe_join
 from blobsync.naming import folder_prefix
 from blobsync.report import DRY_RUN, Action, FileResult, FileStatus, Report
@@ -107,8 +108,9 @@ class DownloadJob:
         job = self.runner.open_job(spec.source.display, str(spec.dest))
         report = Report(job.id, spec.source.display, str(spec.dest), kind="download",
                         listener=self.runner.progress.finished)
-        downloader = FileDownloader(self.ctx)
-        work = (item for batch in blobs() for item in self._items(root, batch, report, downloader))
+        downloader = FileDownloader(self.ctx, root)
+        claims = NameClaims(probe(root))
+        work = (item for batch in blobs() for item in self._items(root, batch, report, downloader, claims))
         self.runner.local_root = root
         await self.runner.run(report, work, totals)
         return report
@@ -130,7 +132,7 @@ class DownloadJob:
         return report
 
     def _items(self, root: Path, blobs: list[tuple[str, BlobProperties]], report: Report,
-               downloader: FileDownloader) -> Iterator[WorkItem]:
+               downloader: FileDownloader, claims: NameClaims) -> Iterator[WorkItem]:
         """Journal rows for these blobs (a resumed job's own included), and work for those not done yet."""
         journal = self.runner.journal
         assert self.runner.job is not None
@@ -140,6 +142,9 @@ class DownloadJob:
             row = rows[rel]
             try:
                 target = safe_join(root, rel)
+                other = claims.claim(rel)
+                if other is not None:
+                    raise UnsafeNameError(claims.message(rel, other))
             except UnsafeNameError as exc:
                 journal.finish_file(row.id, FileState.FAILED, error=str(exc))
                 report.add(FileResult(rel, props.name, props.size, FileStatus.FAILED, reason=str(exc),

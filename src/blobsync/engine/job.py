@@ -132,4 +132,5 @@ class UploadJob:
                                       reason="already uploaded by this job"))
                 continue
             ref = FileRef(path.name if single else e.rel, row.blob, e.size, e.mtime_ns)
-            yield WorkItem(row, e.size, functools.partial(uploader.upload, row, path), ref)
+            walked = None if single else e.inode
+            yield WorkItem(row, e.size, functools.partial(uploader.upload, row, path, walked), ref)

@@ -46,9 +46,11 @@ class FileUploader:
         self.ctx = ctx
         self.blocks = BlockUploader(ctx)
 
-    async def upload(self, row: FileRow, path: Path) -> FileResult:
+    async def upload(self, row: FileRow, path: Path, walked: int | None = None) -> FileResult:
+        """Upload `path`; `walked`: the inode a walk listed it with (it is opened only if it is still that file,
+        and not through a link unless --follow-symlinks)."""
         self.ctx.store.check_name(row.blob)
-        src = OpenFile(path)
+        src = OpenFile(path, walked=walked, follow_symlinks=self.ctx.config.follow_symlinks)
         try:
             return await self._upload(row, src)
         finally:

@@ -178,13 +178,23 @@ def check_source(path: Path, recursive: bool) -> None:
 
 
 class OpenFile:
-    """An open source file read at offsets: many threads may read different offsets at once."""
+    """An open source file read at offsets: many threads may read different offsets at once.
 
-    def __init__(self, path: Path) -> None:
+    A file found by a walk is opened as the walk saw it: `walked` is the inode it listed, and without
+    `follow_symlinks` a link swapped in since (to a secret elsewhere) is refused at the open (O_NOFOLLOW where the
+    OS has it; the inode check everywhere)."""
+
+    def __init__(self, path: Path, *, walked: int | None = None, follow_symlinks: bool = True) -> None:
         self.path = path
+        nofollow = 0 if follow_symlinks or walked is None else getattr(os, "O_NOFOLLOW", 0)
         try:
-            self.file = open_positional(str(path), os.O_RDONLY)
+            if walked is not None and not follow_symlinks and os.path.islink(path):
+                raise OSError(errno.ELOOP, "")
+            self.file = open_positional(str(path), os.O_RDONLY | nofollow)
         except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise SourceChangedError(f"{printable(str(path))}: is a symbolic link now (a file when listed): not "
+                                         "uploaded (links are skipped; use --follow-symlinks)") from None
             raise SourceError(f"{path}: {_os_error_text(exc)}") from exc
         self.fd = self.file.fd
         self._nowait = features().nowait
@@ -192,6 +202,11 @@ class OpenFile:
         if not stat.S_ISREG(st.st_mode):
             os.close(self.fd)
             raise SourceError(f"{path}: not a regular file")
+        if walked and st.st_ino != walked:
+            self.file.close_extra()
+            os.close(self.fd)
+            raise SourceChangedError(f"{printable(str(path))}: is another file than the one listed (replaced since "
+                                     "the walk): not uploaded; run again to upload what is there now")
         self.opened = FileIdentity.of(st)  # the file as it was when opened
 
     def identity(self) -> FileIdentity:

@@ -6,6 +6,7 @@ and are tested on Linux too."""
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import sys
@@ -56,11 +57,13 @@ class PositionalFile:
     """A file many threads read or write at their own offsets. With pread/pwrite that is one descriptor; without
     them (Windows, or BLOBSYNC_PORTABLE_IO=1) each thread seeks a descriptor of its own, opened on first use."""
 
-    def __init__(self, fd: int, path: str, flags: int, portable: bool) -> None:
+    def __init__(self, fd: int, path: str, flags: int, portable: bool, identity: tuple[int, int] | None = None
+                 ) -> None:
         self.fd = fd
         self._path = path
         self._flags = flags & ~(os.O_CREAT | os.O_TRUNC | getattr(os, "O_EXCL", 0))
         self._portable = portable
+        self._identity = identity  # (st_dev, st_ino): a descriptor opened by name must be of this same file
         self._extra: list[int] = []
         if portable:  # per-thread descriptors; with pread/pwrite (one per file opened) none are needed
             self._local = threading.local()
@@ -70,6 +73,10 @@ class PositionalFile:
         fd: int | None = getattr(self._local, "fd", None)
         if fd is None:
             fd = os.open(self._path, self._flags)
+            st = os.fstat(fd)
+            if self._identity is not None and (st.st_dev, st.st_ino) != self._identity:
+                os.close(fd)
+                raise OSError(errno.ESTALE, "the file was replaced by another under its name")
             with self._lock:
                 self._extra.append(fd)
             self._local.fd = fd
@@ -120,6 +127,31 @@ def open_positional(path: str, flags: int, mode: int = 0o777, env: Mapping[str, 
     fd = os.open(extended_path(path), flags | getattr(os, "O_BINARY", 0), mode)
     return PositionalFile(fd, extended_path(path), flags | getattr(os, "O_BINARY", 0),
                           not features(env).positional)
+
+
+def lock_file(fd: int, *, shared: bool = False) -> bool:
+    """Take an advisory lock on the whole file without waiting (flock; on Windows a lock on a byte far past any
+    data, so reads and writes of the file itself are never blocked). False: another process holds it."""
+    try:
+        import fcntl
+    except ImportError:
+        import msvcrt
+
+        try:
+            os.lseek(fd, 1 << 62, os.SEEK_SET)
+            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)  # type: ignore[attr-defined]
+            return True
+        except OSError:
+            return False
+    try:
+        fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    except OSError as exc:
+        if exc.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):  # a file system without locks (some NFS)
+            return True
+        raise
 
 
 def extended_path(path: str, platform: str | None = None) -> str:

@@ -7,12 +7,21 @@ import ctypes
 import errno
 import os
 import re
+import stat
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from blobsync.errors import DiskFullError, LocalWriteError, UnsafeNameError
-from blobsync.local.platform import boot_identifier, data_sync, extended_path, features, full_sync, open_positional
+from blobsync.errors import DiskFullError, LocalWriteError, TargetBusyError, UnsafeNameError, UnsafeTargetError
+from blobsync.local.platform import (
+    PositionalFile,
+    boot_identifier,
+    data_sync,
+    extended_path,
+    features,
+    full_sync,
+    lock_file,
+)
 
 PART_SUFFIX = ".blobsync-part"
 _MAX_NAME_BYTES = 255
@@ -105,27 +114,115 @@ def _write_error(path: Path, exc: OSError) -> LocalWriteError:
     return LocalWriteError(f"{path}: {exc.strerror or exc}")
 
 
-class PartFile:
-    """The partial file beside a download target: sized up front, filled with pwrite, renamed when whole."""
+# Where the OS opens names relative to a folder descriptor and refuses to follow a last-component link (Linux,
+# macOS, the BSDs), a download creates its folders and partial file without following any link below the
+# target root: a link planted there cannot send the blob's bytes outside it. Elsewhere (Windows) each folder is
+# checked with lstat before use.
+_AT_FUNCTIONS = (os.open in os.supports_dir_fd and os.mkdir in os.supports_dir_fd
+                 and hasattr(os, "O_NOFOLLOW") and hasattr(os, "O_DIRECTORY"))
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
-    def __init__(self, target: Path, size: int, *, keep: bool) -> None:
-        """Open (and with keep=False, start afresh) the partial file for `target`."""
+
+def _link_error(path: Path, what: str = "a symbolic link") -> LocalWriteError:
+    return UnsafeTargetError(f"{path}: is {what}; refusing to write through it (remove it, then run again)")
+
+
+def open_folder(root: Path, folders: tuple[str, ...], *, at: bool = _AT_FUNCTIONS) -> int | None:
+    """Create `root/folders...` as needed and return a descriptor of the last (None where `at` is off, after
+    checking each with lstat). The root is taken as the user named it; no folder below it may be a link."""
+    Path(extended_path(str(root))).mkdir(parents=True, exist_ok=True)
+    if not at:
+        path = root
+        for name in folders:
+            path = path / name
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(extended_path(str(path)))
+            if not stat.S_ISDIR(os.lstat(extended_path(str(path))).st_mode):
+                raise _link_error(path, "a symbolic link or not a folder")
+        return None
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    path = root
+    try:
+        for name in folders:
+            path = path / name
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(name, 0o777, dir_fd=fd)
+            try:
+                child = os.open(name, os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise _link_error(path, "a symbolic link or not a folder") from None
+                raise
+            os.close(fd)
+            fd = child
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _open_part(name: str, path: Path, folder_fd: int | None) -> int:
+    """The partial file, opened (created if missing) without following a link; refused if it is not a plain file
+    of ours (a link, a device, a hard link to another file)."""
+    flags = os.O_RDWR | _NOFOLLOW | getattr(os, "O_BINARY", 0)
+    where = {"dir_fd": folder_fd} if folder_fd is not None else {}
+    target = name if folder_fd is not None else extended_path(str(path))
+    for _ in range(2):  # the second turn: another process created it between our two opens
+        try:
+            fd = os.open(target, flags, **where)
+        except FileNotFoundError:
+            try:
+                fd = os.open(target, flags | os.O_CREAT | os.O_EXCL, 0o644, **where)
+            except FileExistsError:
+                continue
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise _link_error(path) from None
+            raise
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            os.close(fd)
+            raise _link_error(path, "not a plain file (a device, a folder or a file with other hard links)")
+        return fd
+    raise LocalWriteError(f"{path}: created and removed again by another program while opening it")
+
+
+class PartFile:
+    """The partial file beside a download target: sized up front, filled with pwrite, renamed when whole.
+
+    It is locked for the whole download (exclusively; `shared` for the range writers of one cluster job), so a
+    second run onto the same file is refused instead of writing the same bytes under the first one's feet, and it
+    is renamed only if the name still holds the file written."""
+
+    def __init__(self, target: Path, size: int, *, keep: bool, root: Path | None = None, shared: bool = False
+                 ) -> None:
+        """Open (and with keep=False, start afresh) the partial file for `target`, creating the folders between
+        `root` (default: the target's folder) and it without following links."""
         self.target = target
         self.path = part_path(target)
         self.size = size
+        self.fd = self._folder_fd = -1
+        root = target.parent if root is None else root
         try:
-            Path(extended_path(str(target.parent))).mkdir(parents=True, exist_ok=True)
-            flags = os.O_RDWR | os.O_CREAT | (0 if keep else os.O_TRUNC)
-            self.file = open_positional(str(self.path), flags, 0o644)
-            self.fd = self.file.fd
-        except OSError as exc:
-            raise _write_error(self.path, exc) from exc
-        try:
+            folders = target.parent.relative_to(root).parts
+            folder_fd = open_folder(root, folders)
+            self._folder_fd = -1 if folder_fd is None else folder_fd
+            self.fd = _open_part(self.path.name, self.path, folder_fd)
+            if not lock_file(self.fd, shared=shared):
+                raise TargetBusyError(f"{target}: another blobsync run is writing this file (its partial file is "
+                                      "locked); wait for it to finish or stop it, then run again")
+            self.identity = _inode(os.fstat(self.fd))
+            self.file = PositionalFile(self.fd, extended_path(str(self.path)), os.O_RDWR | _NOFOLLOW,
+                                       not features().positional, self.identity)
+            if not keep:
+                os.ftruncate(self.fd, 0)
             if os.fstat(self.fd).st_size != size:
                 os.ftruncate(self.fd, size)
-        except OSError as exc:
-            os.close(self.fd)
-            raise _write_error(self.path, exc) from exc
+        except BaseException as exc:
+            self._close_fds()
+            if isinstance(exc, OSError):
+                raise _write_error(self.path, exc) from exc
+            raise
         # Whole aligned blocks are written with O_DIRECT where the file system takes it: straight from our buffer
         # to the device, with no copy into the page cache and no page cache to allocate (which, on VMs whose
         # balloon hands free memory back to the host, costs more than the copy), and a big download does not
@@ -133,10 +230,21 @@ class PartFile:
         self._direct = direct_io_wanted()
         self._direct_fd = -1
         if self._direct:  # opened here, not on first use: several worker threads write one file at once
-            try:
-                self._direct_fd = os.open(self.path, os.O_WRONLY | getattr(os, "O_DIRECT", 0))
-            except OSError:
-                self._direct = False
+            self._direct_fd = self._reopen(os.O_WRONLY | getattr(os, "O_DIRECT", 0))
+            self._direct = self._direct_fd >= 0
+
+    def _reopen(self, flags: int) -> int:
+        """A second descriptor of the same file (never of something swapped in under its name), or -1."""
+        where = {"dir_fd": self._folder_fd} if self._folder_fd >= 0 else {}
+        name = self.path.name if self._folder_fd >= 0 else extended_path(str(self.path))
+        try:
+            fd = os.open(name, flags | _NOFOLLOW, **where)
+        except OSError:
+            return -1
+        if _inode(os.fstat(fd)) != self.identity:
+            os.close(fd)
+            return -1
+        return fd
 
     def write_view(self, view: memoryview, offset: int) -> None:
         """Write one buffer at `offset` (called in a worker thread)."""
@@ -197,32 +305,65 @@ class PartFile:
             offset += len(data)
 
     def finish(self, mtime_ns: int | None) -> None:
-        """fsync, set the mtime, and rename into place: the final name never holds a partial file."""
+        """fsync, set the mtime, and rename into place: the final name never holds a partial file, and only the
+        file this run wrote (still under its name) is renamed."""
         try:
             full_sync(self.fd)
-            self._close_direct()
-            self.file.close_extra()
-            os.close(self.fd)
-            self.fd = -1
             if mtime_ns is not None:
-                os.utime(extended_path(str(self.path)), ns=(mtime_ns, mtime_ns))
-            os.replace(extended_path(str(self.path)), extended_path(str(self.target)))
+                if os.utime in os.supports_fd:
+                    os.utime(self.fd, ns=(mtime_ns, mtime_ns))
+                else:
+                    os.utime(extended_path(str(self.path)), ns=(mtime_ns, mtime_ns))
+            self._check_still_ours()
+            if self._folder_fd >= 0:
+                os.replace(self.path.name, self.target.name, src_dir_fd=self._folder_fd,
+                           dst_dir_fd=self._folder_fd)
+            else:
+                os.replace(extended_path(str(self.path)), extended_path(str(self.target)))
         except OSError as exc:
             raise _write_error(self.target, exc) from exc
+        finally:
+            self._close_fds()
 
-    def _close_direct(self) -> None:
-        if self._direct_fd >= 0:
+    def _check_still_ours(self) -> None:
+        try:
+            if self._folder_fd >= 0:
+                now = os.stat(self.path.name, dir_fd=self._folder_fd, follow_symlinks=False)
+            else:
+                now = os.lstat(extended_path(str(self.path)))
+        except FileNotFoundError:
+            now = None
+        if now is None or _inode(now) != self.identity:
+            raise TargetBusyError(f"{self.path}: the partial file was replaced or removed by another program while "
+                                  "it was written; nothing was put at the final name (run again)")
+
+    def _close_fds(self) -> None:
+        if getattr(self, "_direct_fd", -1) >= 0:
             os.close(self._direct_fd)
             self._direct_fd = -1
+        if getattr(self, "file", None) is not None:
+            self.file.close_extra()
+        if self.fd >= 0:
+            os.close(self.fd)  # releases the lock
+            self.fd = -1
+        if self._folder_fd >= 0:
+            os.close(self._folder_fd)
+            self._folder_fd = -1
 
     def close(self) -> None:
-        self._close_direct()
-        self.file.close_extra()
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        self._close_fds()
 
     def discard(self) -> None:
-        self.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
+        """Remove the partial file (only the one this run wrote), then close it."""
+        with contextlib.suppress(OSError, TargetBusyError):
+            if self.fd >= 0:
+                self._check_still_ours()
+                if self._folder_fd >= 0:
+                    os.unlink(self.path.name, dir_fd=self._folder_fd)
+                else:
+                    os.unlink(extended_path(str(self.path)))
+        self._close_fds()
+
+
+def _inode(st: os.stat_result) -> tuple[int, int]:
+    return st.st_dev, st.st_ino

@@ -8,6 +8,7 @@ import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from blobsync.backends.base import Location
 from blobsync.config import FlagEnum
@@ -21,7 +22,11 @@ from blobsync.errors import BlobsyncError, ExitCode, UnsafeNameError, UsageError
 from blobsync.filters import Filters
 from blobsync.journal import FileRow, FileState, JobKind
 from blobsync.journal.index import Entry, SyncIndex
+
+if TYPE_CHECKING:
+    from blobsync.engine.download import FileDownloader
 from blobsync.local.files import SkippedEntry, SourceFile, local_rel, walk, warm_if_cold
+from blobsync.local.folding import Folding, NameClaims, probe
 from blobsync.naming import folder_prefix
 from blobsync.report import DRY_RUN, NO_JOB, Action, FileResult, FileStatus, Report
 from blobsync.syncing.compare import MTIME_WINDOWS, CompareMode, decide
@@ -255,7 +260,6 @@ class SyncJob:
         # Imported here, with the first transfer: a no-op sync never loads them (start-up time).
         from blobsync.engine.download import FileDownloader
         from blobsync.engine.upload import FileUploader
-        from blobsync.local.target import safe_join
 
         spec = self.spec
         assert self.runner.job is not None
@@ -263,9 +267,11 @@ class SyncJob:
         prefix = self._prefix
         ctx = self.ctx
         uploader = FileUploader(ctx) if spec.upload else None
-        downloader = None if spec.upload else FileDownloader(ctx)
-        todo = index.todo()
-        for batch in batches(todo):
+        downloader = None if spec.upload else FileDownloader(ctx, spec.local)
+        claims = NameClaims(probe(spec.local) if not spec.upload else Folding())
+        if claims.folding.active:  # every blob of the listing holds its name, transferred this run or not
+            claims.claim_all(e.rel for e in index.entries("src"))
+        for batch in batches(index.todo()):
             if uploader is not None:
                 warm_if_cold([(self._local_path(e), e.size) for e, _ in batch], ctx.io_pool.submit)
             rows = self.journal.add_files(job_id, (
@@ -276,22 +282,34 @@ class SyncJob:
                 if uploader is not None:
                     self.on_action(Action("upload", entry.rel, reason, entry.size))
                     ref = FileRef(entry.name or entry.rel, row.blob, entry.size, entry.mtime_ns)
-                    yield WorkItem(row, entry.size, functools.partial(uploader.upload, row, self._local_path(entry)),
-                                   ref)
+                    yield WorkItem(row, entry.size, functools.partial(uploader.upload, row, self._local_path(entry),
+                                                                      entry.inode), ref)
                     continue
                 assert downloader is not None
-                try:
-                    target = safe_join(spec.local, entry.rel)
-                except UnsafeNameError as exc:
-                    self.journal.finish_file(row.id, FileState.FAILED, error=str(exc))
-                    report.add(FileResult(entry.rel, entry.name or entry.rel, entry.size, FileStatus.FAILED,
-                                          reason=str(exc), exit_code=ExitCode.PARTIAL))
-                    continue
-                self.on_action(Action("download", entry.rel, reason, entry.size))
-                ref = FileRef(entry.rel, entry.name or entry.rel, entry.size, entry.mtime_ns, entry.etag, entry.md5,
-                              entry.exact_mtime)
-                yield WorkItem(row, entry.size,
-                               functools.partial(downloader.download, row, as_properties(entry), target), ref)
+                item = self._download_item(entry, reason, row, downloader, claims, report)
+                if item is not None:
+                    yield item
+
+    def _download_item(self, entry: Entry, reason: str, row: FileRow, downloader: FileDownloader,
+                       claims: NameClaims, report: Report) -> WorkItem | None:
+        """The work of one download, or None once it failed here (an unsafe or colliding local name)."""
+        from blobsync.local.target import safe_join
+
+        try:
+            target = safe_join(self.spec.local, entry.rel)
+            other = claims.claim(entry.rel)
+            if other is not None:
+                raise UnsafeNameError(claims.message(entry.rel, other))
+        except UnsafeNameError as exc:
+            self.journal.finish_file(row.id, FileState.FAILED, error=str(exc))
+            report.add(FileResult(entry.rel, entry.name or entry.rel, entry.size, FileStatus.FAILED,
+                                  reason=str(exc), exit_code=ExitCode.PARTIAL))
+            return None
+        self.on_action(Action("download", entry.rel, reason, entry.size))
+        ref = FileRef(entry.rel, entry.name or entry.rel, entry.size, entry.mtime_ns, entry.etag, entry.md5,
+                      entry.exact_mtime)
+        return WorkItem(row, entry.size, functools.partial(downloader.download, row, as_properties(entry), target),
+                        ref)
 
     # --- deletes ------------------------------------------------------------------------------------------
 

@@ -28,7 +28,7 @@ class AzureBackend:
         from blobsync.backends.azure.store import AzureContainerStore
 
         assert isinstance(location, BlobLocation)
-        return AzureContainerStore(location, resolve_credential(location, env),
+        return AzureContainerStore(location, resolve_credential(location, env, config.trusted_suffixes),
                                    connections=config.max_concurrency + 4, read_timeout=config.stall_timeout,
                                    throttle=wire.throttle, on_wire=wire.on_wire, proxy=config.proxy, env=env)
 

@@ -235,19 +235,51 @@ def _default_azure_credential() -> Credential | None:
     return TokenCredential(DefaultAzureCredential())
 
 
-def resolve_credential(loc: BlobLocation, env: Mapping[str, str]) -> Credential:
-    """Pick credentials for `loc`: SAS in the URL, then the environment, then the emulator key, then Azure AD."""
+# Where AzCopy sends tokens and keys by default (its --trusted-microsoft-suffixes): the public and national
+# clouds' storage endpoints. A key or a token of the storage.azure.com scope opens every account it reaches, so
+# a URL on any other host gets neither unless the user names that host's domain.
+TRUSTED_SUFFIXES = ("core.windows.net", "core.chinacloudapi.cn", "core.cloudapi.de", "core.usgovcloudapi.net",
+                    "storage.azure.net")
+
+
+def is_trusted_host(host: str, extra: tuple[str, ...] = ()) -> bool:
+    """Whether a key or token may be sent to `host`: a trusted suffix (or the host itself named as one)."""
+    host = host.lower().rstrip(".")
+    for suffix in (*TRUSTED_SUFFIXES, *extra):
+        suffix = suffix.lower().strip().lstrip("*").lstrip(".").rstrip(".")
+        if suffix and (host == suffix or host.endswith("." + suffix)):
+            return True
+    return False
+
+
+def _check_trusted(loc: BlobLocation, credential: Credential, trusted: tuple[str, ...], endpoint_host: str | None
+                   ) -> Credential:
+    """The credential, if it may go to this URL's host: loopback, a trusted suffix, or the host the connection
+    string itself names; else a usage error that says how to allow it."""
+    if loc.is_loopback or is_trusted_host(loc.host, trusted) or (endpoint_host and endpoint_host == loc.host):
+        return credential
+    raise UsageError(
+        f"{loc.host} is not an Azure Storage host: blobsync sends credentials ({credential.description}) only to "
+        f"*.{', *.'.join(TRUSTED_SUFFIXES)} and loopback, so nothing was sent",
+        hint=f"if this host is yours, allow it with --trusted-microsoft-suffixes '{loc.host}' (or its domain), "
+        "or put a SAS in the URL")
+
+
+def resolve_credential(loc: BlobLocation, env: Mapping[str, str], trusted: tuple[str, ...] = ()) -> Credential:
+    """Pick credentials for `loc`: SAS in the URL, then the environment, then the emulator key, then Azure AD.
+    Only a SAS in the URL goes to any host; keys and tokens go to trusted hosts (`trusted`: more suffixes)."""
     if loc.sas:
         return SasCredential(loc.sas)
     conn = env.get("AZURE_STORAGE_CONNECTION_STRING")
     if conn:
         cred = _from_connection_string(loc, conn)
         if cred is not None:
-            return cred
+            return _check_trusted(loc, cred, trusted, _endpoint_host(conn))
     key = env.get("AZURE_STORAGE_KEY")
     account = env.get("AZURE_STORAGE_ACCOUNT")
     if key and (account is None or account == loc.account):
-        return SharedKeyCredential(loc.account, key, description="account key from AZURE_STORAGE_KEY")
+        return _check_trusted(loc, SharedKeyCredential(loc.account, key, description="account key from "
+                                                       "AZURE_STORAGE_KEY"), trusted, None)
     if loc.account == EMULATOR_ACCOUNT and loc.is_loopback:
         return SharedKeyCredential(EMULATOR_ACCOUNT, EMULATOR_KEY, description="emulator key")
     if not loc.is_loopback:
@@ -256,8 +288,19 @@ def resolve_credential(loc: BlobLocation, env: Mapping[str, str]) -> Credential:
                              hint="use the https:// URL, or a SAS or account key")
         cred = _default_azure_credential()
         if cred is not None:
-            return cred
+            return _check_trusted(loc, cred, trusted, None)
     return AnonymousCredential()
+
+
+def _endpoint_host(conn: str) -> str | None:
+    """The host of a connection string's BlobEndpoint: the user named it, so its own credential may go there."""
+    from urllib.parse import urlsplit
+
+    endpoint = parse_connection_string(conn).get("blobendpoint")
+    try:
+        return (urlsplit(endpoint).hostname or None) if endpoint else None
+    except ValueError:
+        return None
 
 
 _warned_plain_http = False

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import Enum
@@ -169,13 +169,14 @@ def _read_resource(sas: Sas, diagnosis: Diagnosis) -> None:
 
 
 async def diagnose(url: str, *, write_test: bool = False, env: Mapping[str, str] | None = None,
-                   timeout: float = 15.0, proxy: str | None = None) -> Diagnosis:
+                   timeout: float = 15.0, proxy: str | None = None, trusted_suffixes: Sequence[str] = ()
+                   ) -> Diagnosis:
     """Check what the URL's credentials allow and whether the endpoint and container answer.
 
     With `write_test`, put a small probe blob, read it back and delete it (saying so if it cannot)."""
     env = os.environ if env is None else env
     loc = parse_location(url)
-    credential = resolve_credential(loc, env)
+    credential = resolve_credential(loc, env, tuple(trusted_suffixes))
     label = "SAS in the URL (signature hidden)" if isinstance(credential, SasCredential) and loc.sas \
         else credential.description
     diagnosis = Diagnosis(loc.display, label)

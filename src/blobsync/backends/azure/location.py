@@ -44,8 +44,18 @@ class BlobLocation:
         return f"{self.container_url}{tail}"
 
     @property
+    def host(self) -> str:
+        """The host name or address, without port, brackets or user info ('::1', 'acct.blob.core.windows.net')."""
+        from urllib.parse import urlsplit
+
+        try:
+            return (urlsplit(f"//{self.netloc}").hostname or "").lower()
+        except ValueError:
+            return ""
+
+    @property
     def is_loopback(self) -> bool:
-        host = self.netloc.rsplit(":", 1)[0].strip("[]")
+        host = self.host
         if host == "localhost":
             return True
         try:

@@ -1,0 +1,129 @@
+"""Keys and tokens go only to Azure's own hosts and loopback (issue 26, points 5 and 7): tried against a real
+listening socket on this machine's non-loopback address, which must see no connection unless allowed."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from blobsync.backends.azure.auth import is_trusted_host
+from blobsync.backends.azure.location import parse_location
+from support.cli import run
+
+KEY = "a2V5LWtleS1rZXkta2V5LWtleS1rZXkta2V5LWtleS1rZXk="
+
+
+def _outside_address() -> str | None:
+    """This machine's address on its way out (no packet is sent: a UDP connect only picks the route)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.250", 9))
+        except OSError:
+            return None
+        address = s.getsockname()[0]
+    return None if address.startswith("127.") else str(address)
+
+
+class Listener:
+    """A TCP socket that counts the connections made to it (and closes each)."""
+
+    def __init__(self, host: str) -> None:
+        self.sock = socket.create_server((host, 0))
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.accepted = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self.accepted += 1
+            conn.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.sock.close()
+
+
+@pytest.fixture
+def outside() -> Iterator[tuple[str, Listener]]:
+    host = _outside_address()
+    if host is None:
+        pytest.skip("this machine has no non-loopback address")
+    listener = Listener(host)
+    try:
+        yield host, listener
+    finally:
+        listener.close()
+
+
+def _cp(tmp_path: Path, url: str, env: dict[str, str], *extra: str) -> tuple[int, str]:
+    (tmp_path / "f").write_bytes(b"x")
+    done = run(["cp", str(tmp_path / "f"), url, "--journal", str(tmp_path / "j.db"), "--max-retries", "0", *extra],
+               env={**env, "XDG_STATE_HOME": str(tmp_path)}, timeout=60)
+    return done.returncode, done.stderr
+
+
+@pytest.mark.parametrize("env", [
+    {"AZURE_STORAGE_KEY": KEY},
+    {"AZURE_STORAGE_CONNECTION_STRING": f"AccountName=acct;AccountKey={KEY}"},
+    {"AZURE_STORAGE_CONNECTION_STRING": "AccountName=acct;SharedAccessSignature=sv=2022-11-02&sig=abc"},
+    {},  # Azure AD (DefaultAzureCredential): its token is for every account the identity reaches
+])
+def test_keys_and_tokens_never_reach_an_unknown_host(
+        tmp_path: Path, outside: tuple[str, Listener], env: dict[str, str]) -> None:
+    host, listener = outside
+    code, err = _cp(tmp_path, f"https://{host}:{listener.port}/acct/cont", env)
+    assert code == 2, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "is not an Azure Storage host" in lines[0], err
+    assert f"--trusted-microsoft-suffixes '{host}'" in lines[0]
+    assert KEY not in err and "sig=abc" not in err
+    assert listener.accepted == 0
+
+
+def test_a_host_the_user_trusts_and_a_sas_in_the_url_are_sent(tmp_path: Path, outside: tuple[str, Listener]) -> None:
+    host, listener = outside
+    code, err = _cp(tmp_path, f"https://{host}:{listener.port}/acct/cont", {"AZURE_STORAGE_KEY": KEY},
+                    "--trusted-microsoft-suffixes", host)
+    assert code != 2 and listener.accepted >= 1, err  # allowed: it connected (the listener is no storage)
+    before = listener.accepted
+    code, err = _cp(tmp_path, f"https://{host}:{listener.port}/acct/cont?sv=2022-11-02&sig=abc", {})
+    assert code != 2 and listener.accepted > before, err
+    assert "sig=abc" not in err
+
+
+def test_the_trusted_suffixes() -> None:
+    assert is_trusted_host("acct.blob.core.windows.net")
+    assert is_trusted_host("acct.blob.core.chinacloudapi.cn")
+    assert is_trusted_host("acct.z1.blob.storage.azure.net")
+    assert not is_trusted_host("core.windows.net.evil.example")
+    assert not is_trusted_host("evilcore.windows.net")
+    assert is_trusted_host("acct.blob.example.org", ("*.example.org",))
+    assert is_trusted_host("10.1.2.3", ("10.1.2.3",))
+
+
+def test_ipv6_loopback_without_a_port_is_loopback() -> None:
+    assert parse_location("http://[::1]/devstoreaccount1/cont").is_loopback
+    assert parse_location("http://[::1]:10000/devstoreaccount1/cont").is_loopback
+    assert not parse_location("http://[2001:db8::1]/devstoreaccount1/cont").is_loopback
+
+
+@pytest.mark.parametrize("url", ["https://user:s3cretpassw0rd@acct.blob.core.windows.net",
+                                 "ftp://user:s3cretpassw0rd@x/y",
+                                 "https://user:s3cretpassw0rd@acct.blob.core.windows.net/Bad_Name/x"])
+def test_a_password_in_a_url_is_never_echoed(tmp_path: Path, url: str) -> None:
+    code, err = _cp(tmp_path, url, {})
+    assert code == 2 and "s3cretpassw0rd" not in err and "REDACTED" in err, err

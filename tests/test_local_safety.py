@@ -1,0 +1,194 @@
+"""What a planted link or a second process on the same machine can no longer do to a download or an upload
+(issue 26, points 2-4): every case against Azurite, the bytes checked with an SDK download."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from blobsync.config import MiB
+from blobsync.errors import TargetBusyError, UnsafeTargetError
+from blobsync.local.target import PartFile, open_folder
+from conftest import ContainerHandle
+from support.cli import random_file, run, start
+from support.proxy import FaultProxy, Rule, hold
+
+
+def _down(url: str, dest: Path, tmp_path: Path, *extra: str) -> list[str]:
+    return ["cp", "-r", f"{url}/*", str(dest), "--journal", str(tmp_path / "j.db"), *extra]
+
+
+def test_a_planted_part_file_link_gets_nothing_and_the_file_fails_with_a_line(
+        container: ContainerHandle, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "victim").write_bytes(b"do not touch")
+    dl = tmp_path / "dl"
+    dl.mkdir()
+    os.symlink(outside / "victim", dl / "victim.txt.blobsync-part")
+    container.client.upload_blob("victim.txt", b"attacker bytes")
+    container.client.upload_blob("other.txt", b"fine")
+    done = run(_down(container.url, dl, tmp_path))
+    assert done.returncode == 1, done.stderr
+    assert (outside / "victim").read_bytes() == b"do not touch"
+    assert "victim.txt.blobsync-part: is a symbolic link; refusing to write through it" in done.stdout + done.stderr
+    assert (dl / "other.txt").read_bytes() == container.download("other.txt")
+    assert not (dl / "victim.txt").exists()
+
+
+def test_a_planted_folder_link_keeps_the_blob_inside_the_target(container: ContainerHandle, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    dl = tmp_path / "dl"
+    dl.mkdir()
+    os.symlink(outside, dl / "sub")
+    container.client.upload_blob("sub/evil.txt", b"escaped")
+    container.client.upload_blob("ok.txt", b"fine")
+    for command in (_down(container.url, dl, tmp_path),
+                    ["sync", container.url, str(dl), "--journal", str(tmp_path / "j2.db")]):
+        done = run(command)
+        assert done.returncode == 1, done.stderr
+        assert list(outside.iterdir()) == []
+        assert "sub: is a symbolic link or not a folder; refusing to write through it" in done.stdout + done.stderr
+    assert (dl / "ok.txt").read_bytes() == container.download("ok.txt")
+
+
+def test_a_link_given_as_the_target_root_is_the_users_and_is_followed(
+        container: ContainerHandle, tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    real.mkdir()
+    os.symlink(real, tmp_path / "dl")
+    container.client.upload_blob("a/b.txt", b"bytes")
+    done = run(_down(container.url, tmp_path / "dl", tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert (real / "a" / "b.txt").read_bytes() == container.download("a/b.txt")
+
+
+def test_a_second_run_onto_the_same_file_is_refused_and_the_first_lands_whole(
+        container: ContainerHandle, proxy: FaultProxy, tmp_path: Path) -> None:
+    data = random_file(tmp_path / "seed.bin", 6 * MiB, seed=4)
+    container.client.upload_blob("big.bin", data)
+    dl = tmp_path / "dl"
+    proxy.add_rule(Rule("get_blob", hold(), nth=3))  # the first run holds its third range, its part file open
+    first = start(["sync", f"{proxy.endpoint()}/{container.name}", str(dl), "--block-size-mb", "1",
+                   "--concurrency", "2", "--journal", str(tmp_path / "j1.db")])
+    try:
+        proxy.wait_for_held(1, timeout=60)
+        second = run(["cp", f"{container.url}/big.bin", str(dl / "big.bin"), "--block-size-mb", "1",
+                      "--journal", str(tmp_path / "j2.db")])
+        assert second.returncode == 1, second.stderr
+        assert "another blobsync run is writing this file" in second.stdout + second.stderr
+        proxy.release_holds()
+        _, err = first.communicate(timeout=120)
+    finally:
+        first.kill()
+        first.communicate()
+    assert first.returncode == 0, err
+    assert (dl / "big.bin").read_bytes() == container.download("big.bin") == data
+    again = run(["sync", container.url, str(dl), "--journal", str(tmp_path / "j1.db")])
+    assert again.returncode == 0 and (dl / "big.bin").read_bytes() == data
+
+
+def test_part_file_refuses_a_lock_held_elsewhere_and_a_swap_before_the_rename(tmp_path: Path) -> None:
+    target = tmp_path / "t.bin"
+    first = PartFile(target, 10, keep=False)
+    with pytest.raises(TargetBusyError):
+        PartFile(target, 10, keep=False)
+    first.write_view(memoryview(b"0123456789"), 0)
+    os.replace(tmp_path / "t.bin.blobsync-part", tmp_path / "moved")
+    (tmp_path / "t.bin.blobsync-part").write_bytes(b"someone else")
+    with pytest.raises(TargetBusyError):
+        first.finish(None)
+    assert not target.exists()
+
+
+def test_part_file_refuses_a_hard_link(tmp_path: Path) -> None:
+    (tmp_path / "victim").write_bytes(b"keep")
+    os.link(tmp_path / "victim", tmp_path / "t.bin.blobsync-part")
+    with pytest.raises(UnsafeTargetError):
+        PartFile(tmp_path / "t.bin", 4, keep=False)
+    assert (tmp_path / "victim").read_bytes() == b"keep"
+
+
+@pytest.mark.parametrize("at", [True, False])
+def test_folders_are_made_without_following_links_either_way(tmp_path: Path, at: bool) -> None:
+    os.symlink(tmp_path, tmp_path / "loop")
+    with pytest.raises(UnsafeTargetError):
+        open_folder(tmp_path, ("loop", "x"), at=at)
+    fd = open_folder(tmp_path, ("a", "b"), at=at)
+    assert (tmp_path / "a" / "b").is_dir()
+    if fd is not None:
+        os.close(fd)
+
+
+def test_the_probe_reads_this_file_system_and_leaves_nothing(tmp_path: Path) -> None:
+    from blobsync.local.folding import Folding, probe
+
+    assert probe(tmp_path, {}) == Folding(False, False)  # Linux file systems here keep every name apart
+    assert list(tmp_path.iterdir()) == []
+    assert probe(tmp_path, {"BLOBSYNC_NAME_FOLDING": "case,unicode"}) == Folding(True, True)
+
+
+@pytest.mark.parametrize("command", ["cp", "sync"])
+def test_two_blobs_one_local_name_fail_one_with_a_line_instead_of_overwriting(
+        container: ContainerHandle, tmp_path: Path, command: str) -> None:
+    """What a case-insensitive, normalising file system (macOS, Windows) makes of A.txt/a.txt and NFC/NFD names;
+    this kernel has none, so the probe's answer is given (BLOBSYNC_NAME_FOLDING)."""
+    container.client.upload_blob("A.txt", b"upper")
+    container.client.upload_blob("a.txt", b"lower")
+    container.client.upload_blob("caf\u00e9.txt", b"nfc")
+    container.client.upload_blob("cafe\u0301.txt", b"nfd")
+    dl = tmp_path / "dl"
+    args = _down(container.url, dl, tmp_path) if command == "cp" else \
+        ["sync", container.url, str(dl), "--journal", str(tmp_path / "j.db")]
+    done = run(args, env={"BLOBSYNC_NAME_FOLDING": "case,unicode"})
+    assert done.returncode == 1, done.stderr
+    said = done.stdout + done.stderr
+    assert "'a.txt' and 'A.txt' are one file name here (this file system ignores case and normalises Unicode)" \
+        in said
+    assert "are one file name here" in said.split("a.txt' and 'A.txt'")[1]  # the NFC/NFD pair too
+    assert sorted(p.name for p in dl.iterdir()) == sorted(["A.txt", "cafe\u0301.txt"])
+    assert (dl / "A.txt").read_bytes() == container.download("A.txt")
+
+
+def test_a_link_swapped_in_after_the_walk_is_not_followed_by_the_upload(
+        container: ContainerHandle, proxy: FaultProxy, tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"private key material")
+    secret.chmod(0o600)
+    src = tmp_path / "src"
+    random_file(src / "aa.txt", 100, seed=1)
+    random_file(src / "zz.txt", 200, seed=2)
+    proxy.add_rule(Rule("list_blobs", hold(), nth=1))  # the walk runs while the listing is held
+    proc = start(["sync", str(src), f"{proxy.endpoint()}/{container.name}", "--journal", str(tmp_path / "j.db")])
+    try:
+        proxy.wait_for_held(1, timeout=60)
+        time.sleep(1.0)  # the local walk (two files) is long done
+        (src / "zz.txt").unlink()
+        os.symlink(secret, src / "zz.txt")
+        proxy.release_holds()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert proc.returncode == 1, err
+    assert "zz.txt: is a symbolic link now (a file when listed): not uploaded" in out + err
+    assert container.blob_names() == ["aa.txt"]
+    assert container.download("aa.txt") == (src / "aa.txt").read_bytes()
+
+
+def test_a_file_replaced_after_the_walk_is_refused(tmp_path: Path) -> None:
+    from blobsync.errors import SourceChangedError
+    from blobsync.local.files import OpenFile
+
+    path = tmp_path / "f"
+    path.write_bytes(b"one")
+    listed = path.stat().st_ino
+    (tmp_path / "other").write_bytes(b"two")
+    os.replace(tmp_path / "other", path)
+    with pytest.raises(SourceChangedError, match="another file than the one listed"):
+        OpenFile(path, walked=listed, follow_symlinks=False)
+    OpenFile(path, walked=path.stat().st_ino, follow_symlinks=False).close()
