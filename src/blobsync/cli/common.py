@@ -6,6 +6,7 @@ import contextlib
 import functools
 import logging
 import math
+import os
 import sqlite3
 import sys
 import time
@@ -99,6 +100,8 @@ def setup_logging(level: str, log_file: Path | None = None) -> None:
     """Logs go to stderr, or to `log_file`; never to stdout, where results and JSON lines go."""
     name = _LEVELS.get(level.upper(), level.upper())
     try:
+        if log_file:  # created 0600: a log names files and hosts, and is no one else's to read
+            os.close(os.open(log_file, os.O_CREAT | os.O_APPEND | os.O_WRONLY, 0o600))
         handler: logging.Handler = logging.FileHandler(log_file, encoding="utf-8") if log_file \
             else logging.StreamHandler(sys.stderr)
     except OSError as exc:

@@ -44,11 +44,17 @@ def worker_config(job: JobSpec, journal_path: Path) -> TransferConfig:
     return TransferConfig.from_journal(job.options, journal_path=journal_path, proxy=job.proxy)
 
 
+@functools.cache
+def _shard_folder() -> Path:
+    """This worker process's own folder for task journals: made by mkdtemp (0700, a name no other user can
+    create first), never a predictable path under /tmp."""
+    return Path(tempfile.mkdtemp(prefix="blobsync-shards-"))
+
+
 def _journal_path(job: JobSpec, key: str) -> Path:
     """One task run's journal, on this worker's own disk and for this run only: a rerun (here or on another
     worker) resumes through the client's nonces, asking the store what it holds, never through a journal."""
-    return Path(tempfile.gettempdir()) / f"blobsync-shards-{os.getuid() if hasattr(os, 'getuid') else 0}" / (
-        f"{job.job}-{key}-{os.getpid()}-{threading.get_ident()}.db")
+    return _shard_folder() / f"{job.job}-{key}-{os.getpid()}-{threading.get_ident()}.db"
 
 
 class _Relay(BaseSubscriber):

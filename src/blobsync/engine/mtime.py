@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import calendar
 import functools
+import re
 import time
 
 from blobsync.backends.base import BlobProperties
@@ -11,6 +12,7 @@ from blobsync.backends.base import BlobProperties
 MTIME_KEY = "mtime"
 
 _SECONDS: dict[str, int] = {}  # "YYYY-MM-DDTHH:MM:SS" -> seconds since the epoch
+_HEAD = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}", re.ASCII)
 
 
 def format_mtime(mtime_ns: int) -> str:
@@ -29,18 +31,19 @@ def parse_mtime(text: str) -> int | None:
     # Parsed by hand: a sync compares one per blob, and strptime costs ~20 µs each. Files written together share
     # their second, so the calendar arithmetic is done once per distinct second.
     head, _, frac = text.rstrip("Z").partition(".")
-    if frac and not frac.isdigit():
+    # ASCII digits only: str.isdigit() and int() also take '²' or Arabic-Indic digits (the first then fails).
+    if frac and not (frac.isascii() and frac.isdigit()):
         return None
     seconds = _SECONDS.get(head)
     if seconds is None:
-        if len(head) != 19 or head[4] != "-" or head[7] != "-" or head[10] != "T" or head[13] != ":" \
-                or head[16] != ":":
+        if _HEAD.fullmatch(head) is None:
             return None
-        try:
-            seconds = calendar.timegm((int(head[0:4]), int(head[5:7]), int(head[8:10]), int(head[11:13]),
-                                       int(head[14:16]), int(head[17:19]), 0, 0, 0))
-        except ValueError:
+        fields = (int(head[0:4]), int(head[5:7]), int(head[8:10]), int(head[11:13]), int(head[14:16]),
+                  int(head[17:19]))
+        if not (1 <= fields[1] <= 12 and 1 <= fields[2] <= 31 and fields[3] <= 23 and fields[4] <= 59
+                and fields[5] <= 60):
             return None
+        seconds = calendar.timegm((*fields, 0, 0, 0))
         if len(_SECONDS) >= 4096:  # bounded: a tree written over years must not grow it forever
             _SECONDS.clear()
         _SECONDS[head] = seconds

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
@@ -137,7 +138,7 @@ class Journal:
     def __init__(self, path: Path | str) -> None:
         path = Path(path)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # a new folder is the user's alone
         except OSError as exc:
             raise UsageError(f"cannot open the journal at {path}: {exc.strerror or exc}",
                              hint="pass --journal PATH") from exc
@@ -160,6 +161,8 @@ class Journal:
             global _last_path
             _last_path = self.path
             try:
+                with contextlib.suppress(FileExistsError):  # made 0600 first: SQLite gives its WAL the same mode
+                    os.close(os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
                 conn = sqlite3.connect(str(self.path), timeout=10.0, isolation_level=None)
                 conn.execute("PRAGMA journal_mode=WAL")
                 conn.execute("PRAGMA synchronous=NORMAL")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -36,9 +37,11 @@ def parse_retry_after(value: str | None, now: datetime | None = None) -> float |
         return None
     value = value.strip()
     try:
-        return max(0.0, float(value))
+        seconds = float(value)
     except ValueError:
         pass
+    else:  # 'inf' or 'nan' from a broken server must not park the job forever
+        return min(max(0.0, seconds), 3600.0) if math.isfinite(seconds) else None
     from email.utils import parsedate_to_datetime  # an HTTP date here is rare: not loaded at start-up
 
     try:
@@ -47,7 +50,7 @@ def parse_retry_after(value: str | None, now: datetime | None = None) -> float |
         return None
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
-    return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
+    return min(max(0.0, (when - (now or datetime.now(UTC))).total_seconds()), 3600.0)
 
 
 def explain_sas(loc: BlobLocation, method: str) -> str | None:

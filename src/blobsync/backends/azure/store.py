@@ -13,7 +13,6 @@ import itertools
 import logging
 import re
 import time
-from binascii import a2b_base64
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
@@ -51,7 +50,7 @@ from blobsync.errors import (
     NetworkError,
     ServiceError,
 )
-from blobsync.redact import redact
+from blobsync.redact import printable, redact
 
 if TYPE_CHECKING:
     from xml.etree import ElementTree
@@ -150,10 +149,20 @@ def _md5_header(value: str | None) -> bytes | None:
     return digest if len(digest) == 16 else None
 
 
+def _size(value: str | None, name: str) -> int:
+    """A blob's length as the service sent it; text that is not a length fails this blob, never the process."""
+    if not value:
+        return 0
+    if not (value.isascii() and value.isdigit()):
+        raise ServiceError(f"the service sent {printable(name)!r} with an invalid length {printable(value[:40])!r}; "
+                           "this blob is not transferred", code="InvalidContentLength")
+    return int(value)
+
+
 def _properties(name: str, h: Mapping[str, str]) -> BlobProperties:
     return BlobProperties(
         name=name,
-        size=int(h.get("content-length", "0")),
+        size=_size(h.get("content-length"), name),
         etag=h.get("etag", ""),
         last_modified=_parse_http_date(h.get("last-modified")) or _EPOCH,
         content_md5=_md5_header(h.get("content-md5")),
@@ -183,10 +192,10 @@ def _record(name: str, get: Callable[[str], str | None], metadata: dict[str, str
     md5 = get("Content-MD5")
     return BlobProperties(
         name=name,
-        size=int(get("Content-Length") or "0"),
+        size=_size(get("Content-Length"), name),
         etag=get("Etag") or "",
         last_modified=_listed_date(get("Last-Modified")),
-        content_md5=a2b_base64(md5) if md5 else None,
+        content_md5=_md5_header(md5),
         content_type=get("Content-Type"),
         metadata=metadata,
         blob_type=get("BlobType"),
@@ -290,10 +299,10 @@ def _scan_blob(chunk: str) -> BlobProperties:
     text = _text if "&" in chunk else str
     return BlobProperties(
         name=text(name),
-        size=int(text(length) if length else "0"),
+        size=_size(text(length) if length else None, text(name)),
         etag=text(etag) if etag else "",
         last_modified=_listed_date(text(modified) if modified else None),
-        content_md5=a2b_base64(text(md5)) if md5 else None,
+        content_md5=_md5_header(text(md5)) if md5 else None,
         content_type=text(ctype or "") if has_ctype is not None else None,
         metadata={key: text(value) for key, value in _PAIRS.findall(meta)} if meta else {},
         blob_type=text(btype or "") if has_btype is not None else None,
