@@ -117,3 +117,51 @@ def test_a_reused_progress_gets_its_subscribers_once(container: ContainerHandle,
                       progress=progress, subscribers=[counter])
     assert len(progress.subscribers) == 1
     assert len(done) == 3
+
+
+def test_two_threads_running_one_job_refuse_the_second(container: ContainerHandle, tmp_path: Path) -> None:
+    import threading
+
+    from blobsync.journal import Journal
+
+    src = _tree(tmp_path)
+    journal_path = tmp_path / "j.db"
+    first = Journal(journal_path)
+    job = first.create_job(*_job_args(src, container.url))
+    first.claim_job(job)  # as a running call in another thread of this process holds it
+    errors: list[BaseException] = []
+
+    def second() -> None:
+        other = Journal(journal_path)
+        try:
+            other.claim_job(other.get_job(job.id))
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            other.close()
+
+    thread = threading.Thread(target=second)
+    thread.start()
+    thread.join(30)
+    assert len(errors) == 1 and isinstance(errors[0], blobsync.JobBusyError), errors
+    first.close()  # released: now it may run again
+    again = Journal(journal_path)
+    again.claim_job(again.get_job(job.id))
+    again.close()
+
+
+def _job_args(src: Path, url: str) -> tuple[object, ...]:
+    from blobsync.journal import JobKind
+
+    return (JobKind.UPLOAD, str(src), url, {})
+
+
+def test_the_library_logger_has_a_null_handler_and_not_found_has_a_status(
+        container: ContainerHandle, tmp_path: Path) -> None:
+    import logging
+
+    assert any(isinstance(h, logging.NullHandler) for h in logging.getLogger("blobsync").handlers)
+    with pytest.raises(blobsync.BlobNotFoundError) as caught:
+        blobsync.copy(container.url + "/missing.bin", tmp_path / "out.bin",
+                      TransferConfig(journal_path=tmp_path / "j.db"))
+    assert caught.value.status == 404 and caught.value.code == "BlobNotFound"

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import TYPE_CHECKING, Any
 
 from blobsync._version import __version__
+
+# A library logs through "blobsync" and leaves where it goes to its host (no "No handlers" warning either).
+logging.getLogger("blobsync").addHandler(logging.NullHandler())
 
 if TYPE_CHECKING:
     from blobsync import aio
@@ -39,6 +43,7 @@ if TYPE_CHECKING:
         ContainerNotFoundError,
         ExitCode,
         IntegrityError,
+        JobBusyError,
         Scope,
         SourceError,
         TransferFailedError,
@@ -66,6 +71,7 @@ _HOMES = {
     "Progress": "blobsync.engine.context",
     "AuthError": "blobsync.errors", "BlobNotFoundError": "blobsync.errors", "BlobsyncError": "blobsync.errors",
     "ContainerNotFoundError": "blobsync.errors", "ExitCode": "blobsync.errors", "IntegrityError": "blobsync.errors",
+    "JobBusyError": "blobsync.errors",
     "Scope": "blobsync.errors", "SourceError": "blobsync.errors", "TransferFailedError": "blobsync.errors",
     "UsageError": "blobsync.errors",
     "BaseSubscriber": "blobsync.events", "QueuedFile": "blobsync.events", "Subscriber": "blobsync.events",
@@ -112,6 +118,7 @@ __all__ = [
     "Filters",
     "Finding",
     "IntegrityError",
+    "JobBusyError",
     "JobSummary",
     "Overwrite",
     "Progress",

@@ -56,6 +56,10 @@ class UsageError(BlobsyncError):
     scope = Scope.RUN
 
 
+class JobBusyError(UsageError):
+    """The job is being run already: by another process, or by another thread of this one."""
+
+
 class TransferFailedError(BlobsyncError):
     """Raised by the library with `raise_on_error=True` when files failed; `.report` holds the details."""
 

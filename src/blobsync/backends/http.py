@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from blobsync.backends.base import Buffer
 from blobsync.local.platform import features
-from blobsync.redact import register_secret
+from blobsync.redact import redact, register_secret
 
 if TYPE_CHECKING:
     import aiohttp
@@ -40,7 +40,7 @@ class HttpError(Exception):
     "proxy-auth" (the proxy wants other credentials), "proxy" (the proxy cannot be reached), "" otherwise."""
 
     def __init__(self, message: str, *, kind: str = "") -> None:
-        super().__init__(message)
+        super().__init__(redact(message))
         self.kind = kind
 
 
@@ -229,6 +229,9 @@ class HttpClient:
 
         session = self._session or self._open()
         data = self._payload(body, watch) if body is not None else None
+        # aiohttp's exceptions carry the request URL, SAS and all: none is chained to what we raise (raised after
+        # the except block, so not even as __context__).
+        error: HttpError
         try:
             async with session.request(method, URL(self.base + target, encoded=True), headers=dict(headers),
                                        data=data, proxy=self._proxy, proxy_auth=self._proxy_auth,
@@ -244,9 +247,10 @@ class HttpClient:
         except HttpError:
             raise
         except aiohttp.ClientError as exc:
-            raise _mapped(exc, self.netloc, str(self._proxy) if self._proxy is not None else None) from exc
+            error = _mapped(exc, self.netloc, str(self._proxy) if self._proxy is not None else None)
         except (OSError, ValueError) as exc:  # a malformed header aiohttp refused to send, a socket error
-            raise HttpError(f"{type(exc).__name__}: {exc}") from exc
+            error = HttpError(f"{type(exc).__name__}: {exc}")
+        raise error
 
     def _payload(self, body: Buffer, watch: _Watch) -> Any:
         view = memoryview(body).cast("B")
@@ -304,8 +308,6 @@ def _cancelling() -> bool:
 def _mapped(exc: Exception, netloc: str, proxy: str | None) -> HttpError:
     """aiohttp's exceptions as one HttpError each, with a line a user can act on (never a proxy's password)."""
     import aiohttp
-
-    from blobsync.redact import redact
 
     shown_proxy = f"the proxy {_without_password(proxy)}" if proxy else "the proxy"
     if isinstance(exc, aiohttp.ClientConnectorCertificateError):

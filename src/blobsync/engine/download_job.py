@@ -58,7 +58,7 @@ class DownloadJob:
                 raise UsageError(f"{name!r} is a folder (blobs are under {name + '/'!r}): pass -r/--recursive to "
                                  f"download it, or end the URL with '/*' for the blobs at its top")
             raise BlobNotFoundError(f"blob {name!r} not found in container {spec.source.container!r}",
-                                    hint="check the URL (names are case-sensitive)")
+                                    status=404, code="BlobNotFound", hint="check the URL (names are case-sensitive)")
         base = posixpath.basename(name)
         if spec.dest.is_dir() or spec.dest_is_folder:
             return spec.dest, base, props
@@ -78,7 +78,7 @@ class DownloadJob:
             # A folder URL with nothing under it is most likely a typo; AzCopy fails too. (A wildcard that
             # matches nothing, or filters that take nothing, are a successful empty copy.)
             raise BlobNotFoundError(f"no blobs under {prefix!r} in container {self.spec.source.container!r}",
-                                    hint="check the URL (names are case-sensitive)")
+                                    status=404, code="BlobNotFound", hint="check the URL (names are case-sensitive)")
 
     async def run(self) -> Report:
         spec = self.spec

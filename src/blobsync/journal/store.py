@@ -7,6 +7,7 @@ import json
 import os
 import sqlite3
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from blobsync.errors import UsageError
+from blobsync.errors import JobBusyError, UsageError
 from blobsync.journal.states import FileState, JobKind, JobState
 
 if TYPE_CHECKING:
@@ -122,6 +123,12 @@ class CommittedBlob:
     blocks: tuple[tuple[str, int, bytes], ...]  # (block ID, length, xxh3-128 digest) in order
 
 
+# Jobs run by this process, by (journal, job id): two threads calling the same job would both run it (the pid
+# check above cannot tell them apart).
+_RUNNING_HERE: set[tuple[str, str]] = set()
+_RUNNING_LOCK = threading.Lock()
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -150,6 +157,7 @@ class Journal:
         self._pending: list[tuple[str, tuple[Any, ...]]] = []
         self._commits_in: dict[str, bool] = {}  # container -> whether committed_blobs may hold a record of it
         self._last_flush = time.monotonic()
+        self._claimed: set[tuple[str, str]] = set()  # jobs this journal runs (released on close)
 
     @property
     def conn(self) -> sqlite3.Connection:
@@ -250,8 +258,15 @@ class Journal:
     def claim_job(self, job: JobRow) -> None:
         """Mark `job` as run by this process; refuse if another live process runs it."""
         if job.state is JobState.RUNNING and job.pid and job.pid != os.getpid() and _pid_alive(job.pid):
-            raise UsageError(f"job {job.id} is being run by process {job.pid}",
-                             hint="wait for it or stop it, then run the command again")
+            raise JobBusyError(f"job {job.id} is being run by process {job.pid}",
+                               hint="wait for it or stop it, then run the command again")
+        key = (str(self.path.resolve()), job.id)
+        with _RUNNING_LOCK:
+            if key in _RUNNING_HERE and key not in self._claimed:
+                raise JobBusyError(f"job {job.id} is being run by another thread of this process",
+                                   hint="wait for that call to return, then call again")
+            _RUNNING_HERE.add(key)
+            self._claimed.add(key)
         self.set_job_state(job.id, JobState.RUNNING)
 
     def set_job_state(self, job_id: str, state: JobState) -> None:
@@ -442,6 +457,9 @@ class Journal:
                 self.conn.execute(sql, params)
 
     def close(self) -> None:
+        with _RUNNING_LOCK:
+            _RUNNING_HERE.difference_update(self._claimed)
+            self._claimed.clear()
         if self._conn is None:
             return
         self.flush()

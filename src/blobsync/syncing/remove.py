@@ -99,7 +99,8 @@ class RemoveJob:
         if props is None:
             async for _ in blobs_at(self.store, path + "/", self.requests):
                 raise UsageError(f"{path!r} is a folder: add -r (--recursive) to remove the blobs under it")
-            raise BlobNotFoundError(f"blob {path!r} not found in {self.spec.target.container_url}")
+            raise BlobNotFoundError(f"blob {path!r} not found in {self.spec.target.container_url}", status=404,
+                                    code="BlobNotFound")
         await self._deleter(report).run([self._doomed(path.rsplit("/", 1)[-1], props)])
 
     async def _many(self, report: Report) -> None:
