@@ -108,7 +108,7 @@ def test_cap_of_a_running_job_is_changed_with_jobs_cap(container: ContainerHandl
     assert time.monotonic() - started < size / mbps_to_bytes(2) * 0.8  # well before the old cap allowed
     assert container.download("f.bin") == data
     shown = run(["jobs", "cap", job_id, "0", "--journal", journal])
-    assert shown.returncode == 2 and "positive" in shown.stderr
+    assert shown.returncode == 2 and "out of range: 0.001 to 1,000,000 Mbit/s" in shown.stderr
 
 
 def test_progress_under_a_low_cap_is_true_from_the_first_seconds(container: ContainerHandle, tmp_path: Path) -> None:

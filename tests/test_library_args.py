@@ -158,9 +158,14 @@ def _job_args(src: Path, url: str) -> tuple[object, ...]:
 
 def test_the_library_logger_has_a_null_handler_and_not_found_has_a_status(
         container: ContainerHandle, tmp_path: Path) -> None:
-    import logging
+    import subprocess
+    import sys
 
-    assert any(isinstance(h, logging.NullHandler) for h in logging.getLogger("blobsync").handlers)
+    # In a fresh process: the CLI tests run in this one set the command's own handlers.
+    probe = "import blobsync, logging; print(any(isinstance(h, logging.NullHandler) " \
+            "for h in logging.getLogger('blobsync').handlers))"
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=60).stdout.strip() == "True"
     with pytest.raises(blobsync.BlobNotFoundError) as caught:
         blobsync.copy(container.url + "/missing.bin", tmp_path / "out.bin",
                       TransferConfig(journal_path=tmp_path / "j.db"))

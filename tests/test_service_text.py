@@ -3,6 +3,7 @@ nothing a server sends raises anything but a blobsync error for that blob (issue
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 from hypothesis import given, settings
@@ -38,10 +39,8 @@ def test_header_parsers_never_raise(text: str) -> None:
     after = parse_retry_after(text)
     assert after is None or 0 <= after <= 3600
     store._listed_date(text)
-    try:
+    with contextlib.suppress(BlobsyncError):
         assert store._size(text, "b") >= 0
-    except BlobsyncError:
-        pass
 
 
 def test_retry_after_inf_and_nan_do_not_park_the_job() -> None:
@@ -75,10 +74,8 @@ def test_a_listing_page_parses_or_fails_with_a_blobsync_error(name: str, date: s
 @given(st.binary(max_size=300))
 @settings(max_examples=200)
 def test_arbitrary_bytes_as_a_listing_never_crash_the_process(body: bytes) -> None:
-    try:
+    with contextlib.suppress(BlobsyncError, ValueError, SyntaxError):  # ElementTree.ParseError: a SyntaxError
         store._parse_listing(body)
-    except (BlobsyncError, ValueError, SyntaxError):  # ElementTree.ParseError is a SyntaxError
-        pass
 
 
 def test_a_blob_with_odd_mtime_metadata_does_not_stop_the_job(container: ContainerHandle, tmp_path: Path) -> None:

@@ -220,7 +220,7 @@ class OpenFile:
             while done < size:
                 n = self.file.read_into(buf[done:], offset + done)
                 if n == 0:
-                    raise SourceChangedError(f"{self.path}: file shrank while it was being read")
+                    raise SourceChangedError(f"{self.path}: file changed (it shrank) while it was being read")
                 done += n
         except OSError as exc:
             raise SourceError(f"{self.path}: {_os_error_text(exc)}") from exc
