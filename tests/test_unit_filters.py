@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -93,3 +94,26 @@ def test_source_wildcard_top_level_and_pruning(rel: str, top: str | None, recurs
 def test_wildcard_star_only_and_literal_otherwise() -> None:
     filters = Filters.parse(source_wildcard="ckpt-[1]?.*")
     assert filters.matches("ckpt-[1]?.pt") and not filters.matches("ckpt-1a.pt")
+
+
+def test_regexes_run_under_re2_in_linear_time_and_refuse_what_re2_cannot_do() -> None:
+    from blobsync.errors import UsageError
+    from blobsync.regex import ENGINE
+
+    assert ENGINE == "RE2"  # the wheel installs on this machine
+    catastrophic = Filters.parse(include_regex="(a+)+$")  # Python's re: 2^60 steps on the name below
+    assert not catastrophic.matches("a" * 60 + "b")
+    assert catastrophic.matches("x/" + "a" * 60)
+    with pytest.raises(UsageError, match="RE2, as in AzCopy"):
+        Filters.parse(include_regex=r"(?=lookahead)")
+    with pytest.raises(UsageError, match="--exclude-regex"):
+        Filters.parse(exclude_regex=r"(a)\1")
+
+
+def test_without_re2_python_re_is_the_fallback() -> None:
+    from blobsync.errors import UsageError
+    from blobsync.regex import compile_regex
+
+    assert compile_regex(r"(?<=a)b", "--include-regex", engine=None).search("ab")
+    with pytest.raises(UsageError, match="--include-regex"):
+        compile_regex("(", "--include-regex", engine=None)

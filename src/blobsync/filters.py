@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from blobsync.errors import UsageError
+from blobsync.regex import Matcher, compile_regex
 
 
 def _split(text: str | None) -> tuple[str, ...]:
@@ -22,11 +23,6 @@ def _glob(pattern: str, flag: str) -> re.Pattern[str]:
     return re.compile(fnmatch.translate(pattern), re.S)
 
 
-def _regex(pattern: str, flag: str) -> re.Pattern[str]:
-    try:
-        return re.compile(pattern)
-    except re.error as exc:
-        raise UsageError(f"invalid {flag} {pattern!r}: {exc}") from exc
 
 
 def _prefix(path: str, flag: str) -> str:
@@ -68,8 +64,8 @@ class Filters:
     exclude_patterns: tuple[re.Pattern[str], ...] = ()
     include_paths: tuple[str, ...] = ()
     exclude_paths: tuple[str, ...] = ()
-    include_regexes: tuple[re.Pattern[str], ...] = ()
-    exclude_regexes: tuple[re.Pattern[str], ...] = ()
+    include_regexes: tuple[Matcher, ...] = ()
+    exclude_regexes: tuple[Matcher, ...] = ()
     include_after: float | None = None
     include_before: float | None = None
     top: re.Pattern[str] | None = None  # a source wildcard: the first segment of a relative path must match it
@@ -104,8 +100,8 @@ class Filters:
             tuple(_glob(p, "--exclude-pattern") for p in _split(exclude_pattern)),
             tuple(_prefix(p, "--include-path") for p in _split(include_path)),
             tuple(_prefix(p, "--exclude-path") for p in _split(exclude_path)),
-            tuple(_regex(p, "--include-regex") for p in _split(include_regex)),
-            tuple(_regex(p, "--exclude-regex") for p in _split(exclude_regex)),
+            tuple(compile_regex(p, "--include-regex") for p in _split(include_regex)),
+            tuple(compile_regex(p, "--exclude-regex") for p in _split(exclude_regex)),
             after,
             before,
             wildcard(source_wildcard) if source_wildcard else None,
