@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import functools
 import os
 import threading
@@ -51,8 +50,7 @@ def _blocking(coro: Coroutine[Any, Any, T]) -> T:
         asyncio.get_running_loop()
     except RuntimeError:
         return stopping.run(coro)
-    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="blobsync") as pool:
-        return pool.submit(asyncio.run, coro).result()
+    return stopping.run_beside(coro)
 
 
 def blocking_form(fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, T]:

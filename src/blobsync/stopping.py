@@ -65,3 +65,39 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
         if stopped:
             raise KeyboardInterrupt from None
         raise
+
+
+def run_beside(coro: Coroutine[Any, Any, T]) -> T:
+    """Run `coro` on a loop of its own in a helper thread, for a caller whose thread already runs a loop (a
+    notebook cell, an async framework's callback), and wait for it. An interrupt of the waiting thread cancels
+    the job, which stops within a second as a cancelled one does (resumable), and is then raised here: a
+    KeyboardInterrupt (a notebook's interrupt, Ctrl-C under a plain loop), or the cancellation of the host's task
+    (Ctrl-C under asyncio.run, whose handler cancels its main task and cannot run it while this thread waits)."""
+    host = asyncio.current_task()
+    loop = asyncio.new_event_loop()
+    task = loop.create_task(coro)
+    outcome: list[BaseException] = []
+
+    def drive() -> None:
+        try:
+            loop.run_until_complete(task)
+        except BaseException as exc:  # handed to the waiting thread
+            outcome.append(exc)
+        finally:
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+
+    helper = threading.Thread(target=drive, name="blobsync", daemon=True)
+    helper.start()
+    try:
+        while helper.is_alive():
+            helper.join(0.1)  # short waits: the interrupt lands between them
+            if host is not None and host.cancelling():
+                raise asyncio.CancelledError
+    except BaseException:
+        loop.call_soon_threadsafe(task.cancel)
+        helper.join()
+        raise
+    if outcome:
+        raise outcome[0]
+    return task.result()
