@@ -11,6 +11,7 @@ import pytest
 import blobsync
 from blobsync import DeleteMode, Overwrite, TransferConfig, UsageError
 from conftest import ContainerHandle
+from support.proxy import FaultProxy
 
 NOWHERE = "http://127.0.0.1:1/devstoreaccount1/cont"  # nothing listens: an error here proves no request was made
 
@@ -170,3 +171,26 @@ def test_the_library_logger_has_a_null_handler_and_not_found_has_a_status(
         blobsync.copy(container.url + "/missing.bin", tmp_path / "out.bin",
                       TransferConfig(journal_path=tmp_path / "j.db"))
     assert caught.value.status == 404 and caught.value.code == "BlobNotFound"
+
+
+def test_an_error_that_stops_a_job_carries_its_id_and_the_partial_report(
+        container: ContainerHandle, proxy: FaultProxy, tmp_path: Path) -> None:
+    from blobsync.config import MiB
+    from support.cli import random_file
+    from support.proxy import Rule, reset_before
+
+    src = tmp_path / "many"
+    for i in range(3):
+        random_file(src / f"small{i}.bin", 1000, seed=i)
+    random_file(src / "zbig.bin", 3 * MiB, seed=9)
+    proxy.add_rule(Rule("put_block", reset_before()))  # the network is gone for blocks: the job stops
+    config = TransferConfig.from_mib(block_size_mb=1, put_blob_size_mb=1, journal_path=tmp_path / "j.db",
+                                     max_retries=0, recursive=True, concurrency=1)
+    with pytest.raises(blobsync.BlobsyncError) as caught:
+        blobsync.copy(src, f"{proxy.endpoint()}/{container.name}", config, as_subdir=False)
+    err = caught.value
+    assert err.scope is not blobsync.Scope.FILE
+    assert err.job_id and err.report is not None
+    assert err.report.job_id == err.job_id
+    assert err.report.files_transferred == 3  # the small files landed before the big one stopped the job
+    assert sorted(container.blob_names()) == ["small0.bin", "small1.bin", "small2.bin"]

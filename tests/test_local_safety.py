@@ -192,3 +192,31 @@ def test_a_file_replaced_after_the_walk_is_refused(tmp_path: Path) -> None:
     with pytest.raises(SourceChangedError, match="another file than the one listed"):
         OpenFile(path, walked=listed, follow_symlinks=False)
     OpenFile(path, walked=path.stat().st_ino, follow_symlinks=False).close()
+
+
+def test_blobsyncs_own_files_are_the_users_alone(container: ContainerHandle, tmp_path: Path) -> None:
+    import stat
+
+    (tmp_path / "f").write_bytes(b"x")
+    journal = tmp_path / "state" / "deep" / "j.db"
+    log = tmp_path / "run.log"
+    done = run(["cp", str(tmp_path / "f"), container.url, "--journal", str(journal), "--log-file", str(log),
+                "--log-level", "INFO"])
+    assert done.returncode == 0, done.stderr
+    assert stat.S_IMODE(journal.stat().st_mode) == 0o600
+    assert stat.S_IMODE(journal.parent.stat().st_mode) == 0o700
+    assert stat.S_IMODE(log.stat().st_mode) == 0o600
+    for extra in journal.parent.glob("j.db-*"):  # SQLite's WAL and shared memory take the database's mode
+        assert stat.S_IMODE(extra.stat().st_mode) & 0o077 == 0, extra
+
+
+def test_worker_shard_journals_live_in_a_private_folder_of_their_own() -> None:
+    import stat
+    import tempfile
+
+    from blobsync.cluster import work
+
+    folder = work._shard_folder()
+    assert folder.parent == Path(tempfile.gettempdir())
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700 and folder.stat().st_uid == os.getuid()
+    assert folder.name != f"blobsync-shards-{os.getuid()}"  # not a name another user could create first

@@ -37,6 +37,8 @@ class BlobsyncError(Exception):
     exit_code: ExitCode = ExitCode.PARTIAL
     scope: ClassVar[Scope] = Scope.FILE
     retryable: ClassVar[bool] = False  # the same request may succeed if sent again (the request path retries it)
+    job_id: str | None = None  # set when the error stopped a job: the job to resume
+    report: Report | None = None  # and what that job had done by then (files done, failed, bytes sent)
 
     def __init__(self, message: str, *, hint: str | None = None) -> None:
         # Redacted at birth, so no str(), repr() or traceback of a blobsync error can carry a secret.

@@ -126,8 +126,11 @@ class JobRunner:
         except (asyncio.CancelledError, KeyboardInterrupt):
             self.journal.set_job_state(self.job.id, JobState.INTERRUPTED)
             raise
-        except BaseException:
+        except BaseException as exc:
             self.journal.set_job_state(self.job.id, JobState.FAILED)
+            if isinstance(exc, BlobsyncError):  # the caller learns which job to resume, and how far it got
+                exc.job_id = exc.job_id or self.job.id
+                exc.report = exc.report if exc.report is not None else report
             raise
         finally:
             report.duration = time.monotonic() - report.started
