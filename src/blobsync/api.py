@@ -8,6 +8,7 @@ import os
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from contextlib import asynccontextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar
@@ -20,7 +21,7 @@ from blobsync.copying import plan_copy
 from blobsync.engine.context import Progress, RemoteRunner, request_path
 from blobsync.engine.delete import batch_enabled
 from blobsync.engine.prompt import Answer, OverwritePrompt
-from blobsync.engine.session import open_session
+from blobsync.engine.session import Session
 from blobsync.errors import BlobsyncError, TransferFailedError, UsageError
 from blobsync.events import Subscriber
 from blobsync.filters import Filters
@@ -159,37 +160,51 @@ async def _remote(cluster: Cluster, url: str, upload: bool, config: TransferConf
         await executor.close()
 
 
+# The session of the Client whose call this is (None: a module-level call, which opens a short-lived one). Set per
+# task by Client, so concurrent calls of one Client share its pools, budgets and journal.
+_BOUND: ContextVar[Session | None] = ContextVar("blobsync_session", default=None)
+
+
+@asynccontextmanager
+async def _session_for(config: TransferConfig, env: Mapping[str, str], progress: Progress,
+                       journal: Journal | None = None) -> AsyncIterator[Session]:
+    """The bound Client's session, or one for this call alone (closed after it, with its journal)."""
+    bound = _BOUND.get()
+    if bound is not None:
+        yield bound
+        return
+    session = Session(config, env, journal or _journal(config.journal_path, env), wire_progress=progress)
+    try:
+        yield session
+    finally:
+        await session.close()
+
+
 async def _run_download(
-    loc: Location, dest: Path, config: TransferConfig, env: Mapping[str, str],
-    progress: Progress, job: JobRow | None, journal: Journal, folder: bool = False,
+    loc: Location, dest: Path, config: TransferConfig, session: Session,
+    progress: Progress, job: JobRow | None, folder: bool = False,
     selection: _Selection = _Selection(),
 ) -> Report:
     from blobsync.engine.download_job import DownloadJob, DownloadSpec
 
-    try:
-        async with (_remote(selection.cluster, selection.url, False, config, selection.dry_run) as remote,
-                    open_session(loc, config, env, journal, progress=progress,
-                                 overwrite_prompt=selection.prompt(), cluster=remote) as ctx):
-            spec = DownloadSpec(loc, dest, folder, selection.filters, selection.dry_run)
-            return await DownloadJob(spec, ctx, job=job, on_action=selection.on_action).run()
-    finally:
-        journal.close()
+    async with (_remote(selection.cluster, selection.url, False, config, selection.dry_run) as remote,
+                session.job(loc, config, progress=progress, overwrite_prompt=selection.prompt(),
+                            cluster=remote) as ctx):
+        spec = DownloadSpec(loc, dest, folder, selection.filters, selection.dry_run)
+        return await DownloadJob(spec, ctx, job=job, on_action=selection.on_action).run()
 
 
 async def _run_upload(
-    source: Path, loc: Location, config: TransferConfig, env: Mapping[str, str],
-    progress: Progress, job: JobRow | None, journal: Journal, selection: _Selection = _Selection(),
+    source: Path, loc: Location, config: TransferConfig, session: Session,
+    progress: Progress, job: JobRow | None, selection: _Selection = _Selection(),
 ) -> Report:
     from blobsync.engine.job import UploadJob, UploadSpec
 
-    try:
-        async with (_remote(selection.cluster, selection.url, True, config, selection.dry_run) as remote,
-                    open_session(loc, config, env, journal, progress=progress,
-                                 overwrite_prompt=selection.prompt(), cluster=remote) as ctx):
-            spec = UploadSpec(source, loc, selection.filters, selection.dry_run)
-            return await UploadJob(spec, ctx, job=job, on_action=selection.on_action).run()
-    finally:
-        journal.close()
+    async with (_remote(selection.cluster, selection.url, True, config, selection.dry_run) as remote,
+                session.job(loc, config, progress=progress, overwrite_prompt=selection.prompt(),
+                            cluster=remote) as ctx):
+        spec = UploadSpec(source, loc, selection.filters, selection.dry_run)
+        return await UploadJob(spec, ctx, job=job, on_action=selection.on_action).run()
 
 
 async def copy_async(
@@ -236,12 +251,12 @@ async def copy_async(
     config = replace(config, recursive=plan.many)
     selection = _Selection(plan.filters, dry_run, on_action, confirm_overwrite, cluster,
                            dest if plan.upload else source)
-    journal = _journal(config.journal_path, env)
-    if plan.upload:
-        report = await _run_upload(plan.local, plan.remote, config, env, progress, None, journal, selection)
-    else:
-        report = await _run_download(plan.remote, plan.local, config, env, progress, None, journal,
-                                     plan.dest_is_folder, selection)
+    async with _session_for(config, env, progress) as session:
+        if plan.upload:
+            report = await _run_upload(plan.local, plan.remote, config, session, progress, None, selection)
+        else:
+            report = await _run_download(plan.remote, plan.local, config, session, progress, None,
+                                         plan.dest_is_folder, selection)
     return _finish(report, raise_on_error)
 
 
@@ -292,13 +307,10 @@ async def sync_async(
         config = replace(config, preserve_last_modified_time=True)
     spec = SyncSpec(local, loc, upload, filters or Filters(), compare, delete, max_delete, dry_run, ready,
                     batch_enabled(env))
-    journal = _journal(config.journal_path, env)
-    try:
-        async with (_remote(cluster, dst_text if upload else src_text, upload, config, dry_run) as remote,
-                    open_session(loc, config, env, journal, progress=progress, cluster=remote) as ctx):
-            report = await SyncJob(spec, ctx, on_action=on_action, confirm=confirm).run()
-    finally:
-        journal.close()
+    async with (_session_for(config, env, progress) as session,
+                _remote(cluster, dst_text if upload else src_text, upload, config, dry_run) as remote,
+                session.job(loc, config, progress=progress, cluster=remote) as ctx):
+        report = await SyncJob(spec, ctx, on_action=on_action, confirm=confirm).run()
     return _finish(report, raise_on_error)
 
 
@@ -393,7 +405,8 @@ async def resume_async(
         raise UsageError(f"invalid overrides: {', '.join(unknown)} (use TransferConfig field names)")
     env = arguments.env(env)
     progress = _progress(progress, subscribers)
-    journal = _journal(journal_path, env)
+    bound = _BOUND.get()
+    journal = bound.journal if bound is not None else _journal(journal_path, env)
     try:
         job = journal.get_job(job_id)
         if job.state is JobState.DONE:
@@ -408,12 +421,14 @@ async def resume_async(
         remote = job.source if job.kind is JobKind.DOWNLOAD else job.dest
         loc = parse_location(remote if not sas else f"{remote}?{sas.lstrip('?')}")
     except BaseException:
-        journal.close()
+        if bound is None:
+            journal.close()
         raise
-    if job.kind is JobKind.DOWNLOAD:
-        report = await _run_download(loc, Path(job.dest), config, env, progress, job, journal, selection=selection)
-    else:
-        report = await _run_upload(Path(job.source), loc, config, env, progress, job, journal, selection)
+    async with _session_for(config, env, progress, journal) as session:
+        if job.kind is JobKind.DOWNLOAD:
+            report = await _run_download(loc, Path(job.dest), config, session, progress, job, selection=selection)
+        else:
+            report = await _run_upload(Path(job.source), loc, config, session, progress, job, selection)
     return _finish(report, raise_on_error)
 
 
@@ -437,7 +452,8 @@ def list_jobs(journal_path: Path | None = None, env: Mapping[str, str] | None = 
 def show_job(
     job_id: str, journal_path: Path | None = None, env: Mapping[str, str] | None = None
 ) -> tuple[JobSummary, list[FileRow]]:
-    journal = _journal(journal_path, env)
+    bound = _BOUND.get()
+    journal = bound.journal if bound is not None else _journal(journal_path, env)
     try:
         job = journal.get_job(job_id)
         return JobSummary(job, journal.job_totals(job.id)), journal.files(job.id)
@@ -450,7 +466,8 @@ def set_job_cap(job_id: str, cap_mbps: float, journal_path: Path | None = None,
     """Change the bandwidth cap of a job started with --cap-mbps; a running job applies it within a second, a
     resumed one starts with it. Returns the job."""
     arguments.number(cap_mbps, "cap_mbps", 0.001, 1_000_000, " Mbit/s")
-    journal = _journal(journal_path, env)
+    bound = _BOUND.get()
+    journal = bound.journal if bound is not None else _journal(journal_path, env)
     try:
         job = journal.get_job(job_id)
         if not job.options.get("cap_mbps"):

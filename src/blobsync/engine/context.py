@@ -133,17 +133,22 @@ class RemoteRunner(Protocol):
                   items: Iterable[WorkItem], totals: tuple[int, int]) -> None: ...
 
 
-def request_path(config: TransferConfig, progress: Progress, clock: Callable[[], float] = time.monotonic
-                 ) -> RequestPath:
-    """The request path of one job (or one ls, make or rm): its adaptive limit, retry policy and counters."""
+def job_retrier(config: TransferConfig, progress: Progress) -> Retrier:
+    """The retry policy of one job, counting its retries in `progress`."""
 
     def on_retry(error: BaseException, delay: float) -> None:
         progress.retries += 1
         log.info("retrying in %.1fs after: %s", delay, redact(str(error)))
 
-    policy = RetryPolicy(max_attempts=config.max_retries + 1, deadline=config.retry_deadline)
+    return Retrier(RetryPolicy(max_attempts=config.max_retries + 1, deadline=config.retry_deadline),
+                   on_retry=on_retry)
+
+
+def request_path(config: TransferConfig, progress: Progress, clock: Callable[[], float] = time.monotonic
+                 ) -> RequestPath:
+    """The request path of one job (or one ls, make or rm): its adaptive limit, retry policy and counters."""
     return RequestPath(RequestLimiter(config.start_concurrency, config.max_concurrency, clock),
-                       Retrier(policy, on_retry=on_retry), progress)
+                       job_retrier(config, progress), progress)
 
 
 @dataclass

@@ -1,25 +1,94 @@
-"""One job's store and engine context, opened together for a URL and closed together."""
+"""What the jobs of one Client share (stores and their connection pools and tokens, the journal, the request and
+memory budgets, the bandwidth cap, the thread pools), and one job's engine context made from it."""
 
 from __future__ import annotations
 
+import asyncio
+import os
 from collections.abc import AsyncIterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
-from blobsync.backends.base import Location
-from blobsync.backends.registry import Wire, open_store
+from blobsync.backends.base import Location, Store
+from blobsync.backends.registry import Wire, open_store, parse_location
 from blobsync.config import TransferConfig
 from blobsync.engine.bandwidth import TokenBucket, mbps_to_bytes
-from blobsync.engine.context import EngineContext, Progress, RemoteRunner, open_engine
+from blobsync.engine.budget import MemoryBudget, RequestLimiter
+from blobsync.engine.context import (
+    EngineContext,
+    Progress,
+    RemoteRunner,
+    RequestPath,
+    job_retrier,
+    memory_budget,
+    open_engine,
+)
 from blobsync.engine.prompt import OverwritePrompt
 from blobsync.journal import Journal
+
+
+class Session:
+    """Shared by every call of a Client: one store per container (each with one connection pool and one credential,
+    so one token cache), one journal, one request limit and one memory budget for all calls in flight, one
+    bandwidth cap and one pair of thread pools. The budgets, the cap and the connection settings are `config`'s;
+    a call's own config sets only what its job does (overwrite, block size, metadata, ...)."""
+
+    def __init__(self, config: TransferConfig, env: Mapping[str, str], journal: Journal,
+                 wire_progress: Progress | None = None) -> None:
+        self.config = config
+        self.env = env
+        self.journal = journal
+        self.bucket = TokenBucket(mbps_to_bytes(config.cap_mbps)) if config.cap_mbps else None
+        # Bytes on the wire as they move (a display figure): the one call's, or the Client's for all its calls.
+        self.progress = wire_progress or Progress()
+        self.memory = MemoryBudget(memory_budget(config))
+        self.limiter = RequestLimiter(config.start_concurrency, config.max_concurrency)
+        self.io_pool = ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2) + 2), thread_name_prefix="bs-io")
+        self.hash_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bs-md5")
+        self._stores: dict[tuple[str, str], Store] = {}
+        self.closed = False
+
+    def store(self, location: str | Location) -> Store:
+        """The store of the container `location` names (opened on first use, then reused)."""
+        loc = parse_location(location) if isinstance(location, str) else location
+        key = (loc.container_url, str(getattr(loc, "sas", "") or ""))
+        store = self._stores.get(key)
+        if store is None:
+            wire = Wire(self.bucket.take if self.bucket else None, self.progress.on_wire)
+            store = self._stores[key] = open_store(loc, self.config, self.env, wire)
+        return store  # container-scoped: a job takes its path from its own location
+
+    @asynccontextmanager
+    async def job(self, location: str | Location, config: TransferConfig, *, progress: Progress,
+                  overwrite_prompt: OverwritePrompt | None = None, cluster: RemoteRunner | None = None
+                  ) -> AsyncIterator[EngineContext]:
+        """The engine context of one call: the session's store, budgets and pools, the call's config, progress
+        and retry counters."""
+        store = self.store(location)
+        requests = RequestPath(self.limiter, job_retrier(config, progress), progress)
+        yield EngineContext(store, self.journal, config, self.memory, requests, self.io_pool, self.hash_pool,
+                            progress, overwrite_prompt, self.bucket, cluster)
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            for store in self._stores.values():
+                await store.close()
+        finally:
+            self._stores.clear()
+            await asyncio.to_thread(self.io_pool.shutdown, wait=True)
+            self.hash_pool.shutdown(wait=True)
+            self.journal.close()
 
 
 @asynccontextmanager
 async def open_session(location: str | Location, config: TransferConfig, env: Mapping[str, str], journal: Journal,
                        *, progress: Progress | None = None, overwrite_prompt: OverwritePrompt | None = None,
                        cluster: RemoteRunner | None = None) -> AsyncIterator[EngineContext]:
-    """The store for `location`, its wire obeying the job's bandwidth cap and feeding its progress, and the engine
-    context around it."""
+    """One job on its own: the store for `location`, its wire obeying the job's bandwidth cap and feeding its
+    progress, and the engine context around it (the journal stays the caller's to close)."""
     progress = progress or Progress()
     bucket = TokenBucket(mbps_to_bytes(config.cap_mbps)) if config.cap_mbps else None
     store = open_store(location, config, env, Wire(bucket.take if bucket else None, progress.on_wire))
