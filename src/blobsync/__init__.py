@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     )
     from blobsync.backends.azure.doctor import Diagnosis, Finding
     from blobsync.backends.base import BlobProperties
+    from blobsync.client import Client
     from blobsync.config import CheckMd5, Overwrite, TransferConfig
     from blobsync.engine.context import Progress
     from blobsync.engine.prompt import Answer
@@ -65,7 +66,7 @@ _HOMES = {
     "make_container": "blobsync.api", "Answer": "blobsync.engine.prompt", "remove": "blobsync.api",
     "resume": "blobsync.api", "resume_async": "blobsync.api", "show_job": "blobsync.api", "sync": "blobsync.api",
     "sync_async": "blobsync.api", "watch": "blobsync.api", "watch_async": "blobsync.api",
-    "BlobProperties": "blobsync.backends.base",
+    "BlobProperties": "blobsync.backends.base", "Client": "blobsync.client",
     "CheckMd5": "blobsync.config", "Overwrite": "blobsync.config", "TransferConfig": "blobsync.config",
     "Diagnosis": "blobsync.backends.azure.doctor", "Finding": "blobsync.backends.azure.doctor",
     "Progress": "blobsync.engine.context",
@@ -108,6 +109,7 @@ __all__ = [
     "BlobProperties",
     "BlobsyncError",
     "CheckMd5",
+    "Client",
     "CompareMode",
     "ContainerNotFoundError",
     "DeleteMode",

@@ -8,5 +8,6 @@ from blobsync.api import resume_async as resume
 from blobsync.api import sync_async as sync
 from blobsync.api import watch_async as watch
 from blobsync.backends.azure.doctor import diagnose
+from blobsync.client import AsyncClient as Client
 
-__all__ = ["copy", "diagnose", "list_blobs", "make_container", "remove", "resume", "sync", "watch"]
+__all__ = ["Client", "copy", "diagnose", "list_blobs", "make_container", "remove", "resume", "sync", "watch"]

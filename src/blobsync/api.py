@@ -78,7 +78,10 @@ def _progress(progress: Progress | None, subscribers: Sequence[Subscriber]) -> P
 
 
 def _config(config: TransferConfig | None) -> TransferConfig:
-    return arguments.optional(config, "config", TransferConfig, "a blobsync.TransferConfig") or TransferConfig()
+    """The call's config; without one, the bound Client's (its defaults), else the defaults."""
+    given = arguments.optional(config, "config", TransferConfig, "a blobsync.TransferConfig")
+    bound = _BOUND.get()
+    return given or (bound.config if bound is not None else TransferConfig())
 
 
 def _check_common(filters: Filters | None, dry_run: bool, raise_on_error: bool, **callbacks: object) -> None:

@@ -37,6 +37,8 @@ class FileResult:
     reason: str = ""  # why skipped or failed; "resumed" notes for uploads
     exit_code: ExitCode = ExitCode.OK
     bytes_delta: int = 0  # unchanged blocks a delta upload named from the committed version, not sent
+    etag: str | None = None  # transferred: the version written (upload) or read (download)
+    content_md5: bytes | None = None  # transferred: the MD5 of the bytes, as stored in the blob's Content-MD5
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,19 @@ blobsync.list_blobs(URL, max_retry=3)  # expect-error
 TransferConfig(concurrency="lots")  # expect-error
 TransferConfig(block_size_mb=4)  # expect-error
 
+client = blobsync.Client(URL)
+client.copy("./src", URL, raise_on_eror=True)  # expect-error
+client.sync("./src", URL, delete="yes")  # expect-error
+client.put("text", "name")  # expect-error
+client.submit(client.aio.put, b"x", "n", concurency=4)  # expect-error
+data: bytes = client.get("n", into=bytearray(4))  # expect-error
+
 # What is right passes.
 blobsync.sync("./src", URL, delete=False, compare="md5", dry_run=True)
 blobsync.sync("./src", URL, delete=DeleteMode.TRUE, max_delete="5%")
 blobsync.copy("./src", URL, TransferConfig(concurrency="auto", recursive=True), subscribers=[blobsync.BaseSubscriber()])
+with blobsync.Client(URL) as c:
+    c.sync("./src", c.url_for("run7"), delete=False)
+    view: memoryview = c.get("n", into=bytearray(4))
+    whole: bytes = c.get("n")
+    c.submit(c.aio.put, b"x", "n").result()

@@ -98,7 +98,8 @@ class FileDownloader:
                                 etag=props.etag)
         reused = props.size - sent
         note = f"resumed: {reused} bytes were already on disk" if reused else ""
-        return FileResult(row.rel, row.blob, props.size, FileStatus.TRANSFERRED, bytes_sent=sent, reason=note)
+        return FileResult(row.rel, row.blob, props.size, FileStatus.TRANSFERRED, bytes_sent=sent, reason=note,
+                          etag=props.etag or None, content_md5=digest if want_md5 else props.content_md5)
 
     def _resumable(self, row: FileRow, props: BlobProperties, target: Path) -> tuple[int, set[int] | None]:
         """The block size and the ranges already on disk (None: start afresh, journaled and flushed first)."""

@@ -19,7 +19,7 @@ from blobsync.engine.plan import block_count, block_ranges
 from blobsync.engine.tasks import cancel_all, gather_or_cancel, in_thread, raise_first_failure
 from blobsync.errors import ConflictError, IntegrityError, SourceChangedError
 from blobsync.journal import FileRow, FileState
-from blobsync.local.files import FileIdentity, OpenFile
+from blobsync.local.files import FileIdentity, Source
 from blobsync.report import FileResult, FileStatus
 
 log = logging.getLogger("blobsync")
@@ -66,7 +66,7 @@ class BlockWrite:
         return self.plan.identity.size
 
 
-def read_block(src: OpenFile, view: memoryview, offset: int, unchanged: bytes | None = None,
+def read_block(src: Source, view: memoryview, offset: int, unchanged: bytes | None = None,
                check: CheckKind | None = CheckKind.MD5) -> tuple[PartCheck | None, bytes]:
     """Fill `view` from the file and return its digests (in a worker thread)."""
     src.read_into(view, offset)
@@ -107,7 +107,7 @@ class BlockUploader:
         small files never needs."""
         return choose_check(self.ctx.store.capabilities.part_checks, self.ctx.config.block_check.value)
 
-    async def run(self, w: BlockWrite, src: OpenFile, resume: bool) -> FileResult:
+    async def run(self, w: BlockWrite, src: Source, resume: bool) -> FileResult:
         if resume:
             await self._find_staged(w)
         md5 = await self._stage_all(w, src)
@@ -131,7 +131,7 @@ class BlockUploader:
                                size=w.size, mtime_ns=ident.mtime_ns, inode=ident.inode, reset=False,
                                ctime_ns=ident.ctime_ns)
 
-    async def _stage_all(self, w: BlockWrite, src: OpenFile) -> bytes | None:
+    async def _stage_all(self, w: BlockWrite, src: Source) -> bytes | None:
         """Read every block, stage the ones the store lacks, and hash the file in order; returns its MD5."""
         ctx = self.ctx
         whole = new_md5() if ctx.config.put_md5 else None
@@ -166,7 +166,7 @@ class BlockUploader:
             raise
         return whole.digest() if whole is not None else None
 
-    async def _read_block(self, w: BlockWrite, src: OpenFile, window: Window, idx: int, offset: int, length: int
+    async def _read_block(self, w: BlockWrite, src: Source, window: Window, idx: int, offset: int, length: int
                           ) -> tuple[BlockBuffer, memoryview, PartCheck | None]:
         """A window slot and a pooled buffer, filled from the file in a worker thread with its digests."""
         ctx = self.ctx
@@ -254,5 +254,5 @@ class BlockUploader:
         if w.reused - w.delta:
             notes.append(f"resumed: {w.reused - w.delta} bytes were already on the service")
         return FileResult(w.row.rel, blob, w.size, FileStatus.TRANSFERRED, bytes_sent=w.size - w.reused,
-                          reason="; ".join(notes), bytes_delta=w.delta)
+                          reason="; ".join(notes), bytes_delta=w.delta, etag=result.etag, content_md5=md5)
 

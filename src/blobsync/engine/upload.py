@@ -6,7 +6,7 @@ import contextlib
 import logging
 import mimetypes
 from dataclasses import replace
-from pathlib import Path
+from pathlib import Path, PurePath
 
 from blobsync.backends.base import BlobHeaders, ChunkedWriter, Conditions
 from blobsync.config import Overwrite, TransferConfig
@@ -26,7 +26,7 @@ from blobsync.errors import (
     StagingRefusedError,
 )
 from blobsync.journal import FileRow, FileState
-from blobsync.local.files import INLINE_READ_MAX, FileIdentity, OpenFile
+from blobsync.local.files import INLINE_READ_MAX, FileIdentity, OpenFile, Source
 from blobsync.report import FileResult, FileStatus
 
 log = logging.getLogger("blobsync")
@@ -34,7 +34,7 @@ log = logging.getLogger("blobsync")
 _ATTEMPTS = 3  # chunked writes of one file: the first, and two after the store lost or refused staged parts
 
 
-def _read_small(src: OpenFile, size: int) -> tuple[bytes, bytes]:
+def _read_small(src: Source, size: int) -> tuple[bytes, bytes]:
     data = src.read_all(size)
     return data, md5_of(data)
 
@@ -56,7 +56,12 @@ class FileUploader:
         finally:
             src.close()  # every read of it has finished by now, even on cancellation
 
-    async def _upload(self, row: FileRow, src: OpenFile) -> FileResult:
+    async def upload_source(self, row: FileRow, src: Source) -> FileResult:
+        """Upload what `src` holds (bytes in memory, a file object) as the blob `row` names."""
+        self.ctx.store.check_name(row.blob)
+        return await self._upload(row, src)
+
+    async def _upload(self, row: FileRow, src: Source) -> FileResult:
         identity = src.opened
         conditions = await self._conditions(row, identity)
         if isinstance(conditions, str):
@@ -84,7 +89,7 @@ class FileUploader:
             return "exists at the destination (not overwritten, as answered)"
         return Conditions(if_match=props.etag)
 
-    def _headers(self, path: Path, identity: FileIdentity) -> BlobHeaders:
+    def _headers(self, path: PurePath, identity: FileIdentity) -> BlobHeaders:
         return upload_headers(self.ctx.config, path, identity)
 
     def _skipped(self, row: FileRow, identity: FileIdentity, reason: str) -> FileResult:
@@ -93,7 +98,7 @@ class FileUploader:
 
     # --- small files --------------------------------------------------------------------------------------
 
-    async def _put_single(self, row: FileRow, src: OpenFile, plan: UploadPlan) -> FileResult:
+    async def _put_single(self, row: FileRow, src: Source, plan: UploadPlan) -> FileResult:
         ctx = self.ctx
         before = plan.identity
         reserved = await ctx.memory.reserve(before.size)
@@ -120,11 +125,12 @@ class FileUploader:
         ctx.journal.finish_file(row.id, FileState.COMMITTED, md5_hex=md5.hex(), etag=result.etag,
                                 bytes_sent=before.size)
         ctx.journal.forget_commit(ctx.store.container_url, plan.blob)
-        return FileResult(row.rel, plan.blob, before.size, FileStatus.TRANSFERRED, bytes_sent=before.size)
+        return FileResult(row.rel, plan.blob, before.size, FileStatus.TRANSFERRED, bytes_sent=before.size,
+                          etag=result.etag, content_md5=md5)
 
     # --- chunked writes -----------------------------------------------------------------------------------
 
-    async def _put_blocks(self, row: FileRow, src: OpenFile, plan: UploadPlan) -> FileResult:
+    async def _put_blocks(self, row: FileRow, src: Source, plan: UploadPlan) -> FileResult:
         ident = plan.identity
         same_source = (row.size, row.mtime_ns, row.inode, row.ctime_ns) == (ident.size, ident.mtime_ns, ident.inode,
                                                                             ident.ctime_ns)
@@ -193,7 +199,7 @@ class FileUploader:
         return True
 
 
-def upload_headers(cfg: TransferConfig, path: Path, identity: FileIdentity) -> BlobHeaders:
+def upload_headers(cfg: TransferConfig, path: PurePath, identity: FileIdentity) -> BlobHeaders:
     """The properties an uploaded file's blob gets: content type, metadata (with the source's mtime), tier, ..."""
     content_type = cfg.content_type or (_guess_type(path) if cfg.guess_mime_type else OCTET_STREAM)
     metadata = {**cfg.metadata, MTIME_KEY: format_mtime(identity.mtime_ns)}
@@ -207,7 +213,7 @@ _BINARY_SUFFIXES = frozenset((".pt", ".pth", ".ckpt", ".safetensors", ".h5", ".h
                               ".onnx", ".npy", ".npz", ".parquet", ".bin", ".gguf", ".tflite", ".pb", ".msgpack"))
 
 
-def _guess_type(path: Path) -> str:
+def _guess_type(path: PurePath) -> str:
     if path.suffix.lower() in _BINARY_SUFFIXES:
         return OCTET_STREAM
     guessed, _ = mimetypes.guess_type(path.name, strict=False)

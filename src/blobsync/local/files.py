@@ -9,7 +9,8 @@ import sys
 import unicodedata
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
+from typing import Protocol
 
 from blobsync.errors import SourceChangedError, SourceError, UsageError
 from blobsync.local.platform import features, open_positional
@@ -175,6 +176,24 @@ def check_source(path: Path, recursive: bool) -> None:
         raise UsageError(f"source {str(path)!r} does not exist")
     if path.is_dir() and not recursive:
         raise UsageError(f"source {str(path)!r} is a folder: pass -r/--recursive to upload its contents")
+
+
+class Source(Protocol):
+    """What an upload reads: a file opened by OpenFile, or bytes in memory (engine/sources.py)."""
+
+    @property
+    def path(self) -> PurePath: ...  # for messages and the content type guess
+
+    @property
+    def opened(self) -> FileIdentity: ...  # as it was when opened
+
+    def identity(self) -> FileIdentity: ...
+
+    def read_into(self, buf: memoryview, offset: int) -> None: ...
+
+    def read_all(self, size: int) -> bytes: ...
+
+    def read_all_cached(self, size: int) -> bytearray | None: ...
 
 
 class OpenFile:

@@ -1,0 +1,115 @@
+"""blobsync.Client and blobsync.aio.Client against Azurite: one session across calls, bytes in and out, background
+pushes; every byte checked with an SDK download (issue 27, part 1, 3 and 4)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import io
+import os
+from pathlib import Path
+
+import pytest
+
+import blobsync
+from blobsync import TransferConfig
+from blobsync.config import MiB
+from conftest import ContainerHandle
+
+
+def _config(tmp_path: Path) -> TransferConfig:
+    return TransferConfig.from_mib(block_size_mb=1, journal_path=tmp_path / "j.db")
+
+
+def test_put_and_get_bytes_small_and_in_blocks_with_what_landed(container: ContainerHandle, tmp_path: Path) -> None:
+    small, big = b"hello world", os.urandom(5 * MiB + 3)
+    with blobsync.Client(container.url, _config(tmp_path)) as client:
+        first = client.put(small, "a/b.txt")
+        second = client.put(big, "big.bin")
+        third = client.put(io.BytesIO(big[7:]), "obj.bin")
+        assert client.get("big.bin") == big
+        buf = bytearray(6 * MiB)
+        view = client.get("big.bin", into=buf)
+        assert len(view) == len(big) and bytes(view) == big
+        assert sorted(p.name for p in client.ls()) == ["a/b.txt", "big.bin", "obj.bin"]
+        assert [p.name for p in client.ls("a")] == ["a/b.txt"]
+        stores = client.aio._session._stores if client.aio._session else {}
+        assert len(stores) == 1  # every call went through one store: one connection pool, one credential
+    for result, name, data in ((first, "a/b.txt", small), (second, "big.bin", big), (third, "obj.bin", big[7:])):
+        assert container.download(name) == data
+        props = container.client.get_blob_client(name).get_blob_properties()
+        assert result.etag == props.etag and result.size == len(data)
+        assert result.content_md5 == hashlib.md5(data).digest() == bytes(props.content_settings.content_md5)
+    assert second.bytes_sent == len(big)
+
+
+def test_get_refuses_a_short_buffer_and_names_a_missing_blob(container: ContainerHandle, tmp_path: Path) -> None:
+    container.client.upload_blob("x.bin", b"0123456789")
+    with blobsync.Client(container.url, _config(tmp_path)) as client:
+        with pytest.raises(blobsync.UsageError, match="holds 4 bytes"):
+            client.get("x.bin", into=bytearray(4))
+        with pytest.raises(blobsync.BlobNotFoundError) as caught:
+            client.get("missing.bin")
+        assert caught.value.status == 404
+
+
+def test_copy_and_sync_through_the_client_share_its_session(container: ContainerHandle, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "d").mkdir(parents=True)
+    (src / "d" / "one.pt").write_bytes(b"one")
+    (src / "two.h5").write_bytes(b"two")
+    container.client.upload_blob("run/orphan.txt", b"keep me")
+    with blobsync.Client(container.url, _config(tmp_path)) as client:
+        report = client.sync(src, client.url_for("run"), delete=False)
+        assert report.files_transferred == 2
+        copied = client.copy(src / "two.h5", client.url_for("single/two.h5"))
+        assert copied.files_transferred == 1
+        down = client.copy(client.url_for("run"), tmp_path / "down", TransferConfig(recursive=True,
+                                                                                     journal_path=tmp_path / "j.db"))
+        assert down.files_failed == 0
+        session = client.aio._session
+        assert session is not None and len(session._stores) == 1
+    assert container.download("run/d/one.pt") == b"one"
+    assert container.download("run/orphan.txt") == b"keep me"
+    assert container.download("single/two.h5") == b"two"
+    assert (tmp_path / "down" / "run" / "d" / "one.pt").read_bytes() == b"one"
+
+
+def test_submit_pushes_in_the_background_and_returns_a_future(container: ContainerHandle, tmp_path: Path) -> None:
+    data = os.urandom(3 * MiB)
+    with blobsync.Client(container.url, _config(tmp_path)) as client:
+        futures = [client.submit(client.aio.put, data, f"ckpt/ep{i}.pt") for i in range(4)]
+        steps = 0
+        while not all(f.done() for f in futures):  # the training loop goes on meanwhile
+            steps += 1
+            asyncio.run(asyncio.sleep(0.001))
+        results = [f.result() for f in futures]
+    assert all(r.etag for r in results)
+    for i in range(4):
+        assert container.download(f"ckpt/ep{i}.pt") == data
+
+
+def test_the_async_client_runs_concurrent_calls_under_one_budget(container: ContainerHandle, tmp_path: Path) -> None:
+    async def main() -> list[blobsync.FileResult]:
+        config = TransferConfig.from_mib(block_size_mb=1, memory_mb=4, journal_path=tmp_path / "j.db",
+                                         concurrency=4)
+        async with blobsync.aio.Client(container.url, config) as client:
+            results = await asyncio.gather(*(client.put(bytes([i]) * (2 * MiB + i), f"p/{i}.bin")
+                                             for i in range(6)))
+            session = client._session
+            assert session is not None and session.memory.limit == 4 * MiB
+            return list(results)
+
+    results = asyncio.run(main())
+    for i, result in enumerate(results):
+        assert result.size == 2 * MiB + i
+        assert container.download(f"p/{i}.bin") == bytes([i]) * (2 * MiB + i)
+
+
+def test_put_refuses_what_is_not_bytes_or_a_seekable_file(container: ContainerHandle, tmp_path: Path) -> None:
+    with blobsync.Client(container.url, _config(tmp_path)) as client:
+        with pytest.raises(blobsync.UsageError, match="put\\(\\) takes bytes"):
+            client.put("text, not bytes", "x.txt")  # type: ignore[arg-type]
+        with pytest.raises(blobsync.UsageError, match="needs a blob name"):
+            client.put(b"x", "folder/")
+    assert container.blob_names() == []
