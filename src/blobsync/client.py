@@ -51,9 +51,10 @@ class AsyncClient:
     token fetch), the journal, and one request and memory budget, set by `config` (a call's own config sets what
     its job does: overwrite, block size, metadata...)."""
 
-    def __init__(self, url: str, config: TransferConfig | None = None, *, env: Mapping[str, str] | None = None
-                 ) -> None:
+    def __init__(self, url: str, config: TransferConfig | None = None, *, credential: object = None,
+                 env: Mapping[str, str] | None = None) -> None:
         self.url = arguments.url(url, "url")
+        self.credential = credential
         self._parts = urlsplit(self.url)
         if self._parts.scheme not in ("http", "https", "memory"):
             raise UsageError(f"invalid url {strip_query(self.url)!r}: a blob account or container URL")
@@ -65,7 +66,8 @@ class AsyncClient:
     def _open(self) -> Session:
         if self._session is None or self._session.closed:
             journal = Journal(self.config.journal_path or default_journal_path(self.env))
-            self._session = Session(self.config, self.env, journal, wire_progress=self.progress)
+            self._session = Session(self.config, self.env, journal, wire_progress=self.progress,
+                                    credential=self.credential)
         return self._session
 
     async def __aenter__(self) -> AsyncClient:
@@ -193,9 +195,9 @@ class Client:
     its own, so they share the session whichever thread calls; `submit(client.aio.put, data, name)` starts one in
     the background and returns a concurrent.futures.Future (a training loop goes on while a checkpoint uploads)."""
 
-    def __init__(self, url: str, config: TransferConfig | None = None, *, env: Mapping[str, str] | None = None
-                 ) -> None:
-        self.aio = AsyncClient(url, config, env=env)
+    def __init__(self, url: str, config: TransferConfig | None = None, *, credential: object = None,
+                 env: Mapping[str, str] | None = None) -> None:
+        self.aio = AsyncClient(url, config, credential=credential, env=env)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="blobsync-client", daemon=True)
         self._thread.start()

@@ -207,6 +207,10 @@ class TransientError(ServiceError):
         self.retry_after = retry_after
 
 
+class CredentialRenewed(TransientError):
+    """The service refused a credential that has been renewed since (an expired SAS from a provider): resend."""
+
+
 class ThrottledError(TransientError):
     """429, 503 ServerBusy or 500 OperationTimedOut: the service asks us to slow down."""
 

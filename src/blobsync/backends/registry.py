@@ -33,7 +33,10 @@ class Backend(Protocol):
         """The location a URL names; UsageError (never echoing a secret) when it is malformed."""
         ...
 
-    def open(self, location: Location, config: TransferConfig, env: Mapping[str, str], wire: Wire) -> Store: ...
+    def open(self, location: Location, config: TransferConfig, env: Mapping[str, str], wire: Wire) -> Store:
+        """A store for the container `location` names; a backend that takes credential objects also accepts
+        `credential=` (Client(credential=...)), which then replaces what the URL and the environment give."""
+        ...
 
 
 _BACKENDS: dict[str, Backend] = {}
@@ -73,8 +76,16 @@ def parse_location(url: str) -> Location:
     return backend_for(url).parse(url)
 
 
-def open_store(url: str | Location, config: TransferConfig, env: Mapping[str, str], wire: Wire = NO_WIRE
-               ) -> Store:
-    """A store for the container a URL (or a parsed location) names."""
+def open_store(url: str | Location, config: TransferConfig, env: Mapping[str, str], wire: Wire = NO_WIRE,
+               credential: object = None) -> Store:
+    """A store for the container a URL (or a parsed location) names, with `credential` if one is given."""
     location = parse_location(url) if isinstance(url, str) else url
-    return backend_for(location.display).open(location, config, env, wire)
+    backend = backend_for(location.display)
+    if credential is None:
+        return backend.open(location, config, env, wire)
+    try:
+        return backend.open(location, config, env, wire, credential=credential)  # type: ignore[call-arg]
+    except TypeError as exc:
+        if "credential" not in str(exc):
+            raise
+        raise UsageError(f"{location.display}: this kind of store takes no credential object") from None

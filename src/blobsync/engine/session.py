@@ -34,8 +34,9 @@ class Session:
     a call's own config sets only what its job does (overwrite, block size, metadata, ...)."""
 
     def __init__(self, config: TransferConfig, env: Mapping[str, str], journal: Journal,
-                 wire_progress: Progress | None = None) -> None:
+                 wire_progress: Progress | None = None, credential: object = None) -> None:
         self.config = config
+        self.credential = credential  # a Client's credential object (None: the URL's SAS or the environment)
         self.env = env
         self.journal = journal
         self.bucket = TokenBucket(mbps_to_bytes(config.cap_mbps)) if config.cap_mbps else None
@@ -55,7 +56,7 @@ class Session:
         store = self._stores.get(key)
         if store is None:
             wire = Wire(self.bucket.take if self.bucket else None, self.progress.on_wire)
-            store = self._stores[key] = open_store(loc, self.config, self.env, wire)
+            store = self._stores[key] = open_store(loc, self.config, self.env, wire, self.credential)
         return store  # container-scoped: a job takes its path from its own location
 
     @asynccontextmanager

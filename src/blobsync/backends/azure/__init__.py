@@ -21,14 +21,16 @@ class AzureBackend:
 
         return parse_location(url)
 
-    def open(self, location: Location, config: TransferConfig, env: Mapping[str, str], wire: Wire
-             ) -> AzureContainerStore:
-        from blobsync.backends.azure.auth import resolve_credential
+    def open(self, location: Location, config: TransferConfig, env: Mapping[str, str], wire: Wire,
+             credential: object = None) -> AzureContainerStore:
+        from blobsync.backends.azure.auth import credential_from, resolve_credential
         from blobsync.backends.azure.location import BlobLocation
         from blobsync.backends.azure.store import AzureContainerStore
 
         assert isinstance(location, BlobLocation)
-        return AzureContainerStore(location, resolve_credential(location, env, config.trusted_suffixes),
+        signer = resolve_credential(location, env, config.trusted_suffixes) if credential is None else \
+            credential_from(credential, location, env, config.trusted_suffixes)
+        return AzureContainerStore(location, signer,
                                    connections=config.max_concurrency + 4, read_timeout=config.stall_timeout,
                                    throttle=wire.throttle, on_wire=wire.on_wire, proxy=config.proxy, env=env)
 

@@ -6,9 +6,11 @@ import asyncio
 import base64
 import hashlib
 import hmac
+import inspect
 import logging
+import re
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -42,12 +44,19 @@ class Credential(Protocol):
 
     async def authorize(self, request: Request) -> None: ...
 
+    async def refresh(self) -> bool:
+        """After the service refused this credential (401/403): get a fresh one; True if there is one to try."""
+        ...
+
     async def close(self) -> None: ...
 
 
 class _NothingToClose:
     async def close(self) -> None:
         return None
+
+    async def refresh(self) -> bool:
+        return False  # a fixed credential: the refusal stands
 
 
 @dataclass
@@ -148,6 +157,8 @@ class TokenCredential:
     source: _TokenSource
     description: str = "Azure AD (DefaultAzureCredential)"
     is_sas: bool = False
+    owned: bool = True  # made here (DefaultAzureCredential): closed with the store
+    _refreshed: float = field(default=0.0, init=False, repr=False)
     _token: str | None = field(default=None, init=False, repr=False)
     _expires_on: float = field(default=0.0, init=False, repr=False)
     _fetching: asyncio.Lock | None = field(default=None, init=False, repr=False)
@@ -176,10 +187,129 @@ class TokenCredential:
         self._expires_on = float(token.expires_on)
         register_secret(self._token)
 
+    async def refresh(self) -> bool:
+        """A token the service refused (revoked, clock skew): fetch anew, at most once a minute."""
+        if time.time() - self._refreshed < 60:
+            return False
+        self._refreshed = time.time()
+        self._token = None
+        return True
+
     async def close(self) -> None:
+        if not self.owned:
+            return  # the caller's credential object: closing it is theirs
         closer = getattr(self.source, "close", None)
         if closer is not None:
             await closer()
+
+
+class SasProvider:
+    """A SAS from a callable (sync or async) that returns a fresh one: asked at first use and again whenever the
+    service refuses the current one (expired), so a long job goes on at block level with the new SAS."""
+
+    description = "SAS from the credential provider"
+    is_sas = True
+
+    def __init__(self, provider: Callable[[], str | Awaitable[str]]) -> None:
+        self._provider = provider
+        self._sas: str | None = None
+        self._fetching: asyncio.Lock | None = None
+
+    async def _fetch(self) -> str:
+        got = self._provider()
+        if inspect.isawaitable(got):
+            got = await got
+        if not isinstance(got, str) or "sig=" not in got:
+            raise AuthError("the SAS provider returned no SAS (a query string with sig=)")
+        sas = got.lstrip("?")
+        register_secret(sas)
+        for part in sas.split("&"):
+            if part.startswith("sig="):
+                register_secret(part[4:])
+        return sas
+
+    async def authorize(self, request: Request) -> None:
+        if self._sas is None:
+            self._fetching = self._fetching or asyncio.Lock()
+            async with self._fetching:
+                if self._sas is None:
+                    self._sas = await self._fetch()
+        request.sas = self._sas
+
+    async def refresh(self) -> bool:
+        old = self._sas
+        self._fetching = self._fetching or asyncio.Lock()
+        async with self._fetching:
+            if self._sas != old:  # another request refreshed it meanwhile
+                return True
+            self._sas = await self._fetch()
+        return self._sas != old
+
+    async def close(self) -> None:
+        return None
+
+
+class _AzureSas(_NothingToClose):
+    """azure-core's AzureSasCredential: its signature read at every request (the owner may update() it)."""
+
+    description = "AzureSasCredential"
+    is_sas = True
+
+    def __init__(self, source: Any) -> None:
+        self._source = source
+        self._used: str | None = None
+
+    async def authorize(self, request: Request) -> None:
+        self._used = str(self._source.signature).lstrip("?")
+        register_secret(self._used)
+        request.sas = self._used
+
+    async def refresh(self) -> bool:
+        return str(self._source.signature).lstrip("?") != self._used
+
+
+class _SyncTokens:
+    """A synchronous azure-identity credential behind the async get_token the signer awaits."""
+
+    def __init__(self, source: Any) -> None:
+        self._source = source
+
+    async def get_token(self, *scopes: str) -> Any:
+        return await asyncio.to_thread(self._source.get_token, *scopes)
+
+
+def credential_from(obj: object, loc: BlobLocation, env: Mapping[str, str], trusted: tuple[str, ...] = ()
+                    ) -> Credential:
+    """The credential a caller passed (Client(credential=...)): a SAS or connection string (text), an azure-core
+    AzureSasCredential or AzureNamedKeyCredential, an azure-identity TokenCredential (sync or async), or a
+    callable returning a fresh SAS. Keys and tokens go to trusted hosts only, as the environment's do."""
+    if isinstance(obj, str):
+        text = obj.strip()
+        if re.search(r"(?i)(^|;)\s*(accountkey|sharedaccesssignature|blobendpoint|usedevelopmentstorage)=", text):
+            cred = _from_connection_string(loc, text)
+            if cred is None:
+                raise UsageError(f"the connection string given as credential is not for account {loc.account!r}")
+            return _check_trusted(loc, cred, trusted, _endpoint_host(text))
+        if "sig=" not in text:
+            raise UsageError("credential text is neither a SAS (a query string with sig=) nor a connection string")
+        register_secret(text.lstrip("?"))
+        return SasCredential(text.lstrip("?"), description="SAS given as credential")
+    if hasattr(obj, "named_key"):
+        name, key = obj.named_key
+        return _check_trusted(loc, SharedKeyCredential(str(name), str(key), description="AzureNamedKeyCredential"),
+                              trusted, None)
+    if hasattr(obj, "signature") and hasattr(obj, "update"):
+        return _AzureSas(obj)
+    if hasattr(obj, "get_token"):
+        if loc.scheme != "https" and not loc.is_loopback:
+            raise UsageError(f"{loc.display} is plain http: an Azure AD token is sent over HTTPS only")
+        source = obj if inspect.iscoroutinefunction(obj.get_token) else _SyncTokens(obj)
+        return _check_trusted(loc, TokenCredential(source, description=f"Azure AD ({type(obj).__name__})",
+                                                   owned=False), trusted, None)
+    if callable(obj):
+        return SasProvider(obj)
+    raise UsageError(f"invalid credential={type(obj).__name__}: a SAS or connection string, AzureSasCredential, "
+                     "AzureNamedKeyCredential, a TokenCredential, or a function returning a SAS")
 
 
 def parse_connection_string(text: str) -> dict[str, str]:

@@ -47,6 +47,7 @@ from blobsync.errors import (
     BlobNotFoundError,
     ConnectionSetupError,
     ContainerNotFoundError,
+    CredentialRenewed,
     NetworkError,
     ServiceError,
 )
@@ -475,16 +476,20 @@ class AzureContainerStore:
             url = f"{self._loc.scheme}://{self._loc.netloc}{target}"
             log.debug("%s %s -> %d %s", method, redact(url), status, resp_headers.get("x-ms-error-code", ""))
         if status not in expect:
-            raise error_from_response(
-                status=status,
-                headers=dict(resp_headers),
-                body=data,
-                method="LIST" if ("comp", "list") in query else method,
-                what=what,
-                loc=self._loc,
-                credential_description=self._cred.description,
-            )
+            raise await self._refused(status, resp_headers, data, "LIST" if ("comp", "list") in query else method,
+                                      what)
         return status, resp_headers, data
+
+    async def _refused(self, status: int, headers: Mapping[str, str], body: bytes, method: str, what: str
+                       ) -> ServiceError:
+        """The error an unexpected answer is. A 401/403 with a credential that can be renewed (a SAS provider
+        whose SAS expired, a token) renews it and is retried at once, this request only: the job goes on."""
+        if status in (401, 403) and await self._cred.refresh():
+            log.info("%s: the service refused the %s; retrying with a fresh one", what, self._cred.description)
+            return CredentialRenewed(f"{what}: the service refused the {self._cred.description}; renewed",
+                                     status=status, retry_after=0.0)
+        return error_from_response(status=status, headers=dict(headers), body=body, method=method, what=what,
+                                   loc=self._loc, credential_description=self._cred.description)
 
     # --- operations ---------------------------------------------------------------------------------------
 
@@ -646,9 +651,7 @@ class AzureContainerStore:
         if log.isEnabledFor(logging.DEBUG):
             log.debug("GET %s -> %d (raw)", redact(target), response.status)
         if response.status not in (200, 206):
-            raise error_from_response(status=response.status, headers=dict(response.headers),
-                                      body=response.body, method="GET", what=what, loc=self._loc,
-                                      credential_description=self._cred.description)
+            raise await self._refused(response.status, response.headers, response.body, "GET", what)
         if response.body_length != len(buf):
             raise NetworkError(f"{what}: response cut short ({response.body_length} of {len(buf)} bytes)")
         h = response.headers
