@@ -5,23 +5,29 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import io
 import threading
+import time
 import uuid
-from collections.abc import Callable, Coroutine, Mapping
-from typing import Any, Concatenate, ParamSpec, TypeVar, overload
+from collections.abc import AsyncIterable, Callable, Coroutine, Iterable, Mapping
+from pathlib import PurePosixPath
+from typing import Any, Concatenate, ParamSpec, TypeGuard, TypeVar, overload
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from blobsync import api, arguments
-from blobsync.backends.base import BlobProperties
+from blobsync.backends.base import NO_CONDITIONS, BlobProperties, Buffer, Conditions, Location
 from blobsync.backends.registry import parse_location
-from blobsync.config import TransferConfig
+from blobsync.blobfile import BlobReader, BlobWriter, check_mode
+from blobsync.config import Overwrite, TransferConfig
 from blobsync.engine.context import Progress, RequestPath, job_retrier
 from blobsync.engine.digest import md5_of
 from blobsync.engine.session import Session
 from blobsync.engine.sources import Data, source_of
+from blobsync.engine.streaming import StreamWriter
 from blobsync.engine.tasks import for_each, in_thread
 from blobsync.errors import BlobNotFoundError, ChecksumMismatchError, TransferFailedError, UsageError
 from blobsync.journal import JobKind, Journal, default_journal_path
+from blobsync.local.files import FileIdentity
 from blobsync.redact import strip_query
 from blobsync.report import FileResult, Report
 
@@ -109,11 +115,13 @@ class AsyncClient:
         session = self._open()
         return RequestPath(session.limiter, job_retrier(self.config, progress), progress)
 
-    async def put(self, data: Data, name: str, config: TransferConfig | None = None) -> FileResult:
-        """Write `data` (bytes, bytearray, memoryview or a seekable binary file object) as the blob `name`:
-        in blocks under the memory budget when large, each with its check, the whole MD5 stored as its
-        Content-MD5 and verified after the commit. Returns the record of what landed (ETag, MD5, size); a
-        failure raises."""
+    async def put(self, data: Data | Iterable[Buffer] | AsyncIterable[Buffer], name: str,
+                  config: TransferConfig | None = None) -> FileResult:
+        """Write `data` as the blob `name`: bytes, bytearray, memoryview or a seekable binary file object (its
+        size known: journaled like a file), or an iterable or async iterable of chunks (staged as they come).
+        Large data goes in blocks under the memory budget, each with its check; the whole MD5 is stored as the
+        Content-MD5 and verified after the one commit. Returns the record of what landed (ETag, MD5, size); a
+        failure raises and leaves nothing committed."""
         from blobsync.engine.runner import JobRunner, WorkItem
         from blobsync.engine.upload import FileUploader
 
@@ -121,6 +129,8 @@ class AsyncClient:
         loc = parse_location(self.url_for(name))
         if not loc.path or loc.path.endswith("/"):
             raise UsageError(f"put needs a blob name, not {name!r}")
+        if _is_stream(data):
+            return await self._put_stream(data, loc, config)
         src = source_of(data, loc.path)
         progress = Progress()
         async with session.job(loc, config, progress=progress) as ctx:
@@ -141,6 +151,51 @@ class AsyncClient:
             raise TransferFailedError(report)
         return landed[0]
 
+    async def _put_stream(self, chunks: Iterable[Buffer] | AsyncIterable[Buffer], loc: Location,
+                          config: TransferConfig) -> FileResult:
+        writer = self.stream_writer(loc, config)
+        try:
+            if isinstance(chunks, AsyncIterable):
+                async for chunk in chunks:
+                    await writer.write(chunk)
+            else:
+                for chunk in chunks:
+                    await writer.write(chunk)
+            return await writer.finish()
+        except BaseException:
+            await writer.abort()
+            raise
+
+    def stream_writer(self, location: str | Location, config: TransferConfig | None = None) -> StreamWriter:
+        """A writer of one blob whose length is not known up front (see engine/streaming.py)."""
+        from blobsync.engine.upload import upload_headers
+
+        config = config or self.config
+        loc = parse_location(self.url_for(location)) if isinstance(location, str) else location
+        ctx = self._open().context(loc, config, progress=Progress())
+        headers = upload_headers(config, PurePosixPath(loc.path), FileIdentity(0, time.time_ns(), 0))
+        if config.overwrite not in (Overwrite.TRUE, Overwrite.FALSE):
+            raise UsageError("a stream is written with overwrite true or false (nothing to compare it with)")
+        conditions = Conditions(if_none_match_any=True) if config.overwrite is Overwrite.FALSE else NO_CONDITIONS
+        return StreamWriter(ctx, loc.path, headers, conditions)
+
+    async def fetch_range(self, location: Location, offset: int, length: int, etag: str | None) -> bytes:
+        """`length` bytes of the blob from `offset`, of the version `etag` names (a reader's block)."""
+        store, requests = self._open().store(location), self._requests(Progress())
+        buf = bytearray(length)
+        await requests(lambda: store.read_into(location.path, offset, memoryview(buf), etag))
+        return bytes(buf)
+
+    async def stat(self, name: str) -> BlobProperties:
+        """The blob's properties (size, ETag, Content-MD5, metadata...); BlobNotFoundError if there is none."""
+        loc = parse_location(self.url_for(name))
+        store, requests = self._open().store(loc), self._requests(Progress())
+        props = await requests(lambda: store.stat(loc.path))
+        if props is None:
+            raise BlobNotFoundError(f"blob {loc.path!r} not found in {loc.container_url}", status=404,
+                                    code="BlobNotFound")
+        return props
+
     @overload
     async def get(self, name: str) -> bytes: ...
 
@@ -154,10 +209,7 @@ class AsyncClient:
         session = self._open()
         loc = parse_location(self.url_for(name))
         store, requests = session.store(loc), self._requests(Progress())
-        props = await requests(lambda: store.stat(loc.path))
-        if props is None:
-            raise BlobNotFoundError(f"blob {loc.path!r} not found in {loc.container_url}", status=404,
-                                    code="BlobNotFound")
+        props = await self.stat(name)
         buf = bytearray(props.size) if into is None else into
         view = memoryview(buf).cast("B")
         if len(view) < props.size:
@@ -231,12 +283,35 @@ class Client:
                 concurrent.futures.wait([future], timeout=30)
             raise
 
+    def open(self, name: str, mode: str = "rb", *, config: TransferConfig | None = None,
+             read_ahead: int = 4) -> io.BufferedReader | BlobWriter:
+        """The blob `name` as a binary file: 'rb' is seekable and buffered, reading one version (its ETag at
+        open) with `read_ahead` blocks fetched in parallel; 'wb' stages blocks as they are written and commits
+        on close (an exception inside `with` leaves no blob). numpy.save, pickle.dump and the like work on it."""
+        if check_mode(mode) == "wb":
+            loc = parse_location(self.url_for(name))
+            writer = self._wait(_made(lambda: self.aio.stream_writer(loc, config)))
+            return BlobWriter(name, writer.write, writer.finish, writer.abort, self._wait)
+        props = self.stat(name)
+        loc = parse_location(self.url_for(name))
+        block = (config or self.aio.config).block_size
+
+        def fetch(offset: int, length: int) -> Coroutine[Any, Any, bytes]:
+            return self.aio.fetch_range(loc, offset, length, props.etag or None)
+
+        def submit(coro: Coroutine[Any, Any, bytes]) -> concurrent.futures.Future[bytes]:
+            return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+        raw = BlobReader(name, props.size, block, fetch, submit, read_ahead)
+        return io.BufferedReader(raw, buffer_size=min(block, 1 << 20))
+
     copy = _blocking(AsyncClient.copy)
     sync = _blocking(AsyncClient.sync)
     remove = _blocking(AsyncClient.remove)
     resume = _blocking(AsyncClient.resume)
     ls = _blocking(AsyncClient.ls)
     put = _blocking(AsyncClient.put)
+    stat = _blocking(AsyncClient.stat)
     get = _blocking(AsyncClient.get)
 
     def close(self) -> None:
@@ -249,3 +324,15 @@ class Client:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(30)
             self._loop.close()
+
+
+async def _made(make: Callable[[], T]) -> T:
+    """`make()` run on the client's loop (what it builds belongs to that loop)."""
+    return make()
+
+
+def _is_stream(data: object) -> TypeGuard[Iterable[Buffer] | AsyncIterable[Buffer]]:
+    """An iterable of chunks (not bytes-like, not a file object, which are sized)."""
+    if isinstance(data, bytes | bytearray | memoryview | str) or hasattr(data, "readinto"):
+        return False
+    return isinstance(data, AsyncIterable | Iterable)

@@ -59,16 +59,22 @@ class Session:
             store = self._stores[key] = open_store(loc, self.config, self.env, wire, self.credential)
         return store  # container-scoped: a job takes its path from its own location
 
+    def context(self, location: str | Location, config: TransferConfig, *, progress: Progress,
+                overwrite_prompt: OverwritePrompt | None = None, cluster: RemoteRunner | None = None
+                ) -> EngineContext:
+        """The engine context of one call: the session's store, budgets and pools, the call's config, progress
+        and retry counters. Nothing in it needs closing apart from the session."""
+        store = self.store(location)
+        requests = RequestPath(self.limiter, job_retrier(config, progress), progress)
+        return EngineContext(store, self.journal, config, self.memory, requests, self.io_pool, self.hash_pool,
+                             progress, overwrite_prompt, self.bucket, cluster)
+
     @asynccontextmanager
     async def job(self, location: str | Location, config: TransferConfig, *, progress: Progress,
                   overwrite_prompt: OverwritePrompt | None = None, cluster: RemoteRunner | None = None
                   ) -> AsyncIterator[EngineContext]:
-        """The engine context of one call: the session's store, budgets and pools, the call's config, progress
-        and retry counters."""
-        store = self.store(location)
-        requests = RequestPath(self.limiter, job_retrier(config, progress), progress)
-        yield EngineContext(store, self.journal, config, self.memory, requests, self.io_pool, self.hash_pool,
-                            progress, overwrite_prompt, self.bucket, cluster)
+        """`context` for an `async with`, as the module calls use it."""
+        yield self.context(location, config, progress=progress, overwrite_prompt=overwrite_prompt, cluster=cluster)
 
     async def close(self) -> None:
         if self.closed:

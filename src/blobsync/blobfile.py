@@ -1,0 +1,139 @@
+"""File objects over blobs for synchronous code: a seekable buffered reader with parallel read-ahead, and a writer
+that stages blocks as they are written and commits on close (numpy.save, pickle.dump, torch.save-style writers)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import io
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from blobsync.errors import UsageError
+from blobsync.report import FileResult
+
+Submit = Callable[[Coroutine[Any, Any, bytes]], "concurrent.futures.Future[bytes]"]
+
+
+class BlobReader(io.RawIOBase):
+    """Reads one version of a blob (its ETag, pinned at open) at any offset. Blocks ahead of the position are
+    fetched in parallel (`ahead` of them) while the caller reads; blocks behind it are dropped."""
+
+    def __init__(self, name: str, size: int, block_size: int, fetch: Callable[[int, int], Coroutine[Any, Any, bytes]],
+                 submit: Submit, ahead: int = 4) -> None:
+        super().__init__()
+        self.name = name
+        self.size = size
+        self._block = block_size
+        self._fetch = fetch
+        self._submit = submit
+        self._ahead = max(0, ahead)
+        self._pos = 0
+        self._blocks: dict[int, concurrent.futures.Future[bytes]] = {}
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size}.get(whence)
+        if base is None:
+            raise ValueError(f"invalid whence {whence}")
+        if base + offset < 0:
+            raise ValueError("negative seek position")
+        self._pos = base + offset
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        if self.closed:
+            raise ValueError("read from a closed blob reader")
+        view = memoryview(buffer).cast("B")
+        if self._pos >= self.size or not len(view):
+            return 0
+        index = self._pos // self._block
+        data = self._block_at(index)
+        start = self._pos - index * self._block
+        n = min(len(view), len(data) - start)
+        view[:n] = data[start:start + n]
+        self._pos += n
+        return n
+
+    def _block_at(self, index: int) -> bytes:
+        last = (self.size - 1) // self._block
+        for i in range(index, min(last, index + self._ahead) + 1):
+            if i not in self._blocks:
+                offset = i * self._block
+                self._blocks[i] = self._submit(self._fetch(offset, min(self._block, self.size - offset)))
+        for i in [i for i in self._blocks if i < index or i > index + self._ahead]:
+            self._blocks.pop(i).cancel()  # behind the position (or far ahead after a seek back)
+        return self._blocks[index].result()
+
+    def close(self) -> None:
+        for future in self._blocks.values():
+            future.cancel()
+        self._blocks.clear()
+        super().close()
+
+
+class BlobWriter(io.RawIOBase):
+    """Writes a blob as the caller writes: each full block is staged at once, `close()` commits (nothing is
+    visible before it) and keeps the record of what landed in `result`. Leaving a `with` block by an exception
+    commits nothing and leaves no blob."""
+
+    def __init__(self, name: str, write: Callable[[bytes], Coroutine[Any, Any, int]],
+                 finish: Callable[[], Coroutine[Any, Any, FileResult]], abort: Callable[[], Coroutine[Any, Any, None]],
+                 run: Callable[[Coroutine[Any, Any, Any]], Any]) -> None:
+        super().__init__()
+        self.name = name
+        self._write, self._finish, self._abort, self._run = write, finish, abort, run
+        self._pos = 0
+        self.result: FileResult | None = None
+
+    def writable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def write(self, data: Any) -> int:
+        if self.closed:
+            raise ValueError("write to a closed blob writer")
+        chunk = bytes(memoryview(data).cast("B"))
+        n: int = self._run(self._write(chunk))
+        self._pos += n
+        return n
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        try:
+            self.result = self._run(self._finish())
+        except BaseException:
+            self._run(self._abort())
+            raise
+        finally:
+            super().close()
+
+    def abort(self) -> None:
+        """Commit nothing: the blob is left as it was (or absent)."""
+        if not self.closed:
+            try:
+                self._run(self._abort())
+            finally:
+                super().close()
+
+    def __exit__(self, kind: object, *rest: object) -> None:
+        if kind is not None:
+            self.abort()
+        else:
+            self.close()
+
+
+def check_mode(mode: str) -> str:
+    if mode not in ("rb", "wb"):
+        raise UsageError(f"invalid mode {mode!r}: blobs open 'rb' (read) or 'wb' (write), binary only")
+    return mode

@@ -1,0 +1,126 @@
+"""Writes an object whose length is not known up front (chunks from an iterator, a file object being written):
+block-size parts staged as they fill, one commit at the end, nothing visible before it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import replace
+
+from blobsync.backends.base import BlobHeaders, Buffer, ChunkedWriter, Conditions
+from blobsync.checksums import choose_check, part_check
+from blobsync.engine.context import EngineContext
+from blobsync.engine.digest import new_md5
+from blobsync.engine.plan import new_nonce
+from blobsync.engine.staging import verify_commit
+from blobsync.engine.tasks import cancel_all, in_thread
+from blobsync.errors import IntegrityError, UsageError
+from blobsync.report import FileResult, FileStatus
+
+log = logging.getLogger("blobsync")
+
+
+class StreamWriter:
+    """One object written as its bytes come: each full block is staged at once (a buffer of the memory budget
+    while it is in flight; the request path's limit and retries), with the check the store verifies; the
+    whole MD5 is kept along the way and stored as the object's Content-MD5 by the one commit, which `finish`
+    makes and verifies. `abort` (or an error) leaves no object: nothing was committed."""
+
+    def __init__(self, ctx: EngineContext, blob: str, headers: BlobHeaders, conditions: Conditions) -> None:
+        ctx.store.check_name(blob)
+        self.ctx, self.blob, self.headers, self.conditions = ctx, blob, headers, conditions
+        self.block_size = ctx.config.block_size
+        self.md5 = new_md5()
+        self.size = 0
+        self._buf = bytearray()
+        self._writer: ChunkedWriter | None = None
+        self._tokens: list[str] = []
+        self._lengths: dict[str, int] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._check = choose_check(ctx.store.capabilities.part_checks, ctx.config.block_check.value)
+        self.closed = False
+
+    async def write(self, data: Buffer) -> int:
+        """Take `data` (copied: the caller may reuse its buffer); a block that fills is staged."""
+        if self.closed:
+            raise UsageError(f"{self.blob}: write to a closed blob writer")
+        view = memoryview(data).cast("B")
+        self._buf += view
+        while len(self._buf) >= self.block_size:
+            await self._stage(memoryview(self._buf)[:self.block_size])
+            del self._buf[:self.block_size]
+        return len(view)
+
+    async def _stage(self, block: memoryview) -> None:
+        failed = [t for t in self._tasks if t.done() and t.exception() is not None]
+        if failed:
+            raise failed[0].exception()  # type: ignore[misc]
+        ctx = self.ctx
+        limit = ctx.store.capabilities.max_parts
+        if len(self._tokens) >= limit:
+            raise UsageError(f"{self.blob}: more than {limit} blocks: raise block_size for a stream this large")
+        buf = await ctx.memory.buffer(len(block))
+        view = memoryview(buf)[:len(block)]
+        view[:] = block
+        await in_thread(ctx.hash_pool, self.md5.update, view)  # in order: one thread
+        self.size += len(view)
+        if self._writer is None:
+            self._writer = ctx.store.writer(self.blob, new_nonce())
+        writer, index = self._writer, len(self._tokens)
+        token = writer.token(index)
+        self._tokens.append(token)
+        self._lengths[token] = len(view)
+
+        async def stage() -> None:
+            try:
+                check = part_check(view, self._check) if self._check is not None else None
+                await ctx.request(lambda: writer.stage(index, view, check))
+                ctx.progress.advanced(self.blob, len(view), len(view))
+            finally:
+                ctx.memory.release(buf)
+
+        task = asyncio.ensure_future(stage())
+        self._tasks.add(task)
+        task.add_done_callback(lambda t: self._tasks.discard(t) if t.exception() is None else None)
+
+    async def finish(self) -> FileResult:
+        """Stage what is left, commit in order with the whole MD5, verify, and say what landed."""
+        if self.closed:
+            raise UsageError(f"{self.blob}: the blob writer is closed")
+        self.closed = True
+        ctx = self.ctx
+        if self._writer is None and len(self._buf) <= ctx.config.single_put_limit:
+            data = bytes(self._buf)
+            self.md5.update(data)
+            self.size = len(data)
+            headers = replace(self.headers, content_md5=self.md5.digest())
+            result = await ctx.request(lambda: ctx.store.put(self.blob, data, headers, self.conditions))
+            if result.content_md5 is not None and result.content_md5 != headers.content_md5:
+                raise IntegrityError(f"{self.blob}: the service stored a different MD5 than was sent")
+            ctx.progress.advanced(self.blob, self.size, self.size)
+            return FileResult(self.blob, self.blob, self.size, FileStatus.TRANSFERRED, bytes_sent=self.size,
+                              etag=result.etag, content_md5=headers.content_md5)
+        if self._buf or not self._tokens:
+            await self._stage(memoryview(self._buf))
+            self._buf.clear()
+        await asyncio.gather(*list(self._tasks))
+        writer, md5 = self._writer, self.md5.digest()
+        assert writer is not None
+        headers = replace(self.headers, content_md5=md5)
+        result = await ctx.request(lambda: writer.commit([(t, False) for t in self._tokens], headers,
+                                                         self.conditions))
+        await verify_commit(ctx, writer, self.blob, self._tokens, self._lengths, self.size, md5)
+        return FileResult(self.blob, self.blob, self.size, FileStatus.TRANSFERRED, bytes_sent=self.size,
+                          etag=result.etag, content_md5=md5)
+
+    async def abort(self) -> None:
+        """Give up: no commit, the staged parts dropped where the store can."""
+        self.closed = True
+        await cancel_all(list(self._tasks))
+        self._buf.clear()
+        if self._writer is not None:
+            writer = self._writer
+            try:
+                await self.ctx.request(writer.abort)
+            except Exception as exc:  # best effort: uncommitted parts expire on their own
+                log.debug("%s: abort: %s", self.blob, exc)
