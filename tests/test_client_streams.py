@@ -38,6 +38,7 @@ def test_put_takes_chunks_from_an_iterator_and_an_async_iterator(container: Cont
     with blobsync.Client(container.url, _config(tmp_path)) as client:
         first = client.put(chunks(), "it.bin")
         small = client.put(iter([b"ab", b"cd"]), "small.bin")
+        assert small.size == 4 and small.etag
 
     async def run() -> blobsync.FileResult:
         async with blobsync.aio.Client(container.url, _config(tmp_path)) as aclient:
