@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import io
 import threading
 import time
@@ -25,11 +26,17 @@ from blobsync.engine.session import Session
 from blobsync.engine.sources import Data, source_of
 from blobsync.engine.streaming import StreamWriter
 from blobsync.engine.tasks import for_each, in_thread
-from blobsync.errors import BlobNotFoundError, ChecksumMismatchError, TransferFailedError, UsageError
+from blobsync.errors import (
+    BlobNotFoundError,
+    ChecksumMismatchError,
+    ConflictError,
+    TransferFailedError,
+    UsageError,
+)
 from blobsync.journal import JobKind, Journal, default_journal_path
 from blobsync.local.files import FileIdentity
 from blobsync.redact import strip_query
-from blobsync.report import FileResult, Report
+from blobsync.report import FileResult, FileStatus, Report
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -149,6 +156,9 @@ class AsyncClient:
             await runner.run(report, [WorkItem(row, size, one)])
         if report.failures or not landed:
             raise TransferFailedError(report)
+        if landed[0].status is FileStatus.SKIPPED:  # overwrite false (or ifSourceNewer) and the blob is there
+            raise ConflictError(f"blob {loc.path!r} exists: not overwritten ({landed[0].reason})", status=409,
+                                code="BlobAlreadyExists")
         return landed[0]
 
     async def _put_stream(self, chunks: Iterable[Buffer] | AsyncIterable[Buffer], loc: Location,
@@ -158,9 +168,17 @@ class AsyncClient:
             if isinstance(chunks, AsyncIterable):
                 async for chunk in chunks:
                     await writer.write(chunk)
-            else:
-                for chunk in chunks:
-                    await writer.write(chunk)
+            else:  # each chunk made in a worker thread: a producer may block (read a file, another blob)
+                iterator = iter(chunks)
+
+                def produce() -> Buffer | None:
+                    return next(iterator, None)
+
+                while True:
+                    made: Buffer | None = await asyncio.to_thread(produce)
+                    if made is None:
+                        break
+                    await writer.write(made)
             return await writer.finish()
         except BaseException:
             await writer.abort()
@@ -185,6 +203,35 @@ class AsyncClient:
         buf = bytearray(length)
         await requests(lambda: store.read_into(location.path, offset, memoryview(buf), etag))
         return bytes(buf)
+
+    async def ls_level(self, prefix: str = "") -> tuple[list[BlobProperties], list[str]]:
+        """One level under `prefix` ('/' the delimiter): the blobs there and the folders one level down (names
+        relative to the container, folders ending in '/'). `prefix` starts with the container under an
+        account URL."""
+        loc = parse_location(self.url_for(prefix.rstrip("/") + "/") if prefix.strip("/") else self.url)
+        store, requests = self._open().store(loc), self._requests(Progress())
+        path = loc.path.rstrip("/") + "/" if loc.path.strip("/") else ""
+        blobs: list[BlobProperties] = []
+        folders: list[str] = []
+        marker = ""
+        while True:
+            page, subs, marker = await requests(functools.partial(store.list_level, path, marker))
+            blobs += page
+            folders += subs
+            if not marker:
+                return blobs, folders
+
+    async def delete(self, name: str) -> bool:
+        """Delete the blob `name` (with its snapshots); False when there was none."""
+        loc = parse_location(self.url_for(name))
+        store, requests = self._open().store(loc), self._requests(Progress())
+        return await requests(lambda: store.delete(loc.path))
+
+    async def make_container(self, name: str = "") -> bool:
+        """Create the container (`name` under an account URL); False when it exists."""
+        loc = parse_location(self.url_for(name) if name else self.url)
+        store, requests = self._open().store(loc), self._requests(Progress())
+        return await requests(store.create_container)
 
     async def stat(self, name: str) -> BlobProperties:
         """The blob's properties (size, ETag, Content-MD5, metadata...); BlobNotFoundError if there is none."""
@@ -312,6 +359,9 @@ class Client:
     ls = _blocking(AsyncClient.ls)
     put = _blocking(AsyncClient.put)
     stat = _blocking(AsyncClient.stat)
+    ls_level = _blocking(AsyncClient.ls_level)
+    delete = _blocking(AsyncClient.delete)
+    make_container = _blocking(AsyncClient.make_container)
     get = _blocking(AsyncClient.get)
 
     def close(self) -> None:

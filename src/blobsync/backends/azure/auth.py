@@ -44,8 +44,9 @@ class Credential(Protocol):
 
     async def authorize(self, request: Request) -> None: ...
 
-    async def refresh(self) -> bool:
-        """After the service refused this credential (401/403): get a fresh one; True if there is one to try."""
+    async def refresh(self, refused: Request) -> bool:
+        """After the service refused the `refused` request (401/403): get a fresh credential unless one came since;
+        True if the request is worth sending again."""
         ...
 
     async def close(self) -> None: ...
@@ -55,7 +56,7 @@ class _NothingToClose:
     async def close(self) -> None:
         return None
 
-    async def refresh(self) -> bool:
+    async def refresh(self, refused: Request) -> bool:
         return False  # a fixed credential: the refusal stands
 
 
@@ -187,8 +188,10 @@ class TokenCredential:
         self._expires_on = float(token.expires_on)
         register_secret(self._token)
 
-    async def refresh(self) -> bool:
+    async def refresh(self, refused: Request) -> bool:
         """A token the service refused (revoked, clock skew): fetch anew, at most once a minute."""
+        if self._token is not None and refused.headers.get("Authorization") != f"Bearer {self._token}":
+            return True  # a newer token came since this request was signed
         if time.time() - self._refreshed < 60:
             return False
         self._refreshed = time.time()
@@ -236,14 +239,13 @@ class SasProvider:
                     self._sas = await self._fetch()
         request.sas = self._sas
 
-    async def refresh(self) -> bool:
-        old = self._sas
+    async def refresh(self, refused: Request) -> bool:
         self._fetching = self._fetching or asyncio.Lock()
         async with self._fetching:
-            if self._sas != old:  # another request refreshed it meanwhile
+            if self._sas != refused.sas:  # renewed since this request was signed (another refusal asked first)
                 return True
             self._sas = await self._fetch()
-        return self._sas != old
+        return self._sas != refused.sas
 
     async def close(self) -> None:
         return None
@@ -264,8 +266,8 @@ class _AzureSas(_NothingToClose):
         register_secret(self._used)
         request.sas = self._used
 
-    async def refresh(self) -> bool:
-        return str(self._source.signature).lstrip("?") != self._used
+    async def refresh(self, refused: Request) -> bool:
+        return str(self._source.signature).lstrip("?") != refused.sas
 
 
 class _SyncTokens:

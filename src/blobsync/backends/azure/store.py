@@ -476,15 +476,15 @@ class AzureContainerStore:
             url = f"{self._loc.scheme}://{self._loc.netloc}{target}"
             log.debug("%s %s -> %d %s", method, redact(url), status, resp_headers.get("x-ms-error-code", ""))
         if status not in expect:
-            raise await self._refused(status, resp_headers, data, "LIST" if ("comp", "list") in query else method,
-                                      what)
+            raise await self._refused(request, status, resp_headers, data,
+                                      "LIST" if ("comp", "list") in query else method, what)
         return status, resp_headers, data
 
-    async def _refused(self, status: int, headers: Mapping[str, str], body: bytes, method: str, what: str
-                       ) -> ServiceError:
+    async def _refused(self, request: Request, status: int, headers: Mapping[str, str], body: bytes, method: str,
+                       what: str) -> ServiceError:
         """The error an unexpected answer is. A 401/403 with a credential that can be renewed (a SAS provider
         whose SAS expired, a token) renews it and is retried at once, this request only: the job goes on."""
-        if status in (401, 403) and await self._cred.refresh():
+        if status in (401, 403) and await self._cred.refresh(request):
             log.info("%s: the service refused the %s; retrying with a fresh one", what, self._cred.description)
             return CredentialRenewed(f"{what}: the service refused the {self._cred.description}; renewed",
                                      status=status, retry_after=0.0)
@@ -651,7 +651,7 @@ class AzureContainerStore:
         if log.isEnabledFor(logging.DEBUG):
             log.debug("GET %s -> %d (raw)", redact(target), response.status)
         if response.status not in (200, 206):
-            raise await self._refused(response.status, response.headers, response.body, "GET", what)
+            raise await self._refused(request, response.status, response.headers, response.body, "GET", what)
         if response.body_length != len(buf):
             raise NetworkError(f"{what}: response cut short ({response.body_length} of {len(buf)} bytes)")
         h = response.headers

@@ -1,0 +1,198 @@
+"""An fsspec filesystem on blobsync's engine (protocol "blobsync"): pandas, pyarrow, Dask and the rest of the Python
+data ecosystem read and write blobs through it, with resumable, verified put/get and bounded concurrency."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from fsspec.spec import AbstractFileSystem  # type: ignore[import-untyped]
+
+from blobsync.backends.base import BlobProperties
+from blobsync.client import Client
+from blobsync.config import Overwrite, TransferConfig
+from blobsync.errors import BlobNotFoundError, ConflictError, ContainerNotFoundError
+
+PROTOCOL = "blobsync"
+
+
+class BlobsyncFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec is untyped
+    """`fsspec.filesystem("blobsync", account_url="https://acct.blob.core.windows.net", credential=...)`; paths are
+    'container/path/to/blob' (or 'blobsync://container/...'). Folders are name prefixes, as on Blob Storage: a
+    folder exists while a blob is under it (no empty folders). One blobsync Client serves every call: one
+    connection pool, token and budget; `config` is its TransferConfig (block size, concurrency, journal...)."""
+
+    protocol = PROTOCOL
+    root_marker = ""
+
+    def __init__(self, account_url: str, credential: object = None, config: TransferConfig | None = None,
+                 env: Mapping[str, str] | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.account_url = account_url.rstrip("/")
+        self.client = Client(self.account_url, config, credential=credential, env=env)
+        self.config = self.client.aio.config
+
+    @classmethod
+    def _strip_protocol(cls, path: Any) -> str:
+        text = str(path[0] if isinstance(path, list) else path)
+        if text.startswith(f"{PROTOCOL}://"):
+            text = text[len(PROTOCOL) + 3:]
+        return text.strip("/")
+
+    # --- what there is -------------------------------------------------------------------------------------
+
+    def ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[Any]:
+        path = self._strip_protocol(path)
+        if not path:
+            raise NotImplementedError("listing the account's containers: name a container")
+        container = path.split("/", 1)[0]
+        try:
+            blobs, folders = self.client.ls_level(path)
+        except ContainerNotFoundError:
+            raise FileNotFoundError(path) from None
+        entries = [self._folder(f"{container}/{f.rstrip('/')}") for f in folders]
+        entries += [self._file(container, b) for b in blobs]
+        if not entries:
+            single = self._stat(path)
+            if single is None:
+                if "/" not in path:
+                    return []  # an empty container
+                raise FileNotFoundError(path)
+            entries = [self._file(container, single)]
+        entries.sort(key=lambda e: str(e["name"]))
+        return entries if detail else [e["name"] for e in entries]
+
+    def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
+        path = self._strip_protocol(path)
+        if "/" not in path:  # a container
+            if not path:
+                return self._folder("")
+            try:
+                self.client.ls_level(path)
+            except ContainerNotFoundError:
+                raise FileNotFoundError(path) from None
+            return self._folder(path)
+        found = self._stat(path)
+        if found is not None:
+            return self._file(path.split("/", 1)[0], found)
+        blobs, folders = self.client.ls_level(path)
+        if blobs or folders:
+            return self._folder(path)
+        raise FileNotFoundError(path)
+
+    def _stat(self, path: str) -> BlobProperties | None:
+        if "/" not in path:
+            return None
+        try:
+            return self.client.stat(path)
+        except (BlobNotFoundError, ContainerNotFoundError):
+            return None
+
+    @staticmethod
+    def _folder(name: str) -> dict[str, Any]:
+        return {"name": name, "size": 0, "type": "directory"}
+
+    @staticmethod
+    def _file(container: str, blob: BlobProperties) -> dict[str, Any]:
+        return {"name": f"{container}/{blob.name}", "size": blob.size, "type": "file", "etag": blob.etag,
+                "last_modified": blob.last_modified, "content_md5": blob.content_md5,
+                "content_type": blob.content_type}
+
+    def modified(self, path: str) -> Any:
+        return self.info(path)["last_modified"]
+
+    # --- bytes ---------------------------------------------------------------------------------------------
+
+    def _open(self, path: str, mode: str = "rb", block_size: Any = None, autocommit: bool = True,
+              cache_options: Any = None, **kwargs: Any) -> Any:
+        path = self._strip_protocol(path)
+        if mode == "xb":
+            if self._stat(path) is not None:
+                raise FileExistsError(path)
+            return self.client.open(path, "wb", config=self._config(Overwrite.FALSE))
+        if mode == "rb":
+            try:
+                return self.client.open(path, "rb")
+            except (BlobNotFoundError, ContainerNotFoundError):
+                raise FileNotFoundError(path) from None
+        return self.client.open(path, mode)
+
+    def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
+        path = self._strip_protocol(path)
+        try:
+            data = self.client.get(path)
+        except (BlobNotFoundError, ContainerNotFoundError):
+            raise FileNotFoundError(path) from None
+        return data[start:end] if start is not None or end is not None else data
+
+    def pipe_file(self, path: str, value: bytes, mode: str = "overwrite", **kwargs: Any) -> None:
+        path = self._strip_protocol(path)
+        try:
+            self.client.put(value, path, self._config(Overwrite.FALSE if mode == "create" else Overwrite.TRUE))
+        except ConflictError:
+            raise FileExistsError(path) from None
+
+    def _config(self, overwrite: Overwrite) -> TransferConfig:
+        from dataclasses import replace
+
+        return replace(self.config, overwrite=overwrite)
+
+    # --- files in and out: blobsync's resumable, verified transfers --------------------------------------------
+
+    def put_file(self, lpath: str, rpath: str, callback: Any = None, mode: str = "overwrite", **kwargs: Any
+                 ) -> None:
+        rpath = self._strip_protocol(rpath)
+        if os.path.isdir(lpath):
+            return  # a folder: its files come one by one (no empty folders here)
+        overwrite = Overwrite.FALSE if mode == "create" else Overwrite.TRUE
+        self.client.copy(lpath, self.client.url_for(rpath), self._config(overwrite), raise_on_error=True)
+
+    def get_file(self, rpath: str, lpath: str, callback: Any = None, outfile: Any = None, **kwargs: Any) -> None:
+        rpath = self._strip_protocol(rpath)
+        if self.isdir(rpath):
+            os.makedirs(lpath, exist_ok=True)
+            return
+        if outfile is not None:
+            outfile.write(self.cat_file(rpath))
+            return
+        try:
+            self.client.copy(self.client.url_for(rpath), lpath, self.config, raise_on_error=True)
+        except (BlobNotFoundError, ContainerNotFoundError):
+            raise FileNotFoundError(rpath) from None
+
+    def cp_file(self, path1: str, path2: str, **kwargs: Any) -> None:
+        path1, path2 = self._strip_protocol(path1), self._strip_protocol(path2)
+        if self.isdir(path1):
+            return  # folders are prefixes: nothing to make
+        with self.client.open(path1, "rb") as source:
+            self.client.put(iter(lambda: source.read(self.config.block_size), b""), path2)
+
+    # --- removing and folders -------------------------------------------------------------------------------
+
+    def rm_file(self, path: str) -> None:
+        path = self._strip_protocol(path)
+        if not self.client.delete(path) and not self.isdir(path):
+            raise FileNotFoundError(path)
+
+    def _rm(self, path: str) -> None:
+        self.rm_file(path)
+
+    def rm(self, path: Any, recursive: bool = False, maxdepth: int | None = None) -> None:
+        for p in reversed(self.expand_path(path, recursive=recursive, maxdepth=maxdepth)):
+            name = self._strip_protocol(p)
+            if "/" in name:
+                self.client.delete(name)  # a folder (prefix) has nothing to delete of its own
+        self.invalidate_cache()
+
+    def mkdir(self, path: str, create_parents: bool = True, **kwargs: Any) -> None:
+        path = self._strip_protocol(path)
+        container = path.split("/", 1)[0]
+        if container and (create_parents or "/" not in path):
+            self.client.make_container(container)
+
+    def makedirs(self, path: str, exist_ok: bool = False) -> None:
+        self.mkdir(path, create_parents=True)
+
+    def rmdir(self, path: str) -> None:
+        """Folders vanish with their last blob; nothing to do."""
