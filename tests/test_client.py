@@ -113,3 +113,28 @@ def test_put_refuses_what_is_not_bytes_or_a_seekable_file(container: ContainerHa
         with pytest.raises(blobsync.UsageError, match="needs a blob name"):
             client.put(b"x", "folder/")
     assert container.blob_names() == []
+
+
+def test_the_report_lists_what_landed_with_urls_free_of_the_sas(azurite: object, container: ContainerHandle,
+                                                                 tmp_path: Path) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from azure.storage.blob import ContainerSasPermissions, generate_container_sas
+
+    sas = generate_container_sas("devstoreaccount1", container.name, account_key=azurite.key,  # type: ignore[attr-defined]
+                                 permission=ContainerSasPermissions(read=True, write=True, create=True, list=True),
+                                 expiry=datetime.now(UTC) + timedelta(hours=1))
+    src = tmp_path / "ckpt"
+    files = {"a.pt": os.urandom(1000), "sub/b.pt": os.urandom(3 * MiB + 1)}
+    for rel, data in files.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_bytes(data)
+    report = blobsync.copy(src, f"{container.url}?{sas}", TransferConfig.from_mib(
+        block_size_mb=1, recursive=True, journal_path=tmp_path / "j.db"), as_subdir=False)
+    assert report.written_complete and len(report.written) == 2
+    for result in report.written:
+        data = files[result.blob]
+        props = container.client.get_blob_client(result.blob).get_blob_properties()
+        assert result.url == f"{container.url}/{result.blob}" and "sig=" not in (result.url or "")
+        assert result.etag == props.etag and result.size == len(data)
+        assert result.content_md5 == hashlib.md5(data).digest()

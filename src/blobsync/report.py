@@ -39,6 +39,8 @@ class FileResult:
     bytes_delta: int = 0  # unchanged blocks a delta upload named from the committed version, not sent
     etag: str | None = None  # transferred: the version written (upload) or read (download)
     content_md5: bytes | None = None  # transferred: the MD5 of the bytes, as stored in the blob's Content-MD5
+    url: str | None = None  # transferred: the blob's URL, without any SAS
+    version_id: str | None = None  # uploads where the account keeps versions
 
 
 @dataclass(frozen=True)
@@ -53,13 +55,16 @@ class ShardRow:
     retries: int
 
 
+WRITTEN_KEPT = 100_000  # transferred files a Report lists in full (~0.3 KiB each)
 NO_JOB = "-"  # the report's job_id when no job was opened (a no-op sync, rm)
 DRY_RUN = "dry-run"  # ... and when nothing was to be changed
 
 
 @dataclass
 class Report:
-    """Totals of one run of a job. Failures are kept in full; successes only as counts (trees can be huge)."""
+    """Totals of one run of a job. Failures are kept in full; what was written (`written`: URL, ETag, MD5, size,
+    version) for the first WRITTEN_KEPT files, then counted only (`written_complete` turns False): a subscriber's
+    on_done sees every one, for a registry of a job larger than that."""
 
     job_id: str
     source: str
@@ -85,6 +90,8 @@ class Report:
     started: float = field(default_factory=time.monotonic)
     duration: float = 0.0
     failures: list[FileResult] = field(default_factory=list)
+    written: list[FileResult] = field(default_factory=list)
+    written_complete: bool = True
     skipped_notes: list[FileResult] = field(default_factory=list)
     shards: list[ShardRow] = field(default_factory=list)  # a job run on a cluster: one row per task
     # Sees every result as it is added: the live progress and the subscribers hang off it.
@@ -98,6 +105,10 @@ class Report:
         elif result.status is FileStatus.TRANSFERRED:
             self.files_transferred += 1
             self.bytes_transferred += result.size
+            if len(self.written) < WRITTEN_KEPT:
+                self.written.append(result)
+            else:
+                self.written_complete = False
         elif result.status is FileStatus.SKIPPED:
             self.files_skipped += 1
             if len(self.skipped_notes) < 1000:
@@ -119,3 +130,10 @@ class Report:
             if code in codes:
                 return code
         return ExitCode.PARTIAL
+
+
+def blob_url(container_url: str, blob: str) -> str:
+    """A blob's URL for a report: the container's (which holds no SAS) and the name, percent-encoded."""
+    from urllib.parse import quote
+
+    return f"{container_url.rstrip('/')}/{quote(blob, safe='/~')}"

@@ -33,6 +33,7 @@ class BlobProperties:
 class PutResult:
     etag: str
     content_md5: bytes | None  # what the store computed or stored, when it says
+    version_id: str | None = None  # where the account keeps versions (Azure: x-ms-version-id)
 
 
 @dataclass(frozen=True)

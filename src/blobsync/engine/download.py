@@ -17,7 +17,7 @@ from blobsync.engine.tasks import in_thread
 from blobsync.errors import ChecksumMismatchError, ConflictError, CorruptedInTransitError, IntegrityError
 from blobsync.journal import RESUMABLE, FileRow, FileState
 from blobsync.local.target import PartFile, current_boot_id, part_path
-from blobsync.report import FileResult, FileStatus
+from blobsync.report import FileResult, FileStatus, blob_url
 
 log = logging.getLogger("blobsync")
 
@@ -99,7 +99,8 @@ class FileDownloader:
         reused = props.size - sent
         note = f"resumed: {reused} bytes were already on disk" if reused else ""
         return FileResult(row.rel, row.blob, props.size, FileStatus.TRANSFERRED, bytes_sent=sent, reason=note,
-                          etag=props.etag or None, content_md5=digest if want_md5 else props.content_md5)
+                          etag=props.etag or None, content_md5=digest if want_md5 else props.content_md5,
+                          url=blob_url(ctx.store.container_url, row.blob))
 
     def _resumable(self, row: FileRow, props: BlobProperties, target: Path) -> tuple[int, set[int] | None]:
         """The block size and the ranges already on disk (None: start afresh, journaled and flushed first)."""

@@ -20,7 +20,7 @@ from blobsync.engine.tasks import cancel_all, gather_or_cancel, in_thread, raise
 from blobsync.errors import ConflictError, IntegrityError, SourceChangedError
 from blobsync.journal import FileRow, FileState
 from blobsync.local.files import FileIdentity, Source
-from blobsync.report import FileResult, FileStatus
+from blobsync.report import FileResult, FileStatus, blob_url
 
 log = logging.getLogger("blobsync")
 HASH_AHEAD = 4  # blocks read and waiting for the whole-file MD5
@@ -254,5 +254,6 @@ class BlockUploader:
         if w.reused - w.delta:
             notes.append(f"resumed: {w.reused - w.delta} bytes were already on the service")
         return FileResult(w.row.rel, blob, w.size, FileStatus.TRANSFERRED, bytes_sent=w.size - w.reused,
-                          reason="; ".join(notes), bytes_delta=w.delta, etag=result.etag, content_md5=md5)
+                          reason="; ".join(notes), bytes_delta=w.delta, etag=result.etag, content_md5=md5,
+                          url=blob_url(ctx.store.container_url, blob), version_id=result.version_id)
 

@@ -15,7 +15,7 @@ from blobsync.engine.plan import new_nonce
 from blobsync.engine.staging import verify_commit
 from blobsync.engine.tasks import cancel_all, in_thread
 from blobsync.errors import IntegrityError, UsageError
-from blobsync.report import FileResult, FileStatus
+from blobsync.report import FileResult, FileStatus, blob_url
 
 log = logging.getLogger("blobsync")
 
@@ -99,7 +99,8 @@ class StreamWriter:
                 raise IntegrityError(f"{self.blob}: the service stored a different MD5 than was sent")
             ctx.progress.advanced(self.blob, self.size, self.size)
             return FileResult(self.blob, self.blob, self.size, FileStatus.TRANSFERRED, bytes_sent=self.size,
-                              etag=result.etag, content_md5=headers.content_md5)
+                              etag=result.etag, content_md5=headers.content_md5,
+                              url=blob_url(ctx.store.container_url, self.blob), version_id=result.version_id)
         if self._buf or not self._tokens:
             await self._stage(memoryview(self._buf))
             self._buf.clear()
@@ -111,7 +112,8 @@ class StreamWriter:
                                                          self.conditions))
         await verify_commit(ctx, writer, self.blob, self._tokens, self._lengths, self.size, md5)
         return FileResult(self.blob, self.blob, self.size, FileStatus.TRANSFERRED, bytes_sent=self.size,
-                          etag=result.etag, content_md5=md5)
+                          etag=result.etag, content_md5=md5, url=blob_url(ctx.store.container_url, self.blob),
+                          version_id=result.version_id)
 
     async def abort(self) -> None:
         """Give up: no commit, the staged parts dropped where the store can."""

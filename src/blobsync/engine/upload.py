@@ -27,7 +27,7 @@ from blobsync.errors import (
 )
 from blobsync.journal import FileRow, FileState
 from blobsync.local.files import INLINE_READ_MAX, FileIdentity, OpenFile, Source
-from blobsync.report import FileResult, FileStatus
+from blobsync.report import FileResult, FileStatus, blob_url
 
 log = logging.getLogger("blobsync")
 
@@ -126,7 +126,8 @@ class FileUploader:
                                 bytes_sent=before.size)
         ctx.journal.forget_commit(ctx.store.container_url, plan.blob)
         return FileResult(row.rel, plan.blob, before.size, FileStatus.TRANSFERRED, bytes_sent=before.size,
-                          etag=result.etag, content_md5=md5)
+                          etag=result.etag, content_md5=md5, url=blob_url(ctx.store.container_url, plan.blob),
+                          version_id=result.version_id)
 
     # --- chunked writes -----------------------------------------------------------------------------------
 

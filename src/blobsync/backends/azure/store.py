@@ -599,7 +599,7 @@ class AzureContainerStore:
             # x-ms-blob-content-md5 would only make it hash the body a second time.
             req["Content-MD5"] = req.pop("x-ms-blob-content-md5")
         _, h, _ = await self._call("PUT", name, [], req, data, f"put blob {name!r}", (201,))
-        return PutResult(h.get("etag", ""), _md5_header(h.get("content-md5")))
+        return PutResult(h.get("etag", ""), _md5_header(h.get("content-md5")), h.get("x-ms-version-id"))
 
     async def put_block(self, name: str, block_id: str, data: Buffer, check: PartCheck | None) -> None:
         req: dict[str, str] = {}
@@ -629,7 +629,7 @@ class AzureContainerStore:
         _, h, _ = await self._call(
             "PUT", name, [("comp", "blocklist")], req, body, f"put block list of {name!r}", (201,)
         )
-        return PutResult(h.get("etag", ""), None)
+        return PutResult(h.get("etag", ""), None, h.get("x-ms-version-id"))
 
     async def read_into(self, name: str, offset: int, buf: memoryview, if_match: str | None = None, *,
                         range_md5: bool = False) -> BlobProperties:
