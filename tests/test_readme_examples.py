@@ -36,7 +36,7 @@ def test_a_readme_example_runs(index: int, azurite: Azurite, container: Containe
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     namespace: dict[str, object] = {}
-    exec(compile(code, f"README example {index}", "exec"), namespace)  # noqa: S102 - our own README
+    exec(compile(code, f"README example {index}", "exec"), namespace)  # our own README
     fs = namespace.get("fs")
     if fs is not None:
         fs.client.close()  # type: ignore[attr-defined]
