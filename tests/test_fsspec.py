@@ -82,3 +82,20 @@ def test_the_entry_point_registers_the_protocol(azurite: Azurite, container: Con
         assert fs.info(f"{container.name}/a/b.csv")["size"] == 8
     finally:
         fs.client.close()
+
+
+def test_pyarrow_reads_and_writes_parquet_through_the_filesystem(
+        azurite: Azurite, container: ContainerHandle, tmp_path: Path) -> None:
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    fs = BlobsyncFileSystem(azurite.blob_endpoint, config=TransferConfig(journal_path=tmp_path / "j.db"),
+                            skip_instance_cache=True)
+    try:
+        table = pa.table({"epoch": list(range(50_000)), "loss": [1.0 / (i + 1) for i in range(50_000)]})
+        pq.write_table(table, f"{container.name}/metrics/run7.parquet", filesystem=fs)
+        assert pq.read_table(f"{container.name}/metrics/run7.parquet", filesystem=fs).equals(table)
+        import io
+
+        assert pq.read_table(io.BytesIO(container.download("metrics/run7.parquet"))).equals(table)
+    finally:
+        fs.client.close()
