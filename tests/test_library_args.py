@@ -3,6 +3,7 @@ UsageError naming the argument, raised before any request (issue 26, point 1).""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,7 @@ import pytest
 
 import blobsync
 from blobsync import DeleteMode, Overwrite, TransferConfig, UsageError
+from blobsync.config import BlockCheck, CheckMd5, Flag
 from conftest import ContainerHandle
 from support.proxy import FaultProxy
 
@@ -194,3 +196,22 @@ def test_an_error_that_stops_a_job_carries_its_id_and_the_partial_report(
     assert err.report.job_id == err.job_id
     assert err.report.files_transferred == 3  # the small files landed before the big one stopped the job
     assert sorted(container.blob_names()) == ["small0.bin", "small1.bin", "small2.bin"]
+
+
+@dataclass(frozen=True)
+class _Extended(TransferConfig):
+    """A config with fields added later: an enum and a bool, as a new flag would add them."""
+
+    mode: CheckMd5 = field(default=CheckMd5.NO_CHECK, metadata={"flag": Flag("--mode")})
+    strict: bool = field(default=False, metadata={"flag": Flag("--strict/--lenient", kind=bool)})
+
+
+def test_a_new_enum_field_round_trips_through_the_journal_options() -> None:
+    config = _Extended(mode=CheckMd5.FAIL_IF_DIFFERENT_OR_MISSING, strict=True, overwrite=Overwrite.FALSE,
+                       block_check=BlockCheck.MD5)
+    stored = config.journal_options()
+    assert stored["mode"] == "FailIfDifferentOrMissing"  # plain words in the journal
+    back = _Extended.from_journal(stored)
+    assert back.mode is CheckMd5.FAIL_IF_DIFFERENT_OR_MISSING and back.strict is True
+    assert back.overwrite is Overwrite.FALSE and back.block_check is BlockCheck.MD5
+    assert back == config

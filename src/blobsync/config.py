@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import math
 import re
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from enum import Enum
@@ -251,8 +252,19 @@ def _tier(text: str | None) -> str | None:
     return next((t for t in TIERS if text and t.lower() == text.lower()), None)
 
 
-_BOOL_FIELDS = ("put_md5", "preserve_last_modified_time", "guess_mime_type", "create_container", "recursive",
-                "follow_symlinks")
+_TYPED: dict[type, tuple[tuple[str, type], ...]] = {}
+
+
+def _typed_fields(cls: type) -> tuple[tuple[str, type], ...]:
+    """(name, type) of the fields of a config class whose declared type is an enum or bool: what a journal's
+    text or a caller's word is parsed as (a field added later is read back the same way). Worked out once."""
+    known = _TYPED.get(cls)
+    if known is None:
+        hints = typing.get_type_hints(cls)
+        known = _TYPED[cls] = tuple(
+            (f.name, hints[f.name]) for f in fields(cls)
+            if isinstance(hints[f.name], type) and (issubclass(hints[f.name], Enum) or hints[f.name] is bool))
+    return known
 
 
 @dataclass(frozen=True)
@@ -342,11 +354,11 @@ class TransferConfig:
         """Every number finite and within a range stated as a person writes it; enums and bools mean what the
         caller wrote (False is FALSE, "false" is FALSE), whatever the Python type."""
         set_ = functools.partial(object.__setattr__, self)
-        set_("overwrite", choice(self.overwrite, Overwrite, "overwrite"))
-        set_("block_check", choice(self.block_check, BlockCheck, "block_check"))
-        set_("check_md5", choice(self.check_md5, CheckMd5, "check_md5"))
-        for name in _BOOL_FIELDS:
-            set_(name, boolean(getattr(self, name), name))
+        for name, kind in _typed_fields(type(self)):  # each field read as its declared type says
+            if issubclass(kind, Enum):
+                set_(name, choice(getattr(self, name), kind, name))
+            elif kind is bool:
+                set_(name, boolean(getattr(self, name), name))
         set_("concurrency", _concurrency_value(self.concurrency))
         _bytes_in(self.block_size, "block_size (--block-size-mb)", MIN_BLOCK_SIZE, MAX_BLOCK_SIZE)
         if self.put_blob_size is not None:
@@ -446,11 +458,10 @@ class TransferConfig:
         return out
 
     @classmethod
-    def from_journal(cls, options: Mapping[str, object], **overrides: object) -> TransferConfig:
+    def from_journal(cls, options: Mapping[str, object], **overrides: object) -> Self:
+        """The config a job was journaled with (`journal_options`), its enum fields read back from their words by
+        the same rule as any caller's (see _typed_fields), with `overrides` on top."""
         known = dict(options)
-        known["overwrite"] = Overwrite.parse(str(known.get("overwrite", "true")))
-        known["check_md5"] = CheckMd5.parse(str(known.get("check_md5", "FailIfDifferent")))
-        known["block_check"] = BlockCheck.parse(str(known.get("block_check", "auto")))
         if "concurrency" in known:  # an int in journals written before "auto" existed; either form is read back
             known["concurrency"] = parse_concurrency(known["concurrency"])  # type: ignore[arg-type]
         known.update(overrides)

@@ -74,13 +74,6 @@ class TransferFailedError(BlobsyncError):
         self.exit_code = report.exit_code
 
 
-class Interrupted(BlobsyncError):
-    """The user stopped the transfer; the journal holds what is needed to resume."""
-
-    exit_code = ExitCode.INTERRUPTED
-    scope = Scope.RUN
-
-
 # --- local side -------------------------------------------------------------------------------------------
 
 

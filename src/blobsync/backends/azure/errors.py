@@ -15,7 +15,6 @@ from blobsync.errors import (
     ContainerNotFoundError,
     CorruptedInTransitError,
     InvalidBlockListError,
-    NetworkError,
     ServiceError,
     StagingRefusedError,
     ThrottledError,
@@ -152,8 +151,3 @@ def _not_found(answer: _Answer, loc: BlobLocation, what: str) -> ServiceError:
         return ContainerNotFoundError(f"{answer.short}: account not found", status=404, code=answer.code)
     return BlobNotFoundError(f"{answer.short}: not found", status=404, code=answer.code)
 
-
-def network_error(what: str, exc: BaseException) -> NetworkError:
-    """A transport failure (refused, reset, timed out) as a retryable error with a readable message."""
-    text = redact(str(exc)) or type(exc).__name__
-    return NetworkError(f"{what}: {type(exc).__name__}: {text}")

@@ -89,11 +89,6 @@ def _is_path_style_host(host: str) -> bool:
         return ".blob." not in host
 
 
-def is_url(text: str) -> bool:
-    """True when `text` looks like an http(s) URL rather than a local path."""
-    return text.lower().startswith(("http://", "https://"))
-
-
 def parse_location(url: str) -> BlobLocation:
     """Parse a container/blob URL; raises UsageError naming what is wrong (never echoing a SAS)."""
     shown = url.split("?", 1)[0]
