@@ -17,6 +17,8 @@ import blobsync
 from blobsync import TransferConfig
 from blobsync.config import MiB
 from conftest import ContainerHandle
+from support.cli import random_file
+from support.proxy import FaultProxy
 
 
 def _config(tmp_path: Path) -> TransferConfig:
@@ -116,3 +118,44 @@ def test_the_reader_seeks_reads_ahead_and_stays_on_one_version(container: Contai
                 f.read(7)
         with pytest.raises(blobsync.UsageError, match="binary only"):
             client.open("r.bin", "r")
+
+
+_PUT_FILE = """
+import sys
+import blobsync
+config = blobsync.TransferConfig.from_mib(block_size_mb=1, concurrency=2, journal_path=sys.argv[3])
+with blobsync.Client(sys.argv[1], config) as client, open(sys.argv[2], "rb") as f:
+    client.put(f, "big.bin")
+"""
+
+
+def test_a_file_object_put_resumes_like_a_path_after_a_kill(
+        container: ContainerHandle, proxy: FaultProxy, tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    data = random_file(tmp_path / "big.bin", 8 * MiB, seed=11)
+    url = f"{proxy.endpoint()}/{container.name}"
+    script = tmp_path / "put.py"
+    script.write_text(_PUT_FILE)
+    proxy.hold_after("put_block", 4)
+    child = subprocess.Popen([sys.executable, str(script), url, str(tmp_path / "big.bin"), str(tmp_path / "j.db")],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        proxy.wait_for_held(1, timeout=60)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.communicate(timeout=30)
+    proxy.clear_rules()
+    proxy.release_holds()
+    proxy.wait_idle()
+    acknowledged = proxy.stats.ok("put_block")
+    assert acknowledged >= 4 and container.blob_names() == []
+    proxy.reset_stats()
+    config = TransferConfig.from_mib(block_size_mb=1, journal_path=tmp_path / "j.db")
+    with blobsync.Client(url, config) as client, open(tmp_path / "big.bin", "rb") as f:
+        result = client.put(f, "big.bin")
+    assert proxy.stats.requests["put_block"] == 8 - acknowledged  # only the blocks not acknowledged before
+    assert result.bytes_sent == (8 - acknowledged) * MiB
+    assert container.download("big.bin") == data

@@ -142,7 +142,9 @@ class AsyncClient:
         progress = Progress()
         async with session.job(loc, config, progress=progress) as ctx:
             runner = JobRunner(JobKind.UPLOAD, ctx)
-            job = runner.open_job(f"memory:{uuid.uuid4().hex}", loc.display)
+            # A file on disk resumes like a path (its staged blocks are kept); other data starts a job of its own.
+            key = getattr(src, "resume_key", None) or f"memory:{uuid.uuid4().hex}"
+            job = runner.open_job(key, loc.display)
             size = src.opened.size
             row = ctx.journal.add_files(job.id, [(loc.path, loc.path, size, src.opened.mtime_ns, 0)])[loc.path]
             report = Report(job.id, "<memory>", loc.display, kind="upload", listener=progress.finished)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import time
 from pathlib import PurePosixPath
 from typing import BinaryIO
@@ -52,7 +53,25 @@ class FileObjectSource(BufferSource):
         file.seek(start)
         self._start = start
         self.path = PurePosixPath(name)
-        self.opened = FileIdentity(size, time.time_ns(), 0)
+        self._fd = _fileno(file)
+        self.opened = self.identity() if self._fd is not None else FileIdentity(size, time.time_ns(), 0)
+        self.opened = FileIdentity(size, self.opened.mtime_ns, self.opened.inode, self.opened.ctime_ns)
+
+    def identity(self) -> FileIdentity:
+        """A file on disk: as it is now (a change during the upload is seen, as for a path); else as opened."""
+        if self._fd is None:
+            return self.opened
+        st = os.fstat(self._fd)
+        return FileIdentity(st.st_size - self._start, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
+
+    @property
+    def resume_key(self) -> str | None:
+        """What names this source across runs (the file's path, where it has one on disk), so a put of the same
+        file again resumes its staged blocks; None for an object nothing names."""
+        name = getattr(self.file, "name", None)
+        if self._fd is None or not isinstance(name, str):
+            return None
+        return f"file:{os.path.abspath(name)}@{self._start}"
 
     def read_into(self, buf: memoryview, offset: int) -> None:
         with self._lock:
@@ -85,3 +104,11 @@ def source_of(data: object, name: str) -> BufferSource:
             pass
     raise UsageError(f"invalid data={type(data).__name__}: put() takes bytes, bytearray, memoryview or a seekable "
                      "binary file object")
+
+
+def _fileno(file: object) -> int | None:
+    try:
+        fd = file.fileno()  # type: ignore[attr-defined]
+    except (AttributeError, OSError, ValueError):  # io.BytesIO raises UnsupportedOperation (an OSError)
+        return None
+    return fd if isinstance(fd, int) else None
