@@ -585,7 +585,7 @@ async def remove_async(
     env = arguments.env(env)
     progress = _progress(progress, subscribers)
     loc = parse_location(url)
-    spec = RemoveSpec(loc, recursive, filters or Filters(), dry_run, config.start_concurrency,
+    spec = RemoveSpec(loc, recursive, filters or Filters(), dry_run, config.max_concurrency,
                       Path(list_of_files) if list_of_files is not None else None, batch_enabled(env))
     store = open_store(loc, config, env)
     try:

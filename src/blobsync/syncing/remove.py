@@ -27,7 +27,7 @@ class RemoveSpec:
     recursive: bool = False
     filters: Filters = field(default_factory=Filters)
     dry_run: bool = False
-    concurrency: int = 16  # deletes (or batches of them) in flight
+    concurrency: int = 16  # deleters at most (each request also takes a slot of the adaptive limit), as sync's
     list_of_files: Path | None = None  # relative names, one per line, instead of listing the folder
     batch: bool = True  # Blob Batch for the deletes
 
