@@ -9,7 +9,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from blobsync.backends.azure import store
+from blobsync.backends.azure import listing as store
 from blobsync.backends.azure.errors import parse_retry_after
 from blobsync.engine.mtime import parse_mtime
 from blobsync.errors import BlobsyncError
@@ -35,7 +35,7 @@ def test_the_superscript_two_falls_back() -> None:
 @settings(max_examples=300)
 def test_header_parsers_never_raise(text: str) -> None:
     assert store._parse_http_date(text) is None or store._parse_http_date(text) is not None
-    assert store._md5_header(text) is None or len(store._md5_header(text) or b"") == 16
+    assert store.md5_header(text) is None or len(store.md5_header(text) or b"") == 16
     after = parse_retry_after(text)
     assert after is None or 0 <= after <= 3600
     store._listed_date(text)
@@ -62,7 +62,7 @@ def test_a_listing_page_parses_or_fails_with_a_blobsync_error(name: str, date: s
                                                              mtime: str) -> None:
     body = _PAGE.format(name=name, date=date, size=size, md5=md5, mtime=mtime).encode()
     try:
-        blobs, _ = store._parse_listing(body)
+        blobs, _ = store.parse_listing(body)
     except BlobsyncError:
         return
     except ValueError:  # a character XML 1.0 cannot hold: the page itself is not XML
@@ -75,7 +75,7 @@ def test_a_listing_page_parses_or_fails_with_a_blobsync_error(name: str, date: s
 @settings(max_examples=200)
 def test_arbitrary_bytes_as_a_listing_never_crash_the_process(body: bytes) -> None:
     with contextlib.suppress(BlobsyncError, ValueError, SyntaxError):  # ElementTree.ParseError: a SyntaxError
-        store._parse_listing(body)
+        store.parse_listing(body)
 
 
 def test_a_blob_with_odd_mtime_metadata_does_not_stop_the_job(container: ContainerHandle, tmp_path: Path) -> None:

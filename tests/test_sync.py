@@ -281,7 +281,8 @@ def test_sync_asks_for_the_next_page_before_parsing_this_one(container: Containe
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """The service prepares page n+1 while page n is parsed: its request must have left by then."""
     import blobsync
-    from blobsync.backends.azure import store as azure_rest
+    from blobsync.backends.azure import listing as azure_listing
+    from blobsync.backends.azure import store as azure_store
     from blobsync.backends.azure.store import AzureContainerStore
 
     monkeypatch.setattr(AzureContainerStore, "page_size", 3)
@@ -289,7 +290,7 @@ def test_sync_asks_for_the_next_page_before_parsing_this_one(container: Containe
         container.client.upload_blob(f"b{i}", b"x")
         random_file(tmp_path / "src" / f"b{i}", 1)
     requested: list[str] = []
-    list_body, parse = AzureContainerStore._list_body, azure_rest._parse_listing
+    list_body, parse = AzureContainerStore._list_body, azure_listing.parse_listing
 
     async def spy_list_body(self: AzureContainerStore, prefix: str, marker: str, size: int | None = None) -> bytes:
         requested.append(marker)
@@ -302,7 +303,7 @@ def test_sync_asks_for_the_next_page_before_parsing_this_one(container: Containe
         return parse(body)
 
     monkeypatch.setattr(AzureContainerStore, "_list_body", spy_list_body)
-    monkeypatch.setattr(azure_rest, "_parse_listing", spy_parse)
+    monkeypatch.setattr(azure_store, "parse_listing", spy_parse)
     report = blobsync.sync(tmp_path / "src", container.url,
                            blobsync.TransferConfig(journal_path=tmp_path / "j.db"),
                            compare=blobsync.CompareMode.SIZE_ONLY)

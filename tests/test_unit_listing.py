@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from blobsync.backends.azure import store as azure_rest
-from blobsync.backends.azure.store import _parse_listing, _parse_listing_tree, _scan_listing, _Unsure
+from blobsync.backends.azure.listing import _parse_listing_tree, _scan_listing, _Unsure
+from blobsync.backends.azure.listing import parse_listing as _parse_listing
 
 # As Azurite 3.37 writes a blob (one line, no whitespace); real Azure writes the same elements in the same order.
 AZURITE_PROPS = (
