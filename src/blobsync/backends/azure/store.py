@@ -19,6 +19,7 @@ from blobsync.backends.azure.auth import Credential, Request, warn_if_plain_http
 from blobsync.backends.azure.batch import SubRequest, batch_body, parse_batch
 from blobsync.backends.azure.errors import error_from_response
 from blobsync.backends.azure.listing import (
+    MONTH_NAMES,
     md5_header,
     next_marker_guess,
     parse_level,
