@@ -28,6 +28,7 @@ sys.path.insert(0, str(REPO / "src"))
 
 
 def plan(n: int, workers: int) -> dict[str, float]:
+    from blobsync.backends.base import Capabilities
     from blobsync.cluster.plan import BlockSizer, cut, sizing
     from blobsync.cluster.spec import JobSpec, ShardFile, ShardSpec, file_nonce
     from blobsync.engine.runner import batches
@@ -63,7 +64,8 @@ def plan(n: int, workers: int) -> dict[str, float]:
 
         shards = 0
         largest = 0
-        for unit in cut(files(), spec, sizing(n, n * size, workers), block_size_of=BlockSizer(8 * 1024 * 1024),
+        sizer = BlockSizer(8 * 1024 * 1024, Capabilities())
+        for unit in cut(files(), spec, sizing(n, n * size, workers), block_size_of=sizer,
                         split=True):
             assert isinstance(unit, ShardSpec)
             largest = max(largest, len(pickle.dumps(unit)))

@@ -3,6 +3,7 @@ and the engine's recovery paths run against the in-memory store's injected fault
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from collections.abc import Iterator
@@ -237,3 +238,23 @@ def test_a_failed_cluster_shard_counts_a_download_done_only_if_the_planned_versi
     os.utime(target, ns=(planned.mtime_ns, planned.mtime_ns))
     assert done(keeps)  # the blob's mtime, as the finished download sets it
     assert not done(SimpleNamespace(config=TransferConfig()))  # mtimes not kept: nothing tells them apart
+
+
+def test_a_store_from_outside_plans_its_own_part_sizes(tmp_path: Path, toy_box: tuple[str, Path],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine plans parts from the store's capabilities, not Azure's limits: a toy store that takes at most
+    3 parts gets a 10 MiB file (1 MiB asked) in 3 parts of 4 MiB."""
+    from dataclasses import replace as replaced
+
+    from blobsync.engine.plan import choose_block_size
+
+    name, root = toy_box
+    monkeypatch.setattr(toystore.ToyStore, "capabilities", replaced(toystore.ToyStore.capabilities, max_parts=3))
+    data = random_file(tmp_path / "big.bin", 10 * MiB, seed=3)
+    report = blobsync.copy(tmp_path / "big.bin", f"toy://{name}/big.bin", _config(tmp_path))
+    assert report.files_transferred == 1 and _toy_bytes(root, "big.bin") == data
+    committed = json.loads((root / "big.bin.json").read_text())["parts"]
+    assert [size for _, size in committed] == [4 * MiB, 4 * MiB, 2 * MiB]  # the store's own limit planned them
+    assert choose_block_size(10 * MiB, MiB, toystore.ToyStore.capabilities) == 4 * MiB
+    with pytest.raises(blobsync.SourceError, match="3 parts"):
+        choose_block_size(3 * toystore.ToyStore.capabilities.max_part_size + 1, MiB, toystore.ToyStore.capabilities)

@@ -83,7 +83,7 @@ class ClusterTransfer:
         job = self._job_spec(ctx, job_id, topic, len(workers))
         split = ctx.config.overwrite is Overwrite.TRUE
         units = cut(self._files(ctx, job_id, items), job, sizing(*totals, len(workers)),
-                    block_size_of=BlockSizer(ctx.config.block_size), split=split)
+                    block_size_of=BlockSizer(ctx.config.block_size, ctx.store.capabilities), split=split)
         await self._drain(ctx, report, units, window=max(2, 3 * len(workers)))
 
     async def _workers(self) -> list[str]:
@@ -136,7 +136,7 @@ class ClusterTransfer:
             ident = FileIdentity.of(os.stat(self.local_root / rel))
         except OSError:
             return  # the worker that takes the file reports why it cannot be read
-        block_size = choose_block_size(size, ctx.config.block_size)
+        block_size = choose_block_size(size, ctx.config.block_size, ctx.store.capabilities)
         ctx.journal.start_file(row.id, nonce=nonce, block_size=block_size, n_blocks=block_count(size, block_size),
                                size=ident.size, mtime_ns=ident.mtime_ns, inode=ident.inode, reset=True,
                                ctime_ns=ident.ctime_ns)

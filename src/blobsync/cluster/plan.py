@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
+from blobsync.backends.base import Capabilities
 from blobsync.cluster.spec import JobSpec, RangeSpec, ShardFile, ShardSpec
 from blobsync.engine.plan import block_count, choose_block_size
 
@@ -69,8 +70,9 @@ def _split(job: JobSpec, f: ShardFile, block_size: int, range_bytes: int) -> Spl
 class BlockSizer:
     """The block size a file gets: the engine's rule for the block size asked for."""
 
-    def __init__(self, requested: int) -> None:
+    def __init__(self, requested: int, store: Capabilities) -> None:
         self.requested = requested
+        self.store = store
 
     def __call__(self, size: int) -> int:
-        return choose_block_size(size, self.requested)
+        return choose_block_size(size, self.requested, self.store)

@@ -152,7 +152,7 @@ def _with_nonce(ctx: EngineContext, row: FileRow, f: ShardFile, path: Path) -> F
         ident = FileIdentity.of(os.stat(path))
     except OSError:
         return row  # the upload itself reports why the file cannot be read
-    block_size = choose_block_size(f.size, ctx.config.block_size)
+    block_size = choose_block_size(f.size, ctx.config.block_size, ctx.store.capabilities)
     ctx.journal.start_file(row.id, nonce=f.nonce, block_size=block_size, n_blocks=block_count(f.size, block_size),
                            size=ident.size, mtime_ns=ident.mtime_ns, inode=ident.inode, reset=True,
                            ctime_ns=ident.ctime_ns)

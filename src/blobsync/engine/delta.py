@@ -6,7 +6,6 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from blobsync.config import MAX_BLOCKS
 from blobsync.engine.context import EngineContext
 from blobsync.journal import CommittedBlob
 
@@ -39,10 +38,11 @@ async def find_base(ctx: EngineContext, blob: str, size: int) -> DeltaBase | Non
     record = ctx.journal.committed_blob(ctx.store.container_url, blob)
     if record is None or not record.blocks:
         return None
-    if size > record.block_size * MAX_BLOCKS:
+    max_parts = ctx.store.capabilities.max_parts
+    if size > record.block_size * max_parts:
         # Keeping the block size stable is what makes blocks line up; a file that outgrew it starts over.
         log.info("%s: grew past %d blocks of %d bytes: full upload with a larger block size",
-                 blob, MAX_BLOCKS, record.block_size)
+                 blob, max_parts, record.block_size)
         return None
     props = await ctx.request(lambda: ctx.store.stat(blob))
     if props is None or props.etag != record.etag:

@@ -5,20 +5,23 @@ from __future__ import annotations
 import secrets
 from collections.abc import Iterator
 
-from blobsync.config import MAX_BLOCK_SIZE, MAX_BLOCKS, MiB
+from blobsync.backends.base import Capabilities
+from blobsync.config import MiB
 from blobsync.errors import SourceError
 
 _NONCE_HEX = 16  # 64 random bits per transfer: two uploads of one blob never share part names
 
 
-def choose_block_size(size: int, requested: int) -> int:
-    """`requested`, raised to a whole MiB when the file would otherwise need more than 50,000 blocks."""
-    if size <= requested * MAX_BLOCKS:
+def choose_block_size(size: int, requested: int, store: Capabilities) -> int:
+    """`requested`, raised to a whole MiB when the file would otherwise need more parts than the store takes in
+    one object (Azure: 50,000 blocks of up to 4000 MiB)."""
+    if size <= requested * store.max_parts:
         return requested
-    needed = -(-size // MAX_BLOCKS)
+    needed = -(-size // store.max_parts)
     block = -(-needed // MiB) * MiB
-    if block > MAX_BLOCK_SIZE:
-        raise SourceError(f"file of {size} bytes is larger than a block blob can hold")
+    if block > store.max_part_size:
+        raise SourceError(f"file of {size} bytes is larger than one object of this store can hold "
+                          f"({store.max_parts} parts of at most {store.max_part_size} bytes)")
     return block
 
 

@@ -177,7 +177,8 @@ class FileUploader:
         """A new nonce (and block size) for the file, journaled before the first part leaves."""
         size = plan.identity.size
         # A delta keeps the committed block size: auto-sizing must not shift every block boundary.
-        block_size = base.block_size if base is not None else choose_block_size(size, self.ctx.config.block_size)
+        block_size = base.block_size if base is not None else choose_block_size(size, self.ctx.config.block_size,
+                                                                                     self.ctx.store.capabilities)
         n = block_count(size, block_size)
         nonce = new_nonce()
         if base is not None:  # no new part may carry the identity of a committed part the delta keeps
