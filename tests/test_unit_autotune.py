@@ -9,8 +9,8 @@ import pytest
 from blobsync.config import AUTO_CEILING, AUTO_START, TransferConfig, parse_concurrency
 from blobsync.engine.autotune import ConcurrencyTuner, Sample, autotune
 from blobsync.engine.budget import RequestLimiter
-from blobsync.engine.context import Progress
 from blobsync.errors import UsageError
+from blobsync.events import Progress
 
 
 def s(rate: float, latency: float = 0.1, *, saturated: bool = True, throttled: bool = False,

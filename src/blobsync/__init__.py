@@ -35,8 +35,6 @@ if TYPE_CHECKING:
     from blobsync.backends.base import BlobProperties
     from blobsync.client import Client
     from blobsync.config import CheckMd5, Overwrite, TransferConfig
-    from blobsync.engine.context import Progress
-    from blobsync.engine.prompt import Answer
     from blobsync.errors import (
         AuthError,
         BlobNotFoundError,
@@ -50,11 +48,10 @@ if TYPE_CHECKING:
         TransferFailedError,
         UsageError,
     )
-    from blobsync.events import BaseSubscriber, QueuedFile, Subscriber
+    from blobsync.events import BaseSubscriber, Progress, QueuedFile, Subscriber
     from blobsync.filters import Filters
+    from blobsync.options import Answer, CompareMode, DeleteMode
     from blobsync.report import Action, FileResult, FileStatus, Report
-    from blobsync.syncing.compare import CompareMode
-    from blobsync.syncing.job import DeleteMode
 
 # The public names load on first use (PEP 562): `import blobsync` and the CLI's start-up pay only for the modules a
 # command needs (a no-op sync never loads the doctor, watch, remove or download code, nor watchfiles). Type
@@ -63,13 +60,13 @@ _HOMES = {
     "aio": "blobsync.aio",
     "JobSummary": "blobsync.api", "clean_jobs": "blobsync.api", "copy": "blobsync.api", "copy_async": "blobsync.api",
     "diagnose": "blobsync.api", "list_blobs": "blobsync.api", "list_jobs": "blobsync.api",
-    "make_container": "blobsync.api", "Answer": "blobsync.engine.prompt", "remove": "blobsync.api",
+    "make_container": "blobsync.api", "Answer": "blobsync.options", "remove": "blobsync.api",
     "resume": "blobsync.api", "resume_async": "blobsync.api", "show_job": "blobsync.api", "sync": "blobsync.api",
     "sync_async": "blobsync.api", "watch": "blobsync.api", "watch_async": "blobsync.api",
     "BlobProperties": "blobsync.backends.base", "Client": "blobsync.client",
     "CheckMd5": "blobsync.config", "Overwrite": "blobsync.config", "TransferConfig": "blobsync.config",
     "Diagnosis": "blobsync.backends.azure.doctor", "Finding": "blobsync.backends.azure.doctor",
-    "Progress": "blobsync.engine.context",
+    "Progress": "blobsync.events",
     "AuthError": "blobsync.errors", "BlobNotFoundError": "blobsync.errors", "BlobsyncError": "blobsync.errors",
     "ContainerNotFoundError": "blobsync.errors", "ExitCode": "blobsync.errors", "IntegrityError": "blobsync.errors",
     "JobBusyError": "blobsync.errors",
@@ -78,9 +75,9 @@ _HOMES = {
     "BaseSubscriber": "blobsync.events", "QueuedFile": "blobsync.events", "Subscriber": "blobsync.events",
     "Action": "blobsync.report", "FileResult": "blobsync.report", "FileStatus": "blobsync.report",
     "Report": "blobsync.report",
-    "CompareMode": "blobsync.syncing.compare",
+    "CompareMode": "blobsync.options",
     "Filters": "blobsync.filters",
-    "DeleteMode": "blobsync.syncing.job",
+    "DeleteMode": "blobsync.options",
 }
 
 

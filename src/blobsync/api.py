@@ -18,12 +18,12 @@ from blobsync.backends.base import BlobProperties, Location
 from blobsync.backends.registry import is_remote, open_store, parse_location
 from blobsync.config import Overwrite, TransferConfig
 from blobsync.copying import plan_copy
-from blobsync.engine.context import Progress, RemoteRunner, request_path
+from blobsync.engine.context import RemoteRunner, request_path
 from blobsync.engine.delete import batch_enabled
 from blobsync.engine.prompt import Answer, OverwritePrompt
 from blobsync.engine.session import Session
 from blobsync.errors import BlobsyncError, TransferFailedError, UsageError
-from blobsync.events import Subscriber
+from blobsync.events import Progress, Subscriber
 from blobsync.filters import Filters
 from blobsync.journal import FileRow, JobKind, JobRow, JobState, Journal, default_journal_path
 from blobsync.report import Action, Report

@@ -20,7 +20,7 @@ from blobsync.backends.base import NO_CONDITIONS, BlobProperties, Buffer, Condit
 from blobsync.backends.registry import parse_location
 from blobsync.blobfile import BlobReader, BlobWriter, check_mode
 from blobsync.config import Overwrite, TransferConfig
-from blobsync.engine.context import Progress, RequestPath, job_retrier
+from blobsync.engine.context import RequestPath, job_retrier
 from blobsync.engine.digest import md5_of
 from blobsync.engine.session import Session
 from blobsync.engine.sources import Data, source_of
@@ -33,6 +33,7 @@ from blobsync.errors import (
     TransferFailedError,
     UsageError,
 )
+from blobsync.events import Progress
 from blobsync.journal import JobKind, Journal, default_journal_path
 from blobsync.local.files import FileIdentity
 from blobsync.redact import strip_query

@@ -20,9 +20,8 @@ import click
 from blobsync._version import __version__
 from blobsync.arguments import range_text
 from blobsync.cli.output import JsonEvents, JsonLines, ProgressDisplay, summary, summary_record
-from blobsync.engine.context import Progress
 from blobsync.errors import BlobsyncError, ExitCode, UsageError
-from blobsync.events import Subscriber
+from blobsync.events import Progress, Subscriber
 from blobsync.filters import Filters
 from blobsync.journal.store import damaged
 from blobsync.redact import RedactingFilter, printable, redact, strip_query

@@ -25,7 +25,7 @@ from blobsync.cli.common import (
 from blobsync.cli.options import config_option
 from blobsync.cli.output import JsonLines, human_bytes
 from blobsync.config import TransferConfig, parse_suffixes
-from blobsync.engine.context import Progress
+from blobsync.events import Progress
 from blobsync.filters import Filters
 from blobsync.redact import printable
 from blobsync.report import Action, Report

@@ -33,9 +33,9 @@ from blobsync.cli.listing import ls, rm
 from blobsync.cli.options import config_from, config_option, transfer_options
 from blobsync.cli.output import JsonLines, human_bytes, summary, summary_record
 from blobsync.config import Overwrite, TransferConfig, parse_suffixes
-from blobsync.engine.context import Progress
 from blobsync.engine.prompt import Answer
 from blobsync.errors import BlobsyncError, ExitCode, UsageError
+from blobsync.events import Progress
 from blobsync.filters import Filters
 from blobsync.journal import FileState
 from blobsync.redact import printable, redact, strip_query

@@ -9,8 +9,7 @@ import time
 from collections.abc import Mapping
 from typing import TextIO
 
-from blobsync.engine.context import Progress
-from blobsync.events import BaseSubscriber
+from blobsync.events import BaseSubscriber, Progress
 from blobsync.redact import printable, redact
 from blobsync.report import NO_JOB, FileResult, FileStatus, Report
 

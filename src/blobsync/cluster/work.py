@@ -18,7 +18,7 @@ from typing import Any
 
 from blobsync.cluster.spec import FileOutcome, JobSpec, ShardFile, ShardReport, ShardSpec
 from blobsync.config import TransferConfig
-from blobsync.engine.context import EngineContext, Progress
+from blobsync.engine.context import EngineContext
 from blobsync.engine.download import FileDownloader
 from blobsync.engine.listing import as_properties
 from blobsync.engine.plan import block_count, choose_block_size
@@ -26,7 +26,7 @@ from blobsync.engine.runner import JobRunner, WorkItem
 from blobsync.engine.session import open_session
 from blobsync.engine.upload import FileUploader
 from blobsync.errors import BlobsyncError, ExitCode, SourceChangedError, UnsafeNameError
-from blobsync.events import BaseSubscriber
+from blobsync.events import BaseSubscriber, Progress
 from blobsync.journal import FileRow, FileState, JobKind, Journal
 from blobsync.journal.index import Entry
 from blobsync.local.files import FileIdentity

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from blobsync.engine.budget import RequestLimiter
-from blobsync.engine.context import Progress
+from blobsync.events import Progress
 
 log = logging.getLogger("blobsync")
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
@@ -20,10 +20,9 @@ from blobsync.engine.budget import MemoryBudget, RequestLimiter
 from blobsync.engine.prompt import OverwritePrompt
 from blobsync.engine.retry import Retrier, RetryPolicy
 from blobsync.errors import ThrottledError
-from blobsync.events import QueuedFile, Subscriber
+from blobsync.events import Progress
 from blobsync.journal import Journal
 from blobsync.redact import redact
-from blobsync.report import FileResult, FileStatus
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -33,69 +32,6 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 log = logging.getLogger("blobsync")
-
-
-@dataclass
-class Progress:
-    """Live counters a progress display reads, and the subscribers told of each event.
-
-    The engine changes them only through `queued`, `advanced` and `finished`, on the event loop's thread;
-    a display thread may read the counters at any time."""
-
-    job_id: str | None = None
-    files_total: int = 0  # files queued for transfer (skipped ones are not)
-    files_done: int = 0
-    files_failed: int = 0
-    files_skipped: int = 0
-    files_deleted: int = 0
-    bytes_total: int = 0
-    bytes_done: int = 0  # bytes of file content acknowledged by the service (or found there on resume)
-    bytes_sent: int = 0  # bytes of acknowledged requests that went over the wire in this run
-    bytes_moving: int = 0  # body bytes written to (or read from) the network in this run, as they move
-    retries: int = 0
-    concurrency: int = 0  # the adaptive request limit now
-    throttled: int = 0  # throttling answers so far
-    started: float = field(default_factory=time.monotonic)
-    subscribers: Sequence[Subscriber] = ()
-
-    def queued(self, rel: str, blob: str, size: int, *, counted: bool = False) -> None:
-        """A file is about to be transferred (`counted`: its size is in the totals already)."""
-        if not counted:
-            self.files_total += 1
-            self.bytes_total += size
-        if self.subscribers:
-            self._tell("on_queued", QueuedFile(rel, blob, size))
-
-    def on_wire(self, nbytes: int) -> None:
-        """The HTTP client wrote (or read) `nbytes` of a body: the rate is true before a block is acknowledged."""
-        self.bytes_moving += nbytes
-
-    def advanced(self, rel: str, done: int, sent: int) -> None:
-        """`done` more bytes of `rel` are complete, `sent` of them went over the wire in this run."""
-        self.bytes_done += done
-        self.bytes_sent += sent
-        if self.subscribers:
-            self._tell("on_progress", rel, done)
-
-    def finished(self, result: FileResult) -> None:
-        if result.status is FileStatus.TRANSFERRED:
-            self.files_done += 1
-        elif result.status is FileStatus.SKIPPED:
-            self.files_skipped += 1
-        elif result.status is FileStatus.DELETED:
-            self.files_deleted += 1
-        else:
-            self.files_failed += 1
-        if self.subscribers:
-            self._tell("on_done", result)
-
-    def _tell(self, event: str, *args: object) -> None:
-        for subscriber in self.subscribers:
-            try:
-                getattr(subscriber, event)(*args)
-            except Exception as exc:  # a callback's bug must not fail (or corrupt) the transfer
-                log.warning("subscriber %s.%s raised %s: %s", type(subscriber).__name__, event,
-                            type(exc).__name__, redact(str(exc)))
 
 
 class RequestPath:

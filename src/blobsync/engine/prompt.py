@@ -4,14 +4,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from enum import Enum
 
-
-class Answer(Enum):
-    YES = "yes"
-    NO = "no"
-    ALL = "all"  # yes, and for every file after it
-    NONE = "none"  # no, and for every file after it
+from blobsync.options import Answer as Answer
 
 
 class OverwritePrompt:

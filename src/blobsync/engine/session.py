@@ -16,7 +16,6 @@ from blobsync.engine.bandwidth import TokenBucket, mbps_to_bytes
 from blobsync.engine.budget import MemoryBudget, RequestLimiter
 from blobsync.engine.context import (
     EngineContext,
-    Progress,
     RemoteRunner,
     RequestPath,
     job_retrier,
@@ -24,6 +23,7 @@ from blobsync.engine.context import (
     open_engine,
 )
 from blobsync.engine.prompt import OverwritePrompt
+from blobsync.events import Progress
 from blobsync.journal import Journal
 
 

@@ -3,22 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
 
 from blobsync.journal.index import Entry
+from blobsync.options import CompareMode as CompareMode
 
 # A file system may store fewer digits than the nanoseconds we set; a blob's Last-Modified has whole seconds
 # and is the upload time. Differences inside these windows are not "newer".
 _EXACT_WINDOW_NS = 1_000_000
 _COARSE_WINDOW_NS = 1_000_000_000
 MTIME_WINDOWS = (_EXACT_WINDOW_NS, _COARSE_WINDOW_NS)  # for SyncIndex.pairs(newer_than=...): the same rule in SQL
-
-
-class CompareMode(Enum):
-    SIZE_AND_MTIME = "size+mtime"
-    SIZE_ONLY = "size-only"
-    MD5 = "md5"
-    MIRROR = "mirror"
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from blobsync.backends.base import Location
-from blobsync.config import FlagEnum
 from blobsync.engine.context import EngineContext
 from blobsync.engine.delete import Doomed
 from blobsync.engine.digest import md5_of_file
@@ -28,20 +27,11 @@ if TYPE_CHECKING:
 from blobsync.local.files import SkippedEntry, SourceFile, local_rel, walk, warm_if_cold
 from blobsync.local.folding import Folding, NameClaims, probe
 from blobsync.naming import folder_prefix
+from blobsync.options import DeleteMode as DeleteMode
 from blobsync.report import DRY_RUN, NO_JOB, Action, FileResult, FileStatus, Report
 from blobsync.syncing.compare import MTIME_WINDOWS, CompareMode, decide
 
 log = logging.getLogger("blobsync")
-
-
-class DeleteMode(FlagEnum):
-    FALSE = "false"
-    TRUE = "true"
-    PROMPT = "prompt"
-
-    @classmethod
-    def flag(cls) -> str:
-        return "--delete-destination"
 
 
 def parse_max_delete(text: str | None) -> tuple[int | None, float | None]:
