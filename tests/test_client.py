@@ -138,3 +138,16 @@ def test_the_report_lists_what_landed_with_urls_free_of_the_sas(azurite: object,
         assert result.url == f"{container.url}/{result.blob}" and "sig=" not in (result.url or "")
         assert result.etag == props.etag and result.size == len(data)
         assert result.content_md5 == hashlib.md5(data).digest()
+
+
+def test_a_small_put_is_one_request_with_its_md5_and_overwrite_false_keeps_the_blob(
+        container: ContainerHandle, tmp_path: Path) -> None:
+    from blobsync.config import Overwrite
+
+    with blobsync.Client(container.url, _config(tmp_path)) as client:
+        first = client.put(b"v1", "k.txt")
+        assert client.put(b"v2", "k.txt").content_md5 == hashlib.md5(b"v2").digest()  # overwrite true: replaced
+        with pytest.raises(blobsync.BlobsyncError, match="exists: not overwritten"):
+            client.put(b"v3", "k.txt", TransferConfig(overwrite=Overwrite.FALSE, journal_path=tmp_path / "j.db"))
+        assert blobsync.list_jobs(tmp_path / "j.db") == []  # nothing a journal could resume: none written
+    assert container.download("k.txt") == b"v2" and first.etag

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import functools
 import io
 import threading
@@ -23,13 +24,14 @@ from blobsync.config import Overwrite, TransferConfig
 from blobsync.engine.context import RequestPath, job_retrier
 from blobsync.engine.digest import md5_of
 from blobsync.engine.session import Session
-from blobsync.engine.sources import Data, source_of
+from blobsync.engine.sources import BufferSource, Data, source_of
 from blobsync.engine.streaming import StreamWriter
 from blobsync.engine.tasks import for_each, in_thread
 from blobsync.errors import (
     BlobNotFoundError,
     ChecksumMismatchError,
     ConflictError,
+    IntegrityError,
     TransferFailedError,
     UsageError,
 )
@@ -37,7 +39,7 @@ from blobsync.events import Progress
 from blobsync.journal import JobKind, Journal, default_journal_path
 from blobsync.local.files import FileIdentity
 from blobsync.redact import strip_query
-from blobsync.report import FileResult, FileStatus, Report
+from blobsync.report import FileResult, FileStatus, Report, blob_url
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -140,6 +142,9 @@ class AsyncClient:
         if _is_stream(data):
             return await self._put_stream(data, loc, config)
         src = source_of(data, loc.path)
+        if (type(src) is BufferSource and src.opened.size <= config.single_put_limit
+                and config.overwrite in (Overwrite.TRUE, Overwrite.FALSE)):
+            return await self._put_small(src, loc, config)  # one request: nothing a journal could resume
         progress = Progress()
         async with session.job(loc, config, progress=progress) as ctx:
             runner = JobRunner(JobKind.UPLOAD, ctx)
@@ -163,6 +168,29 @@ class AsyncClient:
             raise ConflictError(f"blob {loc.path!r} exists: not overwritten ({landed[0].reason})", status=409,
                                 code="BlobAlreadyExists")
         return landed[0]
+
+    async def _put_small(self, src: BufferSource, loc: Location, config: TransferConfig) -> FileResult:
+        """Bytes in memory that fit one Put Blob: MD5 sent for the service to check, no job in the journal (a
+        crash loses nothing a journal could bring back: the bytes were in memory)."""
+        from blobsync.engine.upload import upload_headers
+
+        ctx = self._open().context(loc, config, progress=Progress())
+        ctx.store.check_name(loc.path)
+        data = src.view
+        md5 = await in_thread(ctx.io_pool, md5_of, data) if len(data) > (1 << 20) else md5_of(data)
+        headers = dataclasses.replace(upload_headers(config, PurePosixPath(loc.path), src.opened), content_md5=md5)
+        conditions = Conditions(if_none_match_any=True) if config.overwrite is Overwrite.FALSE else NO_CONDITIONS
+        try:
+            result = await ctx.request(lambda: ctx.store.put(loc.path, data, headers, conditions))
+        except ConflictError as exc:
+            raise ConflictError(f"blob {loc.path!r} exists: not overwritten (overwrite false)", status=exc.status,
+                                code=exc.code) from None
+        if result.content_md5 is not None and result.content_md5 != md5:
+            raise IntegrityError(f"{loc.path}: the service stored a different MD5 than was sent")
+        size = len(data)
+        return FileResult(loc.path, loc.path, size, FileStatus.TRANSFERRED, bytes_sent=size, etag=result.etag,
+                          content_md5=md5, url=blob_url(ctx.store.container_url, loc.path),
+                          version_id=result.version_id)
 
     async def _put_stream(self, chunks: Iterable[Buffer] | AsyncIterable[Buffer], loc: Location,
                           config: TransferConfig) -> FileResult:
