@@ -151,3 +151,17 @@ def test_a_small_put_is_one_request_with_its_md5_and_overwrite_false_keeps_the_b
             client.put(b"v3", "k.txt", TransferConfig(overwrite=Overwrite.FALSE, journal_path=tmp_path / "j.db"))
         assert blobsync.list_jobs(tmp_path / "j.db") == []  # nothing a journal could resume: none written
     assert container.download("k.txt") == b"v2" and first.etag
+
+
+def test_a_small_put_whose_answer_is_lost_is_sent_again_and_lands(
+        container: ContainerHandle, proxy: object, tmp_path: Path) -> None:
+    from support.proxy import FaultProxy, Rule, reset_after
+
+    assert isinstance(proxy, FaultProxy)
+    proxy.add_rule(Rule("put_blob", reset_after(), nth=1))  # the first put lands, its answer never arrives
+    data = os.urandom(20_000)
+    with blobsync.Client(f"{proxy.endpoint()}/{container.name}", _config(tmp_path)) as client:
+        result = client.put(data, "lost.bin")
+    assert proxy.stats.requests["put_blob"] == 2
+    assert container.download("lost.bin") == data
+    assert result.etag == container.client.get_blob_client("lost.bin").get_blob_properties().etag

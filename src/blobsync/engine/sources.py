@@ -54,8 +54,8 @@ class FileObjectSource(BufferSource):
         self._start = start
         self.path = PurePosixPath(name)
         self._fd = _fileno(file)
+        # A file on disk as fstat sees it (a change during the upload shows, as for a path); else as opened now.
         self.opened = self.identity() if self._fd is not None else FileIdentity(size, time.time_ns(), 0)
-        self.opened = FileIdentity(size, self.opened.mtime_ns, self.opened.inode, self.opened.ctime_ns)
 
     def identity(self) -> FileIdentity:
         """A file on disk: as it is now (a change during the upload is seen, as for a path); else as opened."""
