@@ -12,8 +12,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from blobsync.jobs.compare import CompareMode, decide
 from blobsync.journal.index import Entry, SyncIndex
-from blobsync.syncing.compare import CompareMode, decide
 
 
 def rss_mib() -> float:

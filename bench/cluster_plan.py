@@ -31,7 +31,7 @@ def plan(n: int, workers: int) -> dict[str, float]:
     from blobsync.backends.base import Capabilities
     from blobsync.cluster.plan import BlockSizer, cut, sizing
     from blobsync.cluster.spec import JobSpec, ShardFile, ShardSpec, file_nonce
-    from blobsync.engine.runner import batches
+    from blobsync.jobs.runner import batches
     from blobsync.journal import JobKind, Journal
     from blobsync.journal.index import Entry, SyncIndex
 

@@ -61,6 +61,17 @@ def test_azure_core_credentials_and_a_connection_string(
             client.put(name.encode(), name)
             assert client.get(name) == name.encode()
         assert container.download(name) == name.encode()
+    # Every call of a Client goes through its session and so its credential: rm, ls and a copy down too.
+    full = generate_container_sas(azurite.account, container.name, account_key=azurite.key,
+                                  permission=ContainerSasPermissions(read=True, list=True, delete=True),
+                                  expiry=datetime.now(UTC) + timedelta(hours=1))
+    with blobsync.Client(url, config, credential=AzureSasCredential(full)) as client:
+        assert sorted(p.name for p in client.ls()) == ["conn.txt", "named.txt", "sas.txt", "text-sas.txt"]
+        assert client.copy(client.url_for("conn.txt"), tmp_path / "down.txt").ok
+        report = client.remove(client.url_for("named.txt"))
+        assert report.ok and report.files_deleted == 1
+    assert (tmp_path / "down.txt").read_bytes() == b"conn.txt"
+    assert sorted(container.blob_names()) == ["conn.txt", "sas.txt", "text-sas.txt"]
 
 
 def test_credentials_that_cannot_be_used_are_refused_before_any_request(tmp_path: Path) -> None:

@@ -36,10 +36,10 @@ def test_no_function_is_of_complexity_rank_d_or_worse() -> None:
 
 
 def test_the_engine_reaches_stores_only_through_the_seam() -> None:
-    """engine/, syncing/ and the planning modules import no backend module but base and registry."""
+    """engine/, jobs/ and the planning modules import no backend module but base and registry."""
     allowed = {"blobsync.backends.base", "blobsync.backends.registry"}
     found = []
-    for folder in ("engine", "syncing"):
+    for folder in ("engine", "jobs"):
         for path in sorted((SRC / folder).rglob("*.py")):
             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
                 names = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
@@ -65,3 +65,31 @@ def test_the_tracked_tree_holds_no_large_file_and_no_stray_archive() -> None:
         if name.endswith(archives) and not name.startswith(("tests/data/", "bench/data/")):
             found.append(f"{name}: an archive outside tests/data and bench/data")
     assert not found, found
+
+
+def _imports(path: Path) -> list[str]:
+    names: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            names.append(node.module or "")
+        elif isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+    return names
+
+
+def test_imports_point_one_way() -> None:
+    """cli -> api/client -> jobs -> engine -> backends/journal/local: nothing below imports what is above it."""
+    above = {"engine": ("blobsync.jobs", "blobsync.api", "blobsync.client", "blobsync.cli"),
+             "backends": ("blobsync.engine", "blobsync.jobs", "blobsync.api", "blobsync.client", "blobsync.cli"),
+             "journal": ("blobsync.engine", "blobsync.jobs", "blobsync.api", "blobsync.client", "blobsync.cli"),
+             "jobs": ("blobsync.api", "blobsync.client", "blobsync.cli")}
+    found = [f"{path.relative_to(SRC)}: {name}" for folder, banned in above.items()
+             for path in sorted((SRC / folder).rglob("*.py")) for name in _imports(path) if name.startswith(banned)]
+    assert not found, found
+
+
+def test_a_files_outcome_has_one_writer() -> None:
+    """Per-file code returns a FileResult; the job runner alone records the outcome in the journal."""
+    writers = sorted(str(p.relative_to(SRC)) for p in _sources()
+                     if "finish_file(" in p.read_text(encoding="utf-8") and p.name != "store.py")
+    assert writers == ["jobs/runner.py"], writers

@@ -17,11 +17,11 @@ import pytest
 import blobsync
 from blobsync import stopping
 from blobsync.errors import UnsafeNameError
+from blobsync.jobs.compare import CompareMode
 from blobsync.journal.store import default_journal_path
 from blobsync.local import files
 from blobsync.local.platform import BootSources, boot_identifier, extended_path, features, open_positional
 from blobsync.local.target import safe_join
-from blobsync.syncing.compare import CompareMode
 from conftest import ContainerHandle
 from support.azurite import connection_string
 from support.cli import random_file

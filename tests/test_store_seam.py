@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -16,7 +16,7 @@ from blobsync import TransferConfig
 from blobsync.backends import memory
 from blobsync.config import MiB
 from blobsync.errors import NetworkError, ThrottledError
-from blobsync.syncing.job import DeleteMode
+from blobsync.jobs.sync import DeleteMode
 from support import toystore
 from support.cli import random_file
 
@@ -177,9 +177,9 @@ class _InProcess:
         self.files = 0
 
     async def run(self, ctx: object, job_id: str, local_root: Path, report: blobsync.Report,
-                  items: object, totals: tuple[int, int]) -> None:
+                  items: object, totals: tuple[int, int], settle: Callable[..., None]) -> None:
         for item in items:  # type: ignore[attr-defined]
-            report.add(await item.run())
+            settle(report, item.row, await item.run())
             self.files += 1
 
 
@@ -189,8 +189,9 @@ def test_a_job_for_a_cluster_lists_its_destination_one_prefix_at_a_time(tmp_path
 
     from blobsync.engine.session import open_session
     from blobsync.filters import Filters
+    from blobsync.jobs.spec import SyncSpec
+    from blobsync.jobs.sync import SyncJob
     from blobsync.journal import Journal
-    from blobsync.syncing.job import SyncJob, SyncSpec
 
     files = _tree(tmp_path / "src")
     assert blobsync.sync(tmp_path / "src", f"memory://{box.name}/run", _config(tmp_path)).ok
@@ -202,9 +203,9 @@ def test_a_job_for_a_cluster_lists_its_destination_one_prefix_at_a_time(tmp_path
         journal = Journal(tmp_path / "j2.db")
         config = TransferConfig(preserve_last_modified_time=True, recursive=True, journal_path=tmp_path / "j2.db")
         try:
-            async with open_session(url, config, os.environ, journal, cluster=runner) as ctx:
+            async with open_session(url, config, os.environ, journal) as ctx:
                 spec = SyncSpec(tmp_path / "down", ctx.store.location, False, Filters())
-                return await SyncJob(spec, ctx).run()
+                return await SyncJob(spec, ctx, cluster=runner).run()
         finally:
             journal.close()
 

@@ -221,7 +221,7 @@ def test_unlistable_source_folder_stops_deletes(container: ContainerHandle, tmp_
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     # Root reads every folder, so the unreadable folder is injected where the walk reports it.
     import blobsync
-    import blobsync.syncing.job as sync_job
+    import blobsync.jobs.sync as sync_job
     from blobsync.local.files import SkippedEntry
 
     src = tmp_path / "src"

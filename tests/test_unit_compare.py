@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from blobsync.jobs.compare import MTIME_WINDOWS, CompareMode, decide
 from blobsync.journal.index import Entry, SyncIndex
-from blobsync.syncing.compare import MTIME_WINDOWS, CompareMode, decide
 
 BASE = 1_700_000_000 * 10**9
 # Offsets around both windows (1 ms for exact times, 1 s for coarse ones) and their edges.

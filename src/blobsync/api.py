@@ -9,32 +9,32 @@ import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar
 
 from blobsync import arguments, stopping
-from blobsync.backends.base import BlobProperties, Location
+from blobsync.backends.base import BlobProperties
 from blobsync.backends.registry import is_remote, open_store, parse_location
-from blobsync.config import Overwrite, TransferConfig
+from blobsync.config import TransferConfig
 from blobsync.copying import plan_copy
-from blobsync.engine.context import RemoteRunner, request_path
+from blobsync.engine.context import request_path
 from blobsync.engine.delete import batch_enabled
-from blobsync.engine.prompt import Answer, OverwritePrompt
+from blobsync.engine.prompt import Answer
 from blobsync.engine.session import Session
 from blobsync.errors import BlobsyncError, TransferFailedError, UsageError
 from blobsync.events import Progress, Subscriber
 from blobsync.filters import Filters
+from blobsync.jobs import DownloadSpec, Hooks, JobSpec, RemoveSpec, SyncSpec, UploadSpec, run_job
 from blobsync.journal import FileRow, JobKind, JobRow, JobState, Journal, default_journal_path
+from blobsync.options import CompareMode, DeleteMode
 from blobsync.report import Action, Report
-from blobsync.syncing.compare import CompareMode
-from blobsync.syncing.job import DeleteMode, SyncJob, SyncSpec
 
 # Imported where used: `blobsync sync` (and `import blobsync`) then never load the doctor, the download and
 # upload jobs, remove or watch (and watchfiles), which is a good part of a no-op sync's start-up.
 if TYPE_CHECKING:
     from blobsync.backends.azure.doctor import Diagnosis
-    from blobsync.syncing.watch import Ready
+    from blobsync.jobs.watch import Ready
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -95,7 +95,7 @@ def _check_common(filters: Filters | None, dry_run: bool, raise_on_error: bool, 
 
 def _max_delete(value: object) -> str | None:
     """--max-delete as the library takes it: a count (int or text) or a percentage text ('5%')."""
-    from blobsync.syncing.job import parse_max_delete
+    from blobsync.jobs.sync import parse_max_delete
 
     if value is None:
         return None
@@ -129,40 +129,6 @@ def _journal(journal_path: Path | None, env: Mapping[str, str] | None = None) ->
     return Journal(journal_path or default_journal_path(os.environ if env is None else env))
 
 
-@dataclass(frozen=True)
-class _Selection:
-    """What a copy takes beside its config: filters, and whether it only lists what it would do."""
-
-    filters: Filters = field(default_factory=Filters)
-    dry_run: bool = False
-    on_action: Callable[[Action], None] | None = None
-    confirm_overwrite: Callable[[str], Answer] | None = None
-    cluster: Cluster = None
-    url: str = ""  # the remote side as the user gave it, SAS included: what a cluster's workers open
-
-    def prompt(self) -> OverwritePrompt | None:
-        return OverwritePrompt(self.confirm_overwrite) if self.confirm_overwrite is not None else None
-
-
-@asynccontextmanager
-async def _remote(cluster: Cluster, url: str, upload: bool, config: TransferConfig, dry_run: bool
-                  ) -> AsyncIterator[RemoteRunner | None]:
-    """The cluster a job's files run on (None: this machine), opened for the job and closed after it."""
-    if cluster is None or dry_run:
-        yield None
-        return
-    if config.overwrite is Overwrite.PROMPT:
-        raise UsageError("--overwrite prompt cannot be used with --cluster: use true, false or ifSourceNewer")
-    from blobsync.cluster.client import ClusterTransfer
-    from blobsync.cluster.dask_adapter import DaskExecutor
-
-    executor = await DaskExecutor.open(cluster)
-    try:
-        yield ClusterTransfer(executor, url, upload)
-    finally:
-        await executor.close()
-
-
 # The session of the Client whose call this is (None: a module-level call, which opens a short-lived one). Set per
 # task by Client, so concurrent calls of one Client share its pools, budgets and journal.
 _BOUND: ContextVar[Session | None] = ContextVar("blobsync_session", default=None)
@@ -176,38 +142,11 @@ async def _session_for(config: TransferConfig, env: Mapping[str, str], progress:
     if bound is not None:
         yield bound
         return
-    session = Session(config, env, journal or _journal(config.journal_path, env), wire_progress=progress)
+    session = Session(config, env, journal or (lambda: _journal(config.journal_path, env)), wire_progress=progress)
     try:
         yield session
     finally:
         await session.close()
-
-
-async def _run_download(
-    loc: Location, dest: Path, config: TransferConfig, session: Session,
-    progress: Progress, job: JobRow | None, folder: bool = False,
-    selection: _Selection = _Selection(),
-) -> Report:
-    from blobsync.engine.download_job import DownloadJob, DownloadSpec
-
-    async with (_remote(selection.cluster, selection.url, False, config, selection.dry_run) as remote,
-                session.job(loc, config, progress=progress, overwrite_prompt=selection.prompt(),
-                            cluster=remote) as ctx):
-        spec = DownloadSpec(loc, dest, folder, selection.filters, selection.dry_run)
-        return await DownloadJob(spec, ctx, job=job, on_action=selection.on_action).run()
-
-
-async def _run_upload(
-    source: Path, loc: Location, config: TransferConfig, session: Session,
-    progress: Progress, job: JobRow | None, selection: _Selection = _Selection(),
-) -> Report:
-    from blobsync.engine.job import UploadJob, UploadSpec
-
-    async with (_remote(selection.cluster, selection.url, True, config, selection.dry_run) as remote,
-                session.job(loc, config, progress=progress, overwrite_prompt=selection.prompt(),
-                            cluster=remote) as ctx):
-        spec = UploadSpec(source, loc, selection.filters, selection.dry_run)
-        return await UploadJob(spec, ctx, job=job, on_action=selection.on_action).run()
 
 
 async def copy_async(
@@ -252,14 +191,11 @@ async def copy_async(
     progress = _progress(progress, subscribers)
     plan = plan_copy(source, dest, recursive=config.recursive, as_subdir=as_subdir, filters=filters)
     config = replace(config, recursive=plan.many)
-    selection = _Selection(plan.filters, dry_run, on_action, confirm_overwrite, cluster,
-                           dest if plan.upload else source)
+    hooks = Hooks(on_action, confirm_overwrite, cluster=cluster, cluster_url=dest if plan.upload else source)
+    spec: JobSpec = UploadSpec(plan.local, plan.remote, plan.filters, dry_run) if plan.upload else \
+        DownloadSpec(plan.remote, plan.local, plan.dest_is_folder, plan.filters, dry_run)
     async with _session_for(config, env, progress) as session:
-        if plan.upload:
-            report = await _run_upload(plan.local, plan.remote, config, session, progress, None, selection)
-        else:
-            report = await _run_download(plan.remote, plan.local, config, session, progress, None,
-                                         plan.dest_is_folder, selection)
+        report = await run_job(spec, session, config, progress=progress, hooks=hooks)
     return _finish(report, raise_on_error)
 
 
@@ -310,10 +246,9 @@ async def sync_async(
         config = replace(config, preserve_last_modified_time=True)
     spec = SyncSpec(local, loc, upload, filters or Filters(), compare, delete, max_delete, dry_run, ready,
                     batch_enabled(env))
-    async with (_session_for(config, env, progress) as session,
-                _remote(cluster, dst_text if upload else src_text, upload, config, dry_run) as remote,
-                session.job(loc, config, progress=progress, cluster=remote) as ctx):
-        report = await SyncJob(spec, ctx, on_action=on_action, confirm=confirm).run()
+    hooks = Hooks(on_action, confirm_delete=confirm, cluster=cluster, cluster_url=dst_text if upload else src_text)
+    async with _session_for(config, env, progress) as session:
+        report = await run_job(spec, session, config, progress=progress, hooks=hooks)
     return _finish(report, raise_on_error)
 
 
@@ -350,7 +285,7 @@ async def watch_async(
     (network gone) is retried with backoff and resumes what was staged; auth and usage errors raise.
     `stop` is a threading.Event, asyncio.Event or callable, checked between rounds (a running round finishes);
     cancelling the task stops at once, leaving partial files resumable. Returns the number of rounds run."""
-    from blobsync.syncing.watch import Watcher
+    from blobsync.jobs.watch import Watcher
 
     src_text, dest = arguments.path_or_url(source, "source"), arguments.url(dest, "dest")
     settle = arguments.number(settle, "settle", 0, 86400, " seconds")
@@ -369,15 +304,19 @@ async def watch_async(
         raise UsageError(f"source folder {src_text!r} does not exist or is not a folder")
     journal_path = config.journal_path or default_journal_path(env)
 
-    async def one_round(ready: Ready) -> Report:
-        return await sync_async(root, dest, config, filters=filters, compare=compare, delete=delete,
-                                max_delete=max_delete, env=env, ready=ready)
+    loc = parse_location(dest)
+    async with _session_for(config, env, Progress()) as session:  # every round on one session: one pool, one token
 
-    # Our own writes (journal, scratch index) must not look like changes when they live inside the folder.
-    ignore = (str(journal_path), str(journal_path.parent / "blobsync-index-"))
-    watcher = Watcher(root, one_round, settle=settle, stop=_stop_check(stop), on_round=on_round,
-                      on_error=on_error, ignore=ignore)
-    await watcher.run()
+        async def one_round(ready: Ready) -> Report:
+            spec = SyncSpec(root, loc, True, filters or Filters(), compare, delete, max_delete, ready=ready,
+                            batch_deletes=batch_enabled(env))
+            return await run_job(spec, session, config, progress=Progress())
+
+        # Our own writes (journal, scratch index) must not look like changes when they live inside the folder.
+        ignore = (str(journal_path), str(journal_path.parent / "blobsync-index-"))
+        watcher = Watcher(root, one_round, settle=settle, stop=_stop_check(stop), on_round=on_round,
+                          on_error=on_error, ignore=ignore)
+        await watcher.run()
     return watcher.rounds
 
 
@@ -418,8 +357,7 @@ async def resume_async(
             # A sync re-compares both sides on every run; its partial files resume through the same journal.
             raise UsageError(f"job {job.id} is a sync: run the same 'blobsync sync' command again to resume it")
         options = dict(job.options)
-        selection = _Selection(Filters.from_journal(options.pop("filters", None)),
-                               confirm_overwrite=confirm_overwrite)
+        filters = Filters.from_journal(options.pop("filters", None))
         config = TransferConfig.from_journal(options, journal_path=journal_path, **overrides)
         remote = job.source if job.kind is JobKind.DOWNLOAD else job.dest
         loc = parse_location(remote if not sas else f"{remote}?{sas.lstrip('?')}")
@@ -427,11 +365,11 @@ async def resume_async(
         if bound is None:
             journal.close()
         raise
+    spec: JobSpec = DownloadSpec(loc, Path(job.dest), filters=filters) if job.kind is JobKind.DOWNLOAD else \
+        UploadSpec(Path(job.source), loc, filters)
     async with _session_for(config, env, progress, journal) as session:
-        if job.kind is JobKind.DOWNLOAD:
-            report = await _run_download(loc, Path(job.dest), config, session, progress, job, selection=selection)
-        else:
-            report = await _run_upload(Path(job.source), loc, config, session, progress, job, selection)
+        report = await run_job(spec, session, config, progress=progress, job=job,
+                               hooks=Hooks(confirm_overwrite=confirm_overwrite))
     return _finish(report, raise_on_error)
 
 
@@ -515,7 +453,7 @@ async def blob_entries_async(
 ) -> AsyncIterator[tuple[str, BlobProperties]]:
     """As `list_blobs_async`, each blob with its name relative to the URL (a blob URL: its last segment), as
     AzCopy's list prints them."""
-    from blobsync.syncing.remove import blobs_at
+    from blobsync.engine.listing import blobs_at
 
     url, env = arguments.url(url, "url"), arguments.env(env)
     max_retries = int(arguments.number(max_retries, "max_retries", 0, 100, integer=True))
@@ -576,8 +514,6 @@ async def remove_async(
     """Delete the blob the URL names or, with `recursive`, every blob under it that `filters` admit
     (snapshots go with their blob); or the blobs `list_of_files` names (one relative name per line).
     `dry_run` lists what would go and deletes nothing."""
-    from blobsync.syncing.remove import RemoveJob, RemoveSpec
-
     config, url = _config(config), arguments.url(url, "url")
     _check_common(filters, dry_run, raise_on_error, on_action=on_action)
     recursive = arguments.boolean(recursive, "recursive")
@@ -587,12 +523,8 @@ async def remove_async(
     loc = parse_location(url)
     spec = RemoveSpec(loc, recursive, filters or Filters(), dry_run, config.max_concurrency,
                       Path(list_of_files) if list_of_files is not None else None, batch_enabled(env))
-    store = open_store(loc, config, env)
-    try:
-        requests = request_path(config, progress)
-        report = await RemoveJob(spec, store, requests, on_action=on_action).run()
-    finally:
-        await store.close()
+    async with _session_for(config, env, progress) as session:
+        report = await run_job(spec, session, config, progress=progress, hooks=Hooks(on_action))
     return _finish(report, raise_on_error)
 
 

@@ -10,7 +10,6 @@ import functools
 import io
 import threading
 import time
-import uuid
 from collections.abc import AsyncIterable, Callable, Coroutine, Iterable, Mapping
 from pathlib import PurePosixPath
 from typing import Any, Concatenate, ParamSpec, TypeGuard, TypeVar, overload
@@ -32,14 +31,14 @@ from blobsync.errors import (
     ChecksumMismatchError,
     ConflictError,
     IntegrityError,
-    TransferFailedError,
     UsageError,
 )
 from blobsync.events import Progress
-from blobsync.journal import JobKind, Journal, default_journal_path
+from blobsync.jobs import PutSpec, run_job
+from blobsync.journal import Journal, default_journal_path
 from blobsync.local.files import FileIdentity
 from blobsync.redact import strip_query
-from blobsync.report import FileResult, FileStatus, Report, blob_url
+from blobsync.report import FileResult, FileStatus, blob_url
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -116,7 +115,7 @@ class AsyncClient:
         """Every blob under `prefix` (a folder, or a blob name), relative to the client's URL."""
         session = self._open()
         loc = parse_location(self.url_for(prefix) if prefix else self.url)
-        from blobsync.syncing.remove import blobs_at
+        from blobsync.engine.listing import blobs_at
 
         requests = self._requests(Progress())
         return [props async for _, props in blobs_at(session.store(loc), loc.path, requests)]
@@ -132,9 +131,6 @@ class AsyncClient:
         Large data goes in blocks under the memory budget, each with its check; the whole MD5 is stored as the
         Content-MD5 and verified after the one commit. Returns the record of what landed (ETag, MD5, size); a
         failure raises and leaves nothing committed."""
-        from blobsync.engine.runner import JobRunner, WorkItem
-        from blobsync.engine.upload import FileUploader
-
         session, config = self._open(), api._config(config or self.config)
         loc = parse_location(self.url_for(name))
         if not loc.path or loc.path.endswith("/"):
@@ -145,29 +141,9 @@ class AsyncClient:
         if (type(src) is BufferSource and src.opened.size <= config.single_put_limit
                 and config.overwrite in (Overwrite.TRUE, Overwrite.FALSE)):
             return await self._put_small(src, loc, config)  # one request: nothing a journal could resume
-        progress = Progress()
-        async with session.job(loc, config, progress=progress) as ctx:
-            runner = JobRunner(JobKind.UPLOAD, ctx)
-            # A file on disk resumes like a path (its staged blocks are kept); other data starts a job of its own.
-            key = getattr(src, "resume_key", None) or f"memory:{uuid.uuid4().hex}"
-            job = runner.open_job(key, loc.display)
-            size = src.opened.size
-            row = ctx.journal.add_files(job.id, [(loc.path, loc.path, size, src.opened.mtime_ns, 0)])[loc.path]
-            report = Report(job.id, "<memory>", loc.display, kind="upload", listener=progress.finished)
-            landed: list[FileResult] = []
+        from blobsync.jobs.put import landed
 
-            async def one() -> FileResult:
-                result = await FileUploader(ctx).upload_source(row, src)
-                landed.append(result)
-                return result
-
-            await runner.run(report, [WorkItem(row, size, one)])
-        if report.failures or not landed:
-            raise TransferFailedError(report)
-        if landed[0].status is FileStatus.SKIPPED:  # overwrite false (or ifSourceNewer) and the blob is there
-            raise ConflictError(f"blob {loc.path!r} exists: not overwritten ({landed[0].reason})", status=409,
-                                code="BlobAlreadyExists")
-        return landed[0]
+        return landed(await run_job(PutSpec(src, loc), session, config, progress=Progress()))
 
     async def _put_small(self, src: BufferSource, loc: Location, config: TransferConfig) -> FileResult:
         """Bytes in memory that fit one Put Blob: MD5 sent for the service to check, no job in the journal (a

@@ -37,12 +37,12 @@ from blobsync.engine.prompt import Answer
 from blobsync.errors import BlobsyncError, ExitCode, UsageError
 from blobsync.events import Progress
 from blobsync.filters import Filters
+from blobsync.jobs.compare import CompareMode
+from blobsync.jobs.sync import DeleteMode, parse_max_delete
 from blobsync.journal import FileState
 from blobsync.redact import printable, redact, strip_query
 from blobsync.report import Action, Report
 from blobsync.stopping import stop_on_signals
-from blobsync.syncing.compare import CompareMode
-from blobsync.syncing.job import DeleteMode, parse_max_delete
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})

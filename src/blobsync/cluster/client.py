@@ -18,9 +18,9 @@ from blobsync.config import Overwrite
 from blobsync.engine.context import EngineContext
 from blobsync.engine.mtime import MTIME_KEY, format_mtime
 from blobsync.engine.plan import block_count, choose_block_size
-from blobsync.engine.runner import WorkItem
 from blobsync.errors import BlobsyncError, ExitCode, Scope, TransientError, UsageError
-from blobsync.journal import FileRow, FileState
+from blobsync.jobs.runner import Settle, WorkItem
+from blobsync.journal import FileRow
 from blobsync.local.files import FileIdentity
 from blobsync.local.target import PartFile, safe_join
 from blobsync.report import FileResult, FileStatus, Report, ShardRow
@@ -70,10 +70,12 @@ class ClusterTransfer:
         self.grace = grace  # how long the job waits with no worker left before it stops
         self.local_root = Path()
         self._rows: dict[str, FileRow] = {}  # files of the units in flight, by local path
+        self._settle: Settle = lambda report, row, result: None  # the JobRunner's: it records each outcome
 
     async def run(self, ctx: EngineContext, job_id: str, local_root: Path, report: Report,
-                  items: Iterable[WorkItem], totals: tuple[int, int]) -> None:
+                  items: Iterable[WorkItem], totals: tuple[int, int], settle: Settle) -> None:
         self.local_root = local_root
+        self._settle = settle
         workers = await self._workers()
         await self._check_shared(workers)
         topic = f"blobsync-{job_id}-{uuid.uuid4().hex[:8]}"
@@ -259,17 +261,13 @@ class ClusterTransfer:
     def _record(self, ctx: EngineContext, report: Report, row: FileRow, f: ShardFile, ok: bool, skipped: bool,
                 sent: int, reason: str, code: int) -> None:
         if ok and skipped:
-            ctx.journal.finish_file(row.id, FileState.SKIPPED, error=reason)
-            report.add(FileResult(f.rel, f.blob, f.size, FileStatus.SKIPPED, reason=reason))
+            result = FileResult(f.rel, f.blob, f.size, FileStatus.SKIPPED, reason=reason)
         elif ok:
-            ctx.journal.finish_file(row.id, FileState.COMMITTED, bytes_sent=sent)
-            report.add(FileResult(f.rel, f.blob, f.size, FileStatus.TRANSFERRED, bytes_sent=sent))
-            report.bytes_sent += sent
-            report.bytes_reused += f.size - sent
+            result = FileResult(f.rel, f.blob, f.size, FileStatus.TRANSFERRED, bytes_sent=sent)
         else:
-            ctx.journal.finish_file(row.id, FileState.FAILED, error=reason)
-            report.add(FileResult(f.rel, f.blob, f.size, FileStatus.FAILED, reason=reason,
-                                  exit_code=ExitCode(code) if code else ExitCode.PARTIAL))
+            result = FileResult(f.rel, f.blob, f.size, FileStatus.FAILED, reason=reason,
+                                exit_code=ExitCode(code) if code else ExitCode.PARTIAL)
+        self._settle(report, row, result)
 
 
 def _lost_cluster(error: BaseException) -> bool:

@@ -22,11 +22,11 @@ from blobsync.engine.context import EngineContext
 from blobsync.engine.download import FileDownloader
 from blobsync.engine.listing import as_properties
 from blobsync.engine.plan import block_count, choose_block_size
-from blobsync.engine.runner import JobRunner, WorkItem
 from blobsync.engine.session import open_session
 from blobsync.engine.upload import FileUploader
 from blobsync.errors import BlobsyncError, ExitCode, SourceChangedError, UnsafeNameError
 from blobsync.events import BaseSubscriber, Progress
+from blobsync.jobs.runner import JobRunner, Settle, WorkItem
 from blobsync.journal import FileRow, FileState, JobKind, Journal
 from blobsync.journal.index import Entry
 from blobsync.local.files import FileIdentity
@@ -124,7 +124,8 @@ async def _run_shard(spec: ShardSpec, publish: Publish | None, worker: str) -> S
         job = runner.open_job(spec.job.local_root, f"{ctx.store.display_url}#{spec.job.job}/{spec.shard}")
         report = Report(job.id, spec.job.local_root, ctx.store.display_url, listener=ctx.progress.finished)
         rows = ctx.journal.add_files(job.id, ((f.rel, f.blob, f.size, f.mtime_ns, 0) for f in spec.files))
-        items = _upload_items(ctx, spec, rows) if spec.job.upload else _download_items(ctx, spec, rows, report)
+        items = _upload_items(ctx, spec, rows) if spec.job.upload else _download_items(ctx, spec, rows, report,
+                                                                                     runner.settle)
         await runner.run(report, items)
         retries = ctx.requests.retrier.retries
     relay.flush()
@@ -161,8 +162,8 @@ def _with_nonce(ctx: EngineContext, row: FileRow, f: ShardFile, path: Path) -> F
                    inode=ident.inode, ctime_ns=ident.ctime_ns, state=FileState.ACTIVE)
 
 
-def _download_items(ctx: EngineContext, spec: ShardSpec, rows: dict[str, FileRow], report: Report
-                    ) -> Iterator[WorkItem]:
+def _download_items(ctx: EngineContext, spec: ShardSpec, rows: dict[str, FileRow], report: Report,
+                    settle: Settle) -> Iterator[WorkItem]:
     root = Path(spec.job.local_root)
     downloader = FileDownloader(ctx, root)
     for f in spec.files:
@@ -170,9 +171,8 @@ def _download_items(ctx: EngineContext, spec: ShardSpec, rows: dict[str, FileRow
         try:
             target = safe_join(root, f.rel)
         except UnsafeNameError as exc:
-            ctx.journal.finish_file(row.id, FileState.FAILED, error=str(exc))
-            report.add(FileResult(f.rel, f.blob, f.size, FileStatus.FAILED, reason=str(exc),
-                                  exit_code=ExitCode.PARTIAL))
+            settle(report, row, FileResult(f.rel, f.blob, f.size, FileStatus.FAILED, reason=str(exc),
+                                           exit_code=ExitCode.PARTIAL))
             continue
         props = as_properties(Entry(f.rel, f.size, f.mtime_ns, f.exact_mtime, bytes.fromhex(f.md5) if f.md5
                                     else None, f.etag, f.blob))

@@ -10,8 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TypeVar
 
 from blobsync.backends.base import Store
 from blobsync.config import TransferConfig
@@ -23,12 +22,6 @@ from blobsync.errors import ThrottledError
 from blobsync.events import Progress
 from blobsync.journal import Journal
 from blobsync.redact import redact
-
-if TYPE_CHECKING:
-    from collections.abc import Iterable
-
-    from blobsync.engine.runner import WorkItem
-    from blobsync.report import Report
 
 T = TypeVar("T")
 log = logging.getLogger("blobsync")
@@ -62,13 +55,6 @@ class RequestPath:
         return await self.retrier.call(limited)
 
 
-class RemoteRunner(Protocol):
-    """Runs a job's files elsewhere (cluster/client.py on Dask): the JobRunner hands its items over."""
-
-    async def run(self, ctx: EngineContext, job_id: str, local_root: Path, report: Report,
-                  items: Iterable[WorkItem], totals: tuple[int, int]) -> None: ...
-
-
 def job_retrier(config: TransferConfig, progress: Progress) -> Retrier:
     """The retry policy of one job, counting its retries in `progress`."""
 
@@ -99,7 +85,6 @@ class EngineContext:
     progress: Progress
     overwrite_prompt: OverwritePrompt | None = None  # answers --overwrite prompt
     bandwidth: TokenBucket | None = None  # the --cap-mbps bucket the store's wire obeys (re-capped live)
-    cluster: RemoteRunner | None = None  # runs the job's files on other machines instead of the local pool
 
     @property
     def limiter(self) -> RequestLimiter:
@@ -127,8 +112,7 @@ def memory_budget(config: TransferConfig) -> int:
 @asynccontextmanager
 async def open_engine(config: TransferConfig, store: Store, journal: Journal, *, progress: Progress | None = None,
                       clock: Callable[[], float] = time.monotonic, bandwidth: TokenBucket | None = None,
-                      overwrite_prompt: OverwritePrompt | None = None, cluster: RemoteRunner | None = None
-                      ) -> AsyncIterator[EngineContext]:
+                      overwrite_prompt: OverwritePrompt | None = None) -> AsyncIterator[EngineContext]:
     """The engine context of one job: its budgets, request path and thread pools, which it shuts down on exit."""
     progress = progress or Progress()
     io_pool = ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2) + 2), thread_name_prefix="bs-io")
@@ -136,7 +120,7 @@ async def open_engine(config: TransferConfig, store: Store, journal: Journal, *,
     try:
         yield EngineContext(store, journal, config, MemoryBudget(memory_budget(config)),
                             request_path(config, progress, clock), io_pool, hash_pool, progress, overwrite_prompt,
-                            bandwidth, cluster)
+                            bandwidth)
     finally:
         io_pool.shutdown(wait=True)
         hash_pool.shutdown(wait=True)

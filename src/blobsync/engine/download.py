@@ -15,7 +15,7 @@ from blobsync.engine.mtime import destination_mtime_ns
 from blobsync.engine.plan import block_count
 from blobsync.engine.tasks import in_thread
 from blobsync.errors import ChecksumMismatchError, ConflictError, CorruptedInTransitError, IntegrityError
-from blobsync.journal import RESUMABLE, FileRow, FileState
+from blobsync.journal import RESUMABLE, FileRow
 from blobsync.local.target import PartFile, current_boot_id, part_path
 from blobsync.report import FileResult, FileStatus, blob_url
 
@@ -66,7 +66,6 @@ class FileDownloader:
                 props = fresh
 
     def _skipped(self, row: FileRow, props: BlobProperties, reason: str) -> FileResult:
-        self.ctx.journal.finish_file(row.id, FileState.SKIPPED, error=reason)
         return FileResult(row.rel, row.blob, props.size, FileStatus.SKIPPED, reason=reason)
 
     async def _fetch(self, row: FileRow, props: BlobProperties, target: Path, seen: frozenset[bytes] = frozenset()
@@ -94,8 +93,6 @@ class FileDownloader:
             raise
         finally:
             part.close()
-        ctx.journal.finish_file(row.id, FileState.COMMITTED, md5_hex=digest.hex() if digest and want_md5 else None,
-                                etag=props.etag)
         reused = props.size - sent
         note = f"resumed: {reused} bytes were already on disk" if reused else ""
         return FileResult(row.rel, row.blob, props.size, FileStatus.TRANSFERRED, bytes_sent=sent, reason=note,

@@ -1,9 +1,11 @@
-"""Listings into the scratch index, and blobs as index entries and back: millions are kept in SQLite, not in memory."""
+"""Listings: into the scratch index (millions are kept in SQLite, not in memory), blobs as index entries and back,
+and the blobs a URL names page by page (ls, rm)."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 
 from blobsync.backends.base import BlobProperties, Requester, Store
@@ -11,7 +13,7 @@ from blobsync.engine.mtime import MTIME_KEY, format_mtime, parse_mtime
 from blobsync.engine.tasks import for_each
 from blobsync.filters import Filters
 from blobsync.journal.index import Entry, SyncIndex
-from blobsync.naming import relative_name
+from blobsync.naming import folder_prefix, relative_name
 
 
 def is_folder_marker(props: BlobProperties) -> bool:
@@ -92,3 +94,36 @@ class RemoteLister:
         entry = remote_entry(self.root, props)
         if self.filters.matches(entry.rel, self.when(props, entry)):
             batch.append(entry)
+
+
+async def blobs_at(store: Store, path: str, request: Requester) -> AsyncIterator[tuple[str, BlobProperties]]:
+    """(relative name, properties) of the blob named `path` and of every blob under `path/`.
+
+    One listing with `path` as its prefix answers both; names that only share the prefix ('a/bc' for 'a/b')
+    are left out. Each page is one request under the retry policy; the next page is asked for before this one's
+    blobs are handed out, so the service prepares it while the caller prints or deletes them."""
+    prefix = folder_prefix(path)
+
+    def fetch(marker: str) -> asyncio.Future[tuple[list[BlobProperties], str]]:
+        return asyncio.ensure_future(request(functools.partial(store.list_page, path, marker)))
+
+    ahead = fetch("")
+    try:
+        while True:
+            page, marker = await ahead
+            if marker:
+                ahead = fetch(marker)
+                await asyncio.sleep(0)  # let the request leave now, not when the caller next awaits
+            for props in page:
+                if props.name == path and path and not path.endswith("/"):
+                    yield props.name.rsplit("/", 1)[-1], props
+                elif props.name.startswith(prefix) and not props.name.endswith("/"):
+                    yield props.name[len(prefix):], props
+            if not marker:
+                return
+    finally:
+        if not ahead.done():  # the caller stopped early: drop the page nobody will read
+            ahead.cancel()
+            await asyncio.wait([ahead])
+            if not ahead.cancelled():
+                ahead.exception()  # retrieved: a failure of a page nobody asked for is not an error

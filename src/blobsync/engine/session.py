@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
@@ -14,14 +14,7 @@ from blobsync.backends.registry import Wire, open_store, parse_location
 from blobsync.config import TransferConfig
 from blobsync.engine.bandwidth import TokenBucket, mbps_to_bytes
 from blobsync.engine.budget import MemoryBudget, RequestLimiter
-from blobsync.engine.context import (
-    EngineContext,
-    RemoteRunner,
-    RequestPath,
-    job_retrier,
-    memory_budget,
-    open_engine,
-)
+from blobsync.engine.context import EngineContext, RequestPath, job_retrier, memory_budget, open_engine
 from blobsync.engine.prompt import OverwritePrompt
 from blobsync.events import Progress
 from blobsync.journal import Journal
@@ -33,12 +26,14 @@ class Session:
     bandwidth cap and one pair of thread pools. The budgets, the cap and the connection settings are `config`'s;
     a call's own config sets only what its job does (overwrite, block size, metadata, ...)."""
 
-    def __init__(self, config: TransferConfig, env: Mapping[str, str], journal: Journal,
+    def __init__(self, config: TransferConfig, env: Mapping[str, str], journal: Journal | Callable[[], Journal],
                  wire_progress: Progress | None = None, credential: object = None) -> None:
         self.config = config
         self.credential = credential  # a Client's credential object (None: the URL's SAS or the environment)
         self.env = env
-        self.journal = journal
+        # Opened when a call first needs it: ls, rm and make never create the journal's folder.
+        self._journal: Journal | None = journal if isinstance(journal, Journal) else None
+        self._open_journal: Callable[[], Journal] | None = None if isinstance(journal, Journal) else journal
         self.bucket = TokenBucket(mbps_to_bytes(config.cap_mbps)) if config.cap_mbps else None
         # Bytes on the wire as they move (a display figure): the one call's, or the Client's for all its calls.
         self.progress = wire_progress or Progress()
@@ -48,6 +43,13 @@ class Session:
         self.hash_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bs-md5")
         self._stores: dict[tuple[str, str], Store] = {}
         self.closed = False
+
+    @property
+    def journal(self) -> Journal:
+        if self._journal is None:
+            assert self._open_journal is not None
+            self._journal = self._open_journal()
+        return self._journal
 
     def store(self, location: str | Location) -> Store:
         """The store of the container `location` names (opened on first use, then reused)."""
@@ -60,21 +62,17 @@ class Session:
         return store  # container-scoped: a job takes its path from its own location
 
     def context(self, location: str | Location, config: TransferConfig, *, progress: Progress,
-                overwrite_prompt: OverwritePrompt | None = None, cluster: RemoteRunner | None = None
-                ) -> EngineContext:
+                overwrite_prompt: OverwritePrompt | None = None) -> EngineContext:
         """The engine context of one call: the session's store, budgets and pools, the call's config, progress
         and retry counters. Nothing in it needs closing apart from the session."""
         store = self.store(location)
-        requests = RequestPath(self.limiter, job_retrier(config, progress), progress)
+        requests = self.requests(config, progress)
         return EngineContext(store, self.journal, config, self.memory, requests, self.io_pool, self.hash_pool,
-                             progress, overwrite_prompt, self.bucket, cluster)
+                             progress, overwrite_prompt, self.bucket)
 
-    @asynccontextmanager
-    async def job(self, location: str | Location, config: TransferConfig, *, progress: Progress,
-                  overwrite_prompt: OverwritePrompt | None = None, cluster: RemoteRunner | None = None
-                  ) -> AsyncIterator[EngineContext]:
-        """`context` for an `async with`, as the module calls use it."""
-        yield self.context(location, config, progress=progress, overwrite_prompt=overwrite_prompt, cluster=cluster)
+    def requests(self, config: TransferConfig, progress: Progress) -> RequestPath:
+        """A request path of one call (its retry policy and counters) under the session's one request limit."""
+        return RequestPath(self.limiter, job_retrier(config, progress), progress)
 
     async def close(self) -> None:
         if self.closed:
@@ -87,13 +85,14 @@ class Session:
             self._stores.clear()
             await asyncio.to_thread(self.io_pool.shutdown, wait=True)
             self.hash_pool.shutdown(wait=True)
-            self.journal.close()
+            if self._journal is not None:
+                self._journal.close()
 
 
 @asynccontextmanager
 async def open_session(location: str | Location, config: TransferConfig, env: Mapping[str, str], journal: Journal,
-                       *, progress: Progress | None = None, overwrite_prompt: OverwritePrompt | None = None,
-                       cluster: RemoteRunner | None = None) -> AsyncIterator[EngineContext]:
+                       *, progress: Progress | None = None, overwrite_prompt: OverwritePrompt | None = None
+                       ) -> AsyncIterator[EngineContext]:
     """One job on its own: the store for `location`, its wire obeying the job's bandwidth cap and feeding its
     progress, and the engine context around it (the journal stays the caller's to close)."""
     progress = progress or Progress()
@@ -101,7 +100,7 @@ async def open_session(location: str | Location, config: TransferConfig, env: Ma
     store = open_store(location, config, env, Wire(bucket.take if bucket else None, progress.on_wire))
     try:
         async with open_engine(config, store, journal, progress=progress, bandwidth=bucket,
-                               overwrite_prompt=overwrite_prompt, cluster=cluster) as ctx:
+                               overwrite_prompt=overwrite_prompt) as ctx:
             yield ctx
     finally:
         await store.close()

@@ -18,7 +18,7 @@ from blobsync.engine.digest import block_digests, new_md5
 from blobsync.engine.plan import block_count, block_ranges
 from blobsync.engine.tasks import cancel_all, gather_or_cancel, in_thread, raise_first_failure
 from blobsync.errors import ConflictError, IntegrityError, SourceChangedError
-from blobsync.journal import FileRow, FileState
+from blobsync.journal import FileRow
 from blobsync.local.files import FileIdentity, Source
 from blobsync.report import FileResult, FileStatus, blob_url
 
@@ -244,7 +244,6 @@ class BlockUploader:
 
     def _record(self, w: BlockWrite, result: PutResult, md5: bytes | None) -> FileResult:
         ctx, blob = self.ctx, w.plan.blob
-        ctx.journal.finish_file(w.row.id, FileState.COMMITTED, md5_hex=md5.hex() if md5 else None, etag=result.etag)
         lengths = [length for _, _, length in block_ranges(w.size, w.block_size)]
         ctx.journal.remember_commit(ctx.store.container_url, blob, committed_record(
             w.block_size, result.etag, w.size, md5, list(zip(w.tokens, lengths, w.digests, strict=True))))

@@ -93,7 +93,6 @@ class FileUploader:
         return upload_headers(self.ctx.config, path, identity)
 
     def _skipped(self, row: FileRow, identity: FileIdentity, reason: str) -> FileResult:
-        self.ctx.journal.finish_file(row.id, FileState.SKIPPED, error=reason)
         return FileResult(row.rel, row.blob, identity.size, FileStatus.SKIPPED, reason=reason)
 
     # --- small files --------------------------------------------------------------------------------------
@@ -120,10 +119,9 @@ class FileUploader:
         if result.content_md5 is not None and result.content_md5 != md5:
             raise IntegrityError(f"{plan.blob}: the service stored a different MD5 than was sent")
         ctx.progress.advanced(row.rel, before.size, before.size)
+        # What was sent (a later run of the job knows it by this identity); the runner records the outcome.
         ctx.journal.start_file(row.id, nonce=None, block_size=None, n_blocks=None, size=before.size,
                                mtime_ns=before.mtime_ns, inode=before.inode, reset=True)
-        ctx.journal.finish_file(row.id, FileState.COMMITTED, md5_hex=md5.hex(), etag=result.etag,
-                                bytes_sent=before.size)
         ctx.journal.forget_commit(ctx.store.container_url, plan.blob)
         return FileResult(row.rel, plan.blob, before.size, FileStatus.TRANSFERRED, bytes_sent=before.size,
                           etag=result.etag, content_md5=md5, url=blob_url(ctx.store.container_url, plan.blob),

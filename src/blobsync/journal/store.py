@@ -439,10 +439,12 @@ class Journal:
         self.flush()
 
     def finish_file(self, file_id: int, state: FileState, *, md5_hex: str | None = None, etag: str | None = None,
-                    error: str | None = None, bytes_sent: int | None = None) -> None:
+                    error: str | None = None, bytes_sent: int = 0) -> None:
+        """A file's outcome (written by the job runner alone). `bytes_sent` is this run's: a resumed file has sent
+        at least that much in all, as its blocks recorded."""
         self._queue(
             "update files set state = ?, md5 = coalesce(?, md5), etag = coalesce(?, etag), error = ?, "
-            "bytes_sent = coalesce(?, bytes_sent), updated = ? where id = ?",
+            "bytes_sent = max(coalesce(bytes_sent, 0), ?), updated = ? where id = ?",
             (state, md5_hex, etag, error, bytes_sent, time.time(), file_id),
         )
 

@@ -1,20 +1,17 @@
-"""Runs an upload job: enumerate the source, merge with the journal, upload files under the global budgets."""
+"""An upload job: enumerate the source, merge with the journal, upload files under the global budgets."""
 
 from __future__ import annotations
 
 import functools
 import logging
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
 
-from blobsync.backends.base import Location
 from blobsync.engine.context import EngineContext
 from blobsync.engine.enumerate import index_in_thread
-from blobsync.engine.runner import FileRef, JobRunner, WorkItem, batches
 from blobsync.engine.upload import FileUploader
 from blobsync.errors import ExitCode
-from blobsync.filters import Filters
+from blobsync.jobs.runner import FileRef, JobRunner, RemoteRunner, WorkItem, batches
+from blobsync.jobs.spec import UploadSpec
 from blobsync.journal import FileState, JobKind, JobRow
 from blobsync.journal.index import Entry, SyncIndex
 from blobsync.local.files import SkippedEntry, SourceFile, blob_rel, check_source, stat_file, walk, warm_if_cold
@@ -22,14 +19,6 @@ from blobsync.naming import upload_name
 from blobsync.report import DRY_RUN, Action, FileResult, FileStatus, Report
 
 log = logging.getLogger("blobsync")
-
-
-@dataclass(frozen=True)
-class UploadSpec:
-    source: Path
-    dest: Location
-    filters: Filters = field(default_factory=Filters)  # which files of a folder take part
-    dry_run: bool = False  # list what would be uploaded (on_action), send nothing, journal nothing
 
 
 def _skipped_result(entry: SkippedEntry) -> FileResult:
@@ -42,12 +31,13 @@ class UploadJob:
     """One run of an upload job (new or resumed). Construct with its side effects; then `await run()`."""
 
     def __init__(self, spec: UploadSpec, ctx: EngineContext, *, job: JobRow | None = None,
-                 on_action: Callable[[Action], None] | None = None) -> None:
+                 on_action: Callable[[Action], None] | None = None, cluster: RemoteRunner | None = None) -> None:
         self.spec = spec
         self.ctx = ctx
         self.store = ctx.store
         self.on_action = on_action or (lambda action: None)
-        self.runner = JobRunner(JobKind.UPLOAD, ctx, job, extra_options={"filters": spec.filters.text or None})
+        self.runner = JobRunner(JobKind.UPLOAD, ctx, job, extra_options={"filters": spec.filters.text or None},
+                                cluster=cluster)
 
     async def run(self) -> Report:
         spec = self.spec
@@ -76,7 +66,7 @@ class UploadJob:
         job = self.runner.open_job(str(spec.source), spec.dest.display)
         report = Report(job.id, str(spec.source), spec.dest.display, listener=self.runner.progress.finished)
         for item in skipped:
-            report.add(_skipped_result(item))
+            self.runner.settle(report, None, _skipped_result(item))
         if self.ctx.config.create_container and await self.runner.requests(self.store.create_container):
             log.info("created container %s", spec.dest.container)
         self.runner.local_root = spec.source if spec.source.is_dir() else spec.source.parent
@@ -92,7 +82,8 @@ class UploadJob:
         for e in entries:
             name = upload_name(spec.dest.path, blob_rel(e.rel), single=index is None)
             self.on_action(Action("upload", e.rel, f"to {name}", e.size))
-            report.add(FileResult(e.rel, name, e.size, FileStatus.TRANSFERRED, reason=f"would upload to {name}"))
+            self.runner.settle(report, None, FileResult(e.rel, name, e.size, FileStatus.TRANSFERRED,
+                                                        reason=f"would upload to {name}"))
         return report
 
     def _walk(self, skipped: list[SkippedEntry]) -> Iterator[Entry]:
@@ -128,8 +119,8 @@ class UploadJob:
             path = spec.source if single else spec.source / e.rel
             same = (row.size, row.mtime_ns, row.inode) == (e.size, e.mtime_ns, e.inode)
             if row.state is FileState.COMMITTED and same:
-                report.add(FileResult(e.rel, row.blob, e.size, FileStatus.SKIPPED,
-                                      reason="already uploaded by this job"))
+                self.runner.settle(report, None, FileResult(e.rel, row.blob, e.size, FileStatus.SKIPPED,
+                                                            reason="already uploaded by this job"))
                 continue
             ref = FileRef(path.name if single else e.rel, row.blob, e.size, e.mtime_ns)
             walked = None if single else e.inode

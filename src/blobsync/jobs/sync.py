@@ -6,30 +6,29 @@ import asyncio
 import functools
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from blobsync.backends.base import Location
 from blobsync.engine.context import EngineContext
 from blobsync.engine.delete import Doomed
 from blobsync.engine.digest import md5_of_file
 from blobsync.engine.enumerate import index_in_thread
 from blobsync.engine.listing import RemoteLister, as_properties
-from blobsync.engine.runner import FileRef, JobRunner, WorkItem, batches
 from blobsync.errors import BlobsyncError, ExitCode, UnsafeNameError, UsageError
-from blobsync.filters import Filters
-from blobsync.journal import FileRow, FileState, JobKind
+from blobsync.jobs.runner import FileRef, JobRunner, RemoteRunner, WorkItem, batches
+from blobsync.jobs.spec import SyncSpec
+from blobsync.journal import FileRow, JobKind
 from blobsync.journal.index import Entry, SyncIndex
 
 if TYPE_CHECKING:
     from blobsync.engine.download import FileDownloader
+from blobsync.jobs.compare import MTIME_WINDOWS, CompareMode, decide
 from blobsync.local.files import SkippedEntry, SourceFile, local_rel, walk, warm_if_cold
 from blobsync.local.folding import Folding, NameClaims, probe
 from blobsync.naming import folder_prefix
 from blobsync.options import DeleteMode as DeleteMode
 from blobsync.report import DRY_RUN, NO_JOB, Action, FileResult, FileStatus, Report
-from blobsync.syncing.compare import MTIME_WINDOWS, CompareMode, decide
 
 log = logging.getLogger("blobsync")
 
@@ -52,34 +51,18 @@ def parse_max_delete(text: str | None) -> tuple[int | None, float | None]:
         raise UsageError(f"invalid --max-delete {text!r}: a count (e.g. 100) or a percentage (e.g. 5%)") from exc
 
 
-@dataclass(frozen=True)
-class SyncSpec:
-    local: Path
-    remote: Location
-    upload: bool  # True: local -> remote
-    filters: Filters = field(default_factory=Filters)
-    compare: CompareMode = CompareMode.SIZE_AND_MTIME
-    delete: DeleteMode = DeleteMode.FALSE
-    max_delete: str | None = None
-    dry_run: bool = False
-    # Uploads: a source file for which ready(rel, mtime_ns) is False is left alone this run, neither sent nor
-    # deleted at the destination (watch mode holds files that are still being written).
-    ready: Callable[[str, int], bool] | None = None
-    batch_deletes: bool = True  # Blob Batch for the deletes
-
-
 class SyncJob:
     """One sync run. `on_action` sees every decision (dry runs print them); `confirm` answers --delete prompt."""
 
     def __init__(self, spec: SyncSpec, ctx: EngineContext, *,
                  on_action: Callable[[Action], None] | None = None,
-                 confirm: Callable[[int], bool] | None = None) -> None:
+                 confirm: Callable[[int], bool] | None = None, cluster: RemoteRunner | None = None) -> None:
         self.spec = spec
         self.ctx = ctx
         self.store = ctx.store
         self.journal = ctx.journal
         self.config = ctx.config
-        self.runner = JobRunner(JobKind.SYNC_UP if spec.upload else JobKind.SYNC_DOWN, ctx)
+        self.runner = JobRunner(JobKind.SYNC_UP if spec.upload else JobKind.SYNC_DOWN, ctx, cluster=cluster)
         self.on_action = on_action or (lambda action: None)
         self.confirm = confirm
         self.complete = True  # both sides enumerated without error
@@ -132,7 +115,7 @@ class SyncJob:
         """List the remote side into the index; a job on a cluster lists one top-level prefix per task."""
         lister = RemoteLister(self.store, self.runner.requests, self._prefix, index, side, self.spec.filters,
                               lambda props, entry: entry.mtime_ns / 1e9)
-        if self.ctx.cluster is not None and self.store.capabilities.lists_levels:
+        if self.runner.cluster is not None and self.store.capabilities.lists_levels:
             await lister.by_level()
         else:
             # The local count predicts the remote one (a sync makes them match): the store then keeps the last
@@ -158,7 +141,7 @@ class SyncJob:
         report = Report(NO_JOB, source, dest, kind="upload" if spec.upload else "download",
                         listener=self.runner.progress.finished)
         for problem in self.problems:
-            report.add(problem)
+            self.runner.settle(report, None, problem)
         todo = await self._decisions(index)
         report.files_in_sync = index.count("src") - todo - self.held
         report.files_held = self.held
@@ -189,8 +172,8 @@ class SyncJob:
         report.job_id = DRY_RUN
         for entry, reason in index.todo():
             self.on_action(Action(verb, entry.rel, reason, entry.size))
-            report.add(FileResult(entry.rel, entry.name or entry.rel, entry.size, FileStatus.TRANSFERRED,
-                                  reason=f"would {verb}: {reason}"))
+            self.runner.settle(report, None, FileResult(entry.rel, entry.name or entry.rel, entry.size,
+                                                        FileStatus.TRANSFERRED, reason=f"would {verb}: {reason}"))
         await self._deletes(index, report, dry_run=True)
         return report
 
@@ -291,9 +274,8 @@ class SyncJob:
             if other is not None:
                 raise UnsafeNameError(claims.message(entry.rel, other))
         except UnsafeNameError as exc:
-            self.journal.finish_file(row.id, FileState.FAILED, error=str(exc))
-            report.add(FileResult(entry.rel, entry.name or entry.rel, entry.size, FileStatus.FAILED,
-                                  reason=str(exc), exit_code=ExitCode.PARTIAL))
+            self.runner.settle(report, row, FileResult(entry.rel, entry.name or entry.rel, entry.size,
+                                                       FileStatus.FAILED, reason=str(exc), exit_code=ExitCode.PARTIAL))
             return None
         self.on_action(Action("download", entry.rel, reason, entry.size))
         ref = FileRef(entry.rel, entry.name or entry.rel, entry.size, entry.mtime_ns, entry.etag, entry.md5,
@@ -363,14 +345,12 @@ class SyncJob:
             row = item.key
             assert isinstance(row, FileRow)
             if outcome is Outcome.FAILED:
-                message = str(error)
-                self.journal.finish_file(row.id, FileState.FAILED, error=message)
-                report.add(FileResult(item.rel, item.name, item.size, FileStatus.FAILED, reason=message,
-                                      exit_code=error.exit_code if error else ExitCode.PARTIAL))
+                self.runner.settle(report, row, FileResult(
+                    item.rel, item.name, item.size, FileStatus.FAILED, reason=str(error),
+                    exit_code=error.exit_code if error else ExitCode.PARTIAL))
                 return
             self.journal.forget_commit(self.store.container_url, item.name)
-            self.journal.finish_file(row.id, FileState.DELETED)
-            report.add(FileResult(item.rel, item.name, item.size, FileStatus.DELETED))
+            self.runner.settle(report, row, FileResult(item.rel, item.name, item.size, FileStatus.DELETED))
 
         def announced(items: Iterator[Doomed]) -> Iterator[Doomed]:
             for item in items:
@@ -392,12 +372,10 @@ class SyncJob:
                 safe_join(self.spec.local, item.rel).unlink(missing_ok=True)
             except (OSError, UnsafeNameError) as exc:
                 message = str(exc) if isinstance(exc, UnsafeNameError) else f"cannot delete: {exc.strerror or exc}"
-                self.journal.finish_file(row.id, FileState.FAILED, error=message)
-                report.add(FileResult(item.rel, item.name, item.size, FileStatus.FAILED, reason=message,
-                                      exit_code=ExitCode.PARTIAL))
+                self.runner.settle(report, row, FileResult(item.rel, item.name, item.size, FileStatus.FAILED,
+                                                           reason=message, exit_code=ExitCode.PARTIAL))
                 continue
-            self.journal.finish_file(row.id, FileState.DELETED)
-            report.add(FileResult(item.rel, item.name, item.size, FileStatus.DELETED))
+            self.runner.settle(report, row, FileResult(item.rel, item.name, item.size, FileStatus.DELETED))
 
 
-__all__ = ["Action", "CompareMode", "DeleteMode", "SyncJob", "SyncSpec", "parse_max_delete"]
+__all__ = ["SyncJob", "parse_max_delete"]

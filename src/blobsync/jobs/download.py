@@ -1,21 +1,20 @@
-"""Runs a download job: list the blobs (or one blob), merge with the journal, download under the budgets."""
+"""A download job: list the blobs (or one blob), merge with the journal, download under the budgets."""
 
 from __future__ import annotations
 
 import functools
 import posixpath
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from blobsync.backends.base import BlobProperties, Location
+from blobsync.backends.base import BlobProperties
 from blobsync.engine.context import EngineContext
 from blobsync.engine.download import FileDownloader
 from blobsync.engine.listing import RemoteLister, as_properties
 from blobsync.engine.mtime import MTIME_KEY, destination_mtime_ns
-from blobsync.engine.runner import FileRef, JobRunner, WorkItem, batches
 from blobsync.errors import BlobNotFoundError, ExitCode, UnsafeNameError, UsageError
-from blobsync.filters import Filters
+from blobsync.jobs.runner import FileRef, JobRunner, RemoteRunner, WorkItem, batches
+from blobsync.jobs.spec import DownloadSpec
 from blobsync.journal import FileState, JobKind, JobRow
 from blobsync.journal.index import SyncIndex
 from blobsync.local.folding import NameClaims, probe
@@ -24,25 +23,17 @@ from blobsync.naming import folder_prefix
 from blobsync.report import DRY_RUN, Action, FileResult, FileStatus, Report
 
 
-@dataclass(frozen=True)
-class DownloadSpec:
-    source: Location
-    dest: Path
-    dest_is_folder: bool = False  # the user wrote a trailing '/': a single blob keeps its own name inside
-    filters: Filters = field(default_factory=Filters)  # which blobs under the prefix take part
-    dry_run: bool = False  # list what would be downloaded (on_action), write nothing, journal nothing
-
-
 class DownloadJob:
     """One run of a download job (new or resumed). Construct with its side effects; then `await run()`."""
 
     def __init__(self, spec: DownloadSpec, ctx: EngineContext, *, job: JobRow | None = None,
-                 on_action: Callable[[Action], None] | None = None) -> None:
+                 on_action: Callable[[Action], None] | None = None, cluster: RemoteRunner | None = None) -> None:
         self.spec = spec
         self.ctx = ctx
         self.store = ctx.store
         self.on_action = on_action or (lambda action: None)
-        self.runner = JobRunner(JobKind.DOWNLOAD, ctx, job, extra_options={"filters": spec.filters.text or None})
+        self.runner = JobRunner(JobKind.DOWNLOAD, ctx, job, extra_options={"filters": spec.filters.text or None},
+                                cluster=cluster)
 
     async def _one_blob(self) -> tuple[Path, str, BlobProperties]:
         """The local folder, the local name and the blob of a download of one blob."""
@@ -70,7 +61,7 @@ class DownloadJob:
         filters = self.spec.filters
         lister = RemoteLister(self.store, self.runner.requests, prefix, index, "src", filters,
                               lambda props, entry: props.last_modified.timestamp())
-        if self.ctx.cluster is not None and self.store.capabilities.lists_levels:
+        if self.runner.cluster is not None and self.store.capabilities.lists_levels:
             await lister.by_level()
         else:
             await lister.under(prefix)
@@ -123,12 +114,12 @@ class DownloadJob:
             try:
                 target = str(safe_join(root, rel))
             except UnsafeNameError as exc:
-                report.add(FileResult(rel, props.name, props.size, FileStatus.FAILED, reason=str(exc),
-                                      exit_code=ExitCode.PARTIAL))
+                self.runner.settle(report, None, FileResult(rel, props.name, props.size, FileStatus.FAILED,
+                                                            reason=str(exc), exit_code=ExitCode.PARTIAL))
                 continue
             self.on_action(Action("download", rel, f"to {target}", props.size))
-            report.add(FileResult(rel, props.name, props.size, FileStatus.TRANSFERRED,
-                                  reason=f"would download to {target}"))
+            self.runner.settle(report, None, FileResult(rel, props.name, props.size, FileStatus.TRANSFERRED,
+                                                        reason=f"would download to {target}"))
         return report
 
     def _items(self, root: Path, blobs: list[tuple[str, BlobProperties]], report: Report,
@@ -146,14 +137,13 @@ class DownloadJob:
                 if other is not None:
                     raise UnsafeNameError(claims.message(rel, other))
             except UnsafeNameError as exc:
-                journal.finish_file(row.id, FileState.FAILED, error=str(exc))
-                report.add(FileResult(rel, props.name, props.size, FileStatus.FAILED, reason=str(exc),
-                                      exit_code=ExitCode.PARTIAL))
+                self.runner.settle(report, row, FileResult(rel, props.name, props.size, FileStatus.FAILED,
+                                                           reason=str(exc), exit_code=ExitCode.PARTIAL))
                 continue
             if (row.state is FileState.COMMITTED and row.etag == props.etag and target.is_file()
                     and target.stat().st_size == props.size):
-                report.add(FileResult(rel, props.name, props.size, FileStatus.SKIPPED,
-                                      reason="already downloaded by this job"))
+                self.runner.settle(report, None, FileResult(rel, props.name, props.size, FileStatus.SKIPPED,
+                                                            reason="already downloaded by this job"))
                 continue
             ref = FileRef(rel, props.name, props.size, destination_mtime_ns(props), props.etag or None,
                           props.content_md5, MTIME_KEY in props.metadata)

@@ -1,4 +1,4 @@
-"""What upload and download jobs share: the job's life in the journal, the engine context, and the file pool."""
+"""What every job shares: its life in the journal, the file pool, and the one place a file's outcome is recorded."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from blobsync.config import AUTO_CEILING, AUTO_START, Overwrite
 from blobsync.engine.autotune import ConcurrencyTuner, autotune
@@ -62,11 +62,30 @@ class WorkItem:
     ref: FileRef | None = None
 
 
+Settle = Callable[[Report, FileRow | None, FileResult], None]
+
+
+class RemoteRunner(Protocol):
+    """Runs a job's files elsewhere (cluster/client.py on Dask): the JobRunner hands its items over, and each
+    file's outcome comes back through `settle`."""
+
+    async def run(self, ctx: EngineContext, job_id: str, local_root: Path, report: Report,
+                  items: Iterable[WorkItem], totals: tuple[int, int], settle: Settle) -> None: ...
+
+
+# The journal state a file's outcome leaves it in.
+_STATE = {FileStatus.TRANSFERRED: FileState.COMMITTED, FileStatus.SKIPPED: FileState.SKIPPED,
+          FileStatus.FAILED: FileState.FAILED, FileStatus.DELETED: FileState.DELETED}
+
+
 class JobRunner:
-    """Runs the files of one job (new or resumed) under the context's budgets, recording the job's state."""
+    """Runs the files of one job (new or resumed) under the context's budgets, recording the job's state. It is
+    the only writer of a file's outcome, in the journal and in the report: per-file code returns a FileResult
+    (what it journals itself is its plan: nonce, block size and the blocks acknowledged, which must be durable
+    before the first part leaves)."""
 
     def __init__(self, kind: JobKind, ctx: EngineContext, job: JobRow | None = None,
-                 extra_options: Mapping[str, object] | None = None) -> None:
+                 extra_options: Mapping[str, object] | None = None, cluster: RemoteRunner | None = None) -> None:
         if ctx.config.overwrite is Overwrite.PROMPT and ctx.overwrite_prompt is None:
             raise UsageError("--overwrite prompt needs someone to answer: pass confirm_overwrite= (library) or "
                              "run in a terminal; otherwise use true, false or ifSourceNewer")
@@ -80,6 +99,7 @@ class JobRunner:
         # limit and its retry count.
         self.requests = ctx.requests
         self.job = job
+        self.cluster = cluster  # runs the files on other machines instead of the local pool
         self.local_root: Path | None = None  # the folder the items' FileRef.rel are under (set by the job)
 
     def open_job(self, source: str, dest: str) -> JobRow:
@@ -116,10 +136,10 @@ class JobRunner:
             self.progress.files_total += files
             self.progress.bytes_total += nbytes
         try:
-            if self.ctx.cluster is not None:
+            if self.cluster is not None:
                 assert self.local_root is not None, "a job run on a cluster names its local root"
-                await self.ctx.cluster.run(self.ctx, self.job.id, self.local_root, report, items,
-                                           totals or (files, self.progress.bytes_total))
+                await self.cluster.run(self.ctx, self.job.id, self.local_root, report, items,
+                                       totals or (files, self.progress.bytes_total), self.settle)
                 self.tally(report)
             else:
                 await self._pool(report, items, files, announce=totals is not None)
@@ -143,12 +163,7 @@ class JobRunner:
             for item in queue:
                 if announce:  # counted in the totals already; subscribers hear of it as it starts
                     self.progress.queued(item.row.rel, item.row.blob, item.size, counted=True)
-                result = await self._one(item)
-                report.add(result)
-                if result.status is FileStatus.TRANSFERRED:
-                    report.bytes_sent += result.bytes_sent
-                    report.bytes_reused += result.size - result.bytes_sent
-                    report.bytes_delta += result.bytes_delta
+                self.settle(report, item.row, await self._one(item))
 
         tasks = [asyncio.create_task(worker()) for _ in range(max(1, min(self.config.max_concurrency, count)))]
         tuner = ConcurrencyTuner(AUTO_START, AUTO_CEILING) if self.config.auto_concurrency else None
@@ -169,6 +184,22 @@ class JobRunner:
             report.concurrency_peak = tuner.peak if tuner is not None else ctx.limiter.maximum
             self.journal.flush()
 
+    def settle(self, report: Report, row: FileRow | None, result: FileResult) -> None:
+        """Record a file's outcome: its row's final state in the journal (None: a file this run leaves as the
+        journal has it, or a dry run's), and its entry and byte counts in the report."""
+        report.add(result)
+        if row is None:
+            return
+        failed_or_skipped = result.status in (FileStatus.FAILED, FileStatus.SKIPPED)
+        self.journal.finish_file(row.id, _STATE[result.status],
+                                 md5_hex=result.content_md5.hex() if result.content_md5 else None,
+                                 etag=result.etag, error=redact(result.reason) if failed_or_skipped else None,
+                                 bytes_sent=result.bytes_sent)
+        if result.status is FileStatus.TRANSFERRED:
+            report.bytes_sent += result.bytes_sent
+            report.bytes_reused += result.size - result.bytes_sent
+            report.bytes_delta += result.bytes_delta
+
     def tally(self, report: Report) -> None:
         """The request path's counters into the report (again after work outside the transfers: deletes)."""
         limiter = self.requests.limiter
@@ -187,7 +218,6 @@ class JobRunner:
             if exc.scope is not Scope.FILE:
                 raise  # no other file escapes it: the job stops (resumable)
             message = redact(str(exc))
-            self.journal.finish_file(row.id, FileState.FAILED, error=message)
             log.warning("%s: %s", row.rel, message)
             code = exc.exit_code if exc.exit_code != ExitCode.OK else ExitCode.PARTIAL
             return FileResult(row.rel, row.blob, item.size, FileStatus.FAILED, reason=message, exit_code=code)

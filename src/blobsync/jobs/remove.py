@@ -2,67 +2,21 @@
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
-from dataclasses import dataclass, field
-from pathlib import Path
 
-from blobsync.backends.base import BlobProperties, Location, Requester, Store
+from blobsync.backends.base import BlobProperties, Store
 from blobsync.engine.context import RequestPath
 from blobsync.engine.delete import BlobDeleter, Doomed, Outcome
+from blobsync.engine.listing import blobs_at
 from blobsync.errors import BlobNotFoundError, BlobsyncError, ExitCode, UsageError
-from blobsync.filters import Filters
+from blobsync.jobs.spec import RemoveSpec
 from blobsync.naming import folder_prefix
 from blobsync.report import NO_JOB, Action, FileResult, FileStatus, Report
 
 log = logging.getLogger("blobsync")
-
-
-@dataclass(frozen=True)
-class RemoveSpec:
-    target: Location
-    recursive: bool = False
-    filters: Filters = field(default_factory=Filters)
-    dry_run: bool = False
-    concurrency: int = 16  # deleters at most (each request also takes a slot of the adaptive limit), as sync's
-    list_of_files: Path | None = None  # relative names, one per line, instead of listing the folder
-    batch: bool = True  # Blob Batch for the deletes
-
-
-async def blobs_at(store: Store, path: str, request: Requester) -> AsyncIterator[tuple[str, BlobProperties]]:
-    """(relative name, properties) of the blob named `path` and of every blob under `path/`.
-
-    One listing with `path` as its prefix answers both; names that only share the prefix ('a/bc' for 'a/b')
-    are left out. Each page is one request under the retry policy; the next page is asked for before this one's
-    blobs are handed out, so the service prepares it while the caller prints or deletes them."""
-    prefix = folder_prefix(path)
-
-    def fetch(marker: str) -> asyncio.Future[tuple[list[BlobProperties], str]]:
-        return asyncio.ensure_future(request(functools.partial(store.list_page, path, marker)))
-
-    ahead = fetch("")
-    try:
-        while True:
-            page, marker = await ahead
-            if marker:
-                ahead = fetch(marker)
-                await asyncio.sleep(0)  # let the request leave now, not when the caller next awaits
-            for props in page:
-                if props.name == path and path and not path.endswith("/"):
-                    yield props.name.rsplit("/", 1)[-1], props
-                elif props.name.startswith(prefix) and not props.name.endswith("/"):
-                    yield props.name[len(prefix):], props
-            if not marker:
-                return
-    finally:
-        if not ahead.done():  # the caller stopped early: drop the page nobody will read
-            ahead.cancel()
-            await asyncio.wait([ahead])
-            if not ahead.cancelled():
-                ahead.exception()  # retrieved: a failure of a page nobody asked for is not an error
 
 
 class RemoveJob:

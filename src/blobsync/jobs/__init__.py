@@ -1,0 +1,73 @@
+"""The jobs (upload, download, sync, remove, put, and the watcher that repeats syncs) and `run_job`, the one way
+each is run: inside a session, on this machine or on a cluster."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from blobsync.config import Overwrite, TransferConfig
+from blobsync.engine.prompt import OverwritePrompt
+from blobsync.engine.session import Session
+from blobsync.errors import UsageError
+from blobsync.events import Progress
+from blobsync.jobs.runner import RemoteRunner
+from blobsync.jobs.spec import DownloadSpec, Hooks, JobSpec, PutSpec, RemoveSpec, SyncSpec, UploadSpec
+from blobsync.journal import JobRow
+from blobsync.report import Report
+
+__all__ = ["DownloadSpec", "Hooks", "JobSpec", "PutSpec", "RemoveSpec", "SyncSpec", "UploadSpec", "run_job"]
+
+
+async def run_job(spec: JobSpec, session: Session, config: TransferConfig, *, progress: Progress,
+                  hooks: Hooks | None = None, job: JobRow | None = None) -> Report:
+    """Run the job `spec` describes with `config`, in `session` (its stores, journal and budgets); `job` is the
+    journal's record of the run to resume (None: the journal finds an unfinished one for the same folders)."""
+    hooks = hooks or Hooks()
+    # Each job's code is imported with its first run: a no-op sync never loads the upload or download code.
+    if isinstance(spec, RemoveSpec):
+        from blobsync.jobs.remove import RemoveJob
+
+        store = session.store(spec.target)  # rm keeps no journal: it never opens one
+        return await RemoveJob(spec, store, session.requests(config, progress), on_action=hooks.on_action).run()
+    if isinstance(spec, PutSpec):
+        from blobsync.jobs.put import PutJob
+
+        return await PutJob(spec, session.context(spec.dest, config, progress=progress)).run()
+    upload = isinstance(spec, UploadSpec) or (isinstance(spec, SyncSpec) and spec.upload)
+    remote = spec.dest if isinstance(spec, UploadSpec) else spec.source if isinstance(spec, DownloadSpec) \
+        else spec.remote
+    prompt = OverwritePrompt(hooks.confirm_overwrite) if hooks.confirm_overwrite is not None else None
+    ctx = session.context(remote, config, progress=progress, overwrite_prompt=prompt)
+    async with _cluster(hooks, upload, config, spec.dry_run) as cluster:
+        if isinstance(spec, SyncSpec):
+            from blobsync.jobs.sync import SyncJob
+
+            return await SyncJob(spec, ctx, on_action=hooks.on_action, confirm=hooks.confirm_delete,
+                                 cluster=cluster).run()
+        if isinstance(spec, UploadSpec):
+            from blobsync.jobs.upload import UploadJob
+
+            return await UploadJob(spec, ctx, job=job, on_action=hooks.on_action, cluster=cluster).run()
+        from blobsync.jobs.download import DownloadJob
+
+        return await DownloadJob(spec, ctx, job=job, on_action=hooks.on_action, cluster=cluster).run()
+
+
+@asynccontextmanager
+async def _cluster(hooks: Hooks, upload: bool, config: TransferConfig, dry_run: bool
+                   ) -> AsyncIterator[RemoteRunner | None]:
+    """The cluster a job's files run on (None: this machine), opened for the job and closed after it."""
+    if hooks.cluster is None or dry_run:
+        yield None
+        return
+    if config.overwrite is Overwrite.PROMPT:
+        raise UsageError("--overwrite prompt cannot be used with --cluster: use true, false or ifSourceNewer")
+    from blobsync.cluster.client import ClusterTransfer
+    from blobsync.cluster.dask_adapter import DaskExecutor
+
+    executor = await DaskExecutor.open(hooks.cluster)
+    try:
+        yield ClusterTransfer(executor, hooks.cluster_url, upload)
+    finally:
+        await executor.close()

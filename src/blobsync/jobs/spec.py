@@ -1,0 +1,86 @@
+"""What each kind of job is asked to do (plain data: building one loads no job code), and what it asks back."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from blobsync.backends.base import Location
+from blobsync.filters import Filters
+from blobsync.options import CompareMode, DeleteMode
+
+if TYPE_CHECKING:
+    from blobsync.engine.prompt import Answer
+    from blobsync.local.files import Source
+    from blobsync.report import Action
+
+Cluster = Any  # None, a distributed.Client, 'tcp://host:8786' or 'local:N'
+
+
+@dataclass(frozen=True)
+class UploadSpec:
+    source: Path
+    dest: Location
+    filters: Filters = field(default_factory=Filters)  # which files of a folder take part
+    dry_run: bool = False  # list what would be uploaded (on_action), send nothing, journal nothing
+
+
+@dataclass(frozen=True)
+class DownloadSpec:
+    source: Location
+    dest: Path
+    dest_is_folder: bool = False  # the user wrote a trailing '/': a single blob keeps its own name inside
+    filters: Filters = field(default_factory=Filters)  # which blobs under the prefix take part
+    dry_run: bool = False  # list what would be downloaded (on_action), write nothing, journal nothing
+
+
+@dataclass(frozen=True)
+class SyncSpec:
+    local: Path
+    remote: Location
+    upload: bool  # True: local -> remote
+    filters: Filters = field(default_factory=Filters)
+    compare: CompareMode = CompareMode.SIZE_AND_MTIME
+    delete: DeleteMode = DeleteMode.FALSE
+    max_delete: str | None = None
+    dry_run: bool = False
+    # Uploads: a source file for which ready(rel, mtime_ns) is False is left alone this run, neither sent nor
+    # deleted at the destination (watch mode holds files that are still being written).
+    ready: Callable[[str, int], bool] | None = None
+    batch_deletes: bool = True  # Blob Batch for the deletes
+
+
+@dataclass(frozen=True)
+class RemoveSpec:
+    target: Location
+    recursive: bool = False
+    filters: Filters = field(default_factory=Filters)
+    dry_run: bool = False
+    concurrency: int = 16  # deleters at most (each request also takes a slot of the adaptive limit), as sync's
+    list_of_files: Path | None = None  # relative names, one per line, instead of listing the folder
+    batch: bool = True  # Blob Batch for the deletes
+
+
+@dataclass(frozen=True)
+class PutSpec:
+    """Data a library call holds (bytes, a file object) written as one blob; a file on disk, whose `resume_key`
+    names it, resumes like a path."""
+
+    source: Source
+    dest: Location
+
+
+JobSpec = UploadSpec | DownloadSpec | SyncSpec | RemoveSpec | PutSpec
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """What a job asks its caller while it runs: decisions to show, questions to answer, where to run."""
+
+    on_action: Callable[[Action], None] | None = None  # each decision (a dry run's listing)
+    confirm_overwrite: Callable[[str], Answer] | None = None  # --overwrite prompt, asked per file
+    confirm_delete: Callable[[int], bool] | None = None  # --delete-destination prompt, asked once
+    cluster: Cluster = None  # run the transfers on Dask workers
+    cluster_url: str = ""  # the remote side as the user gave it, SAS included: what the workers open

@@ -1,1 +1,0 @@
-"""Sync: enumerate both sides, filter, compare, decide, transfer, delete (not named `sync`: that is the API)."""
