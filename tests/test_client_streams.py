@@ -7,6 +7,7 @@ import asyncio
 import io
 import os
 import pickle
+import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -118,6 +119,58 @@ def test_the_reader_seeks_reads_ahead_and_stays_on_one_version(container: Contai
                 f.read(7)
         with pytest.raises(blobsync.UsageError, match="binary only"):
             client.open("r.bin", "r")
+
+
+def test_the_async_client_opens_blobs_to_read_and_write(container: ContainerHandle, tmp_path: Path) -> None:
+    data = os.urandom(5 * MiB + 7)
+
+    async def main() -> tuple[bytes, bytes, int, list[str]]:
+        async with blobsync.aio.Client(container.url, _config(tmp_path)) as client:
+            async with client.open("a.bin", "wb") as w:
+                await w.write(data[:MiB])
+                await w.write(data[MiB:])
+                seen_before_close = container.blob_names()
+            assert w.result is not None and w.result.size == len(data)
+            with pytest.raises(ValueError):
+                async with client.open("never.bin", "wb") as w2:
+                    await w2.write(b"y" * (3 * MiB))
+                    raise ValueError("stop")
+            async with client.open("a.bin") as r:
+                head = await r.read(10)
+                r.seek(-9, io.SEEK_END)
+                tail = await r.read()
+                r.seek(MiB - 3)
+                buf = bytearray(MiB)
+                n = await r.readinto(buf)
+                assert bytes(buf[:n]) == data[MiB - 3:MiB - 3 + n]
+            f = await client.open("a.bin")
+            whole = await f.read()
+            await f.close()
+            assert whole == data
+            return head, tail, n, seen_before_close
+
+    head, tail, n, before = asyncio.run(main())
+    assert head == data[:10] and tail == data[-9:] and n > 0
+    assert before == []  # blocks staged, nothing committed until close
+    assert container.blob_names() == ["a.bin"]  # the write that raised left nothing
+    assert container.download("a.bin") == data
+
+
+def test_the_client_watches_a_folder_in_its_session(container: ContainerHandle, tmp_path: Path) -> None:
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    (folder / "a.pt").write_bytes(b"weights")
+    stop = threading.Event()
+    reports: list[blobsync.Report] = []
+
+    def on_round(report: blobsync.Report) -> None:
+        reports.append(report)
+        stop.set()  # one round, then stop
+
+    with blobsync.Client(container.url, _config(tmp_path)) as client:
+        rounds = client.watch(folder, client.url_for("run"), settle=0, stop=stop, on_round=on_round)
+    assert rounds == 1 and reports[0].files_transferred == 1
+    assert container.download("run/a.pt") == b"weights"
 
 
 _PUT_FILE = """

@@ -1,8 +1,9 @@
-"""File objects over blobs for synchronous code: a seekable buffered reader with parallel read-ahead, and a writer
-that stages blocks as they are written and commits on close (numpy.save, pickle.dump, torch.save-style writers)."""
+"""File objects over blobs, blocking and async: a seekable reader with parallel read-ahead, and a writer that stages
+blocks as they are written and commits on close (numpy.save, pickle.dump, torch.save-style writers)."""
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import io
 from collections.abc import Callable, Coroutine
@@ -137,3 +138,131 @@ def check_mode(mode: str) -> str:
     if mode not in ("rb", "wb"):
         raise UsageError(f"invalid mode {mode!r}: blobs open 'rb' (read) or 'wb' (write), binary only")
     return mode
+
+
+class AsyncBlobReader:
+    """The async reader of one version of a blob: `await read(n)`, `readinto`, `seek`, `tell`; blocks ahead of the
+    position are fetched in parallel tasks (`ahead` of them) while the caller works on the last one."""
+
+    def __init__(self, name: str, size: int, block_size: int,
+                 fetch: Callable[[int, int], Coroutine[Any, Any, bytes]], ahead: int = 4) -> None:
+        self.name = name
+        self.size = size
+        self._block = block_size
+        self._fetch = fetch
+        self._ahead = max(0, ahead)
+        self._pos = 0
+        self._blocks: dict[int, asyncio.Task[bytes]] = {}
+        self.closed = False
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size}.get(whence)
+        if base is None:
+            raise ValueError(f"invalid whence {whence}")
+        if base + offset < 0:
+            raise ValueError("negative seek position")
+        self._pos = base + offset
+        return self._pos
+
+    async def read(self, n: int = -1) -> bytes:
+        """Up to `n` bytes from the position (all the rest with n < 0); b'' at the end."""
+        want = max(0, self.size - self._pos) if n < 0 else n
+        out = bytearray(want)
+        got = 0
+        while got < want:
+            step = await self.readinto(memoryview(out)[got:])
+            if not step:
+                break
+            got += step
+        return bytes(out[:got])
+
+    async def readinto(self, buffer: Any) -> int:
+        if self.closed:
+            raise ValueError("read from a closed blob reader")
+        view = memoryview(buffer).cast("B")
+        if self._pos >= self.size or not len(view):
+            return 0
+        index = self._pos // self._block
+        data = await self._block_at(index)
+        start = self._pos - index * self._block
+        n = min(len(view), len(data) - start)
+        view[:n] = data[start:start + n]
+        self._pos += n
+        return n
+
+    async def _block_at(self, index: int) -> bytes:
+        last = (self.size - 1) // self._block
+        for i in range(index, min(last, index + self._ahead) + 1):
+            if i not in self._blocks:
+                offset = i * self._block
+                self._blocks[i] = asyncio.ensure_future(self._fetch(offset, min(self._block, self.size - offset)))
+        for i in [i for i in self._blocks if i < index or i > index + self._ahead]:
+            self._blocks.pop(i).cancel()
+        return await asyncio.shield(self._blocks[index])
+
+    async def close(self) -> None:
+        self.closed = True
+        tasks = list(self._blocks.values())
+        self._blocks.clear()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def __aenter__(self) -> AsyncBlobReader:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class AsyncBlobWriter:
+    """The async writer of a blob: `await write(data)` stages full blocks as they fill, `await close()` commits
+    and returns the record of what landed (`result`); leaving `async with` by an exception commits nothing."""
+
+    def __init__(self, name: str, write: Callable[[bytes], Coroutine[Any, Any, int]],
+                 finish: Callable[[], Coroutine[Any, Any, FileResult]],
+                 abort: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        self.name = name
+        self._write, self._finish, self._abort = write, finish, abort
+        self._pos = 0
+        self.closed = False
+        self.result: FileResult | None = None
+
+    def tell(self) -> int:
+        return self._pos
+
+    async def write(self, data: Any) -> int:
+        if self.closed:
+            raise ValueError("write to a closed blob writer")
+        n = await self._write(bytes(memoryview(data).cast("B")))
+        self._pos += n
+        return n
+
+    async def close(self) -> FileResult | None:
+        if self.closed:
+            return self.result
+        self.closed = True
+        try:
+            self.result = await self._finish()
+        except BaseException:
+            await self._abort()
+            raise
+        return self.result
+
+    async def abort(self) -> None:
+        """Commit nothing: the blob is left as it was (or absent)."""
+        if not self.closed:
+            self.closed = True
+            await self._abort()
+
+    async def __aenter__(self) -> AsyncBlobWriter:
+        return self
+
+    async def __aexit__(self, kind: object, *rest: object) -> None:
+        if kind is not None:
+            await self.abort()
+        else:
+            await self.close()

@@ -10,7 +10,7 @@ import functools
 import io
 import threading
 import time
-from collections.abc import AsyncIterable, Callable, Coroutine, Iterable, Mapping
+from collections.abc import AsyncIterable, Callable, Coroutine, Generator, Iterable, Mapping
 from pathlib import PurePosixPath
 from typing import Any, Concatenate, ParamSpec, TypeGuard, TypeVar, overload
 from urllib.parse import quote, urlsplit, urlunsplit
@@ -18,7 +18,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 from blobsync import api, arguments
 from blobsync.backends.base import NO_CONDITIONS, BlobProperties, Buffer, Conditions, Location
 from blobsync.backends.registry import parse_location
-from blobsync.blobfile import BlobReader, BlobWriter, check_mode
+from blobsync.blobfile import AsyncBlobReader, AsyncBlobWriter, BlobReader, BlobWriter, check_mode
 from blobsync.config import Overwrite, TransferConfig
 from blobsync.engine.context import RequestPath, job_retrier
 from blobsync.engine.digest import md5_of
@@ -108,6 +108,7 @@ class AsyncClient:
 
     copy = _bound(api.copy_async)
     sync = _bound(api.sync_async)
+    watch = _bound(api.watch_async)
     remove = _bound(api.remove_async)
     resume = _bound(api.resume_async)
 
@@ -282,6 +283,47 @@ class AsyncClient:
                                             digest=digest)
         return bytes(buf) if into is None else view[:props.size]
 
+    def open(self, name: str, mode: str = "rb", *, config: TransferConfig | None = None,
+             read_ahead: int = 4) -> _Opening:
+        """The blob `name` as an async file: `async with client.open(name) as f: data = await f.read()` (or
+        `f = await client.open(name)`). 'rb' reads one version (its ETag at open) with `read_ahead` blocks fetched
+        in parallel, and seeks; 'wb' stages blocks as they are written and commits on close (nothing is visible
+        before; an exception inside `async with` leaves no blob)."""
+        check_mode(mode)
+        return _Opening(self._open_file(name, mode, config, read_ahead))
+
+    async def _open_file(self, name: str, mode: str, config: TransferConfig | None, read_ahead: int
+                         ) -> AsyncBlobReader | AsyncBlobWriter:
+        loc = parse_location(self.url_for(name))
+        if mode == "wb":
+            writer = self.stream_writer(loc, config)
+            return AsyncBlobWriter(name, writer.write, writer.finish, writer.abort)
+        props = await self.stat(name)
+
+        def fetch(offset: int, length: int) -> Coroutine[Any, Any, bytes]:
+            return self.fetch_range(loc, offset, length, props.etag or None)
+
+        return AsyncBlobReader(name, props.size, (config or self.config).block_size, fetch, read_ahead)
+
+
+class _Opening:
+    """What `aio.Client.open` returns: awaited, the file; as `async with`, the file closed on the way out."""
+
+    def __init__(self, opening: Coroutine[Any, Any, AsyncBlobReader | AsyncBlobWriter]) -> None:
+        self._opening = opening
+        self._file: AsyncBlobReader | AsyncBlobWriter | None = None
+
+    def __await__(self) -> Generator[Any, None, AsyncBlobReader | AsyncBlobWriter]:
+        return self._opening.__await__()
+
+    async def __aenter__(self) -> Any:  # AsyncBlobReader or AsyncBlobWriter, by the mode
+        self._file = await self._opening
+        return self._file
+
+    async def __aexit__(self, kind: type[BaseException] | None, *rest: object) -> None:
+        assert self._file is not None
+        await self._file.__aexit__(kind, *rest)
+
 
 def _blocking(method: Callable[Concatenate[AsyncClient, P], Coroutine[Any, Any, T]]
               ) -> Callable[Concatenate[Client, P], T]:
@@ -361,6 +403,7 @@ class Client:
 
     copy = _blocking(AsyncClient.copy)
     sync = _blocking(AsyncClient.sync)
+    watch = _blocking(AsyncClient.watch)  # blocks until `stop`: run it in a thread, or submit(client.aio.watch, ...)
     remove = _blocking(AsyncClient.remove)
     resume = _blocking(AsyncClient.resume)
     ls = _blocking(AsyncClient.ls)
