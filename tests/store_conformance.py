@@ -226,3 +226,30 @@ async def deletes_say_what_they_did(store: Store, read_back: ReadBack) -> None:
 async def creating_a_container_that_exists_says_so(store: Store, read_back: ReadBack) -> None:
     assert await store.create_container() is False
     assert store.location.path == "" and store.container_url.endswith(store.location.container)
+
+
+@case
+async def the_service_copies_an_object_whole_or_by_ranges_at_the_version_asked(store: Store, read_back: ReadBack
+                                                                               ) -> None:
+    if not (store.capabilities.copy_sources and store.capabilities.copy_max and store.capabilities.stage_copy_max):
+        pytest.skip("this store copies nothing itself")
+    data = os.urandom(5000)
+    put = await store.put("src/a.bin", data, BlobHeaders("text/x-src", _md5(data), {"from": "source"}))
+    source = await store.copy_source("src/a.bin", put.etag)
+    assert "sig=" not in repr(source) and source.display in repr(source)  # the secret stays out of its repr
+    await store.copy_from("copy/whole.bin", source)
+    props = await store.stat("copy/whole.bin")
+    assert props is not None and props.content_type == "text/x-src" and props.metadata == {"from": "source"}
+    assert read_back("copy/whole.bin") == data
+    writer = store.writer("copy/ranges.bin", "0123456789abcdef")
+    for i, (offset, length) in enumerate(((0, 2000), (2000, 2000), (4000, 1000))):
+        await writer.stage_from(i, source, offset, length)
+    await writer.commit([(writer.token(i), False) for i in range(3)], BlobHeaders("text/x-dst", _md5(data), {}))
+    assert read_back("copy/ranges.bin") == data
+    await store.put("src/a.bin", b"changed", HEADERS)  # the version asked for is gone: both refuse, by name
+    with pytest.raises(ConflictError) as whole:
+        await store.copy_from("copy/late.bin", source)
+    with pytest.raises(ConflictError) as ranged:
+        await store.writer("copy/late.bin", "0123456789abcdef").stage_from(0, source, 0, 7)
+    assert (whole.value.code, ranged.value.code) == ("SourceConditionNotMet",) * 2, (whole.value, ranged.value)
+    assert await store.stat("copy/late.bin") is None

@@ -94,8 +94,11 @@ def test_from_to_is_checked_against_the_arguments() -> None:
     check_from_to("BlobTrash", "remove", url)
     with pytest.raises(UsageError, match="contradicts the arguments, which make an upload"):
         check_from_to("BlobLocal", "copy", "./src", url)
-    with pytest.raises(UsageError, match="LocalBlob or BlobLocal"):
-        check_from_to("BlobBlob", "copy", url, url)
+    check_from_to("BlobBlob", "copy", url, url + "2")
+    with pytest.raises(UsageError, match="which make a copy between two URLs"):
+        check_from_to("LocalBlob", "copy", url, url + "2")
+    with pytest.raises(UsageError, match="LocalBlob or BlobLocal or BlobBlob"):
+        check_from_to("BlobFile", "copy", url, url)
     with pytest.raises(UsageError, match="BlobTrash"):
         check_from_to("FileTrash", "remove", url)
 

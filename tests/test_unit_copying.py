@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from blobsync.copying import _wildcard_tail, plan_copy
+from blobsync.copying import _wildcard_tail, plan_blob_copy, plan_copy
 from blobsync.errors import UsageError
+from blobsync.filters import Filters
 
 URL = "https://acct.blob.core.windows.net/models"
 
@@ -45,8 +46,27 @@ def test_download_layout_wildcards_and_an_encoded_star(tmp_path: Path) -> None:
     assert not literal.many and literal.remote.path == "a*b.pt"
     with pytest.raises(UsageError, match="only in the last segment"):
         plan_copy(URL + "/r*/x.pt", dest, recursive=True)
-    with pytest.raises(UsageError, match="one side must be a local path"):
-        plan_copy(URL + "/a", URL + "/b", recursive=False)
+
+
+
+def test_blob_to_blob_layout_follows_azcopy() -> None:
+    other = "https://other.blob.core.windows.net/backup"
+    one = plan_blob_copy(URL + "/run7/best.pt", other, recursive=False, as_subdir=True, filters=Filters())
+    assert not one.many and one.dest.path == "best.pt"  # a container URL: the blob keeps its name
+    assert plan_blob_copy(URL + "/run7/best.pt", other + "/keep/", recursive=False, as_subdir=True,
+                          filters=Filters()).dest.path == "keep/best.pt"
+    assert plan_blob_copy(URL + "/run7/best.pt", other + "/renamed.pt", recursive=False, as_subdir=True,
+                          filters=Filters()).dest.path == "renamed.pt"
+    tree = plan_blob_copy(URL + "/run7", other + "/2026", recursive=True, as_subdir=True, filters=Filters())
+    assert tree.many and tree.source.path == "run7" and tree.dest.path == "2026/run7/"
+    flat = plan_blob_copy(URL + "/run7", other, recursive=True, as_subdir=False, filters=Filters())
+    assert flat.dest.path == ""
+    whole = plan_blob_copy(URL, other, recursive=True, as_subdir=True, filters=Filters())
+    assert whole.dest.path == "models/"  # a container copied becomes a level named after it, as a download does
+    star = plan_blob_copy(URL + "/run7/*.pt", other + "/x", recursive=False, as_subdir=True, filters=Filters())
+    assert star.many and star.source.path == "run7/" and star.dest.path == "x/" and star.filters.active
+    with pytest.raises(UsageError, match="names no blob"):
+        plan_blob_copy(URL + "/run7/", other, recursive=False, as_subdir=True, filters=Filters())
 
 
 def test_windows_separators_split_a_wildcard_too() -> None:

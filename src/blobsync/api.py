@@ -17,7 +17,7 @@ from blobsync import arguments, stopping
 from blobsync.backends.base import BlobProperties
 from blobsync.backends.registry import is_remote, open_store, parse_location
 from blobsync.config import TransferConfig
-from blobsync.copying import plan_copy
+from blobsync.copying import plan_blob_copy, plan_copy
 from blobsync.engine.context import request_path
 from blobsync.engine.delete import batch_enabled
 from blobsync.engine.prompt import Answer
@@ -25,7 +25,7 @@ from blobsync.engine.session import Session
 from blobsync.errors import BlobsyncError, TransferFailedError, UsageError
 from blobsync.events import Progress, Subscriber
 from blobsync.filters import Filters
-from blobsync.jobs import DownloadSpec, Hooks, JobSpec, RemoveSpec, SyncSpec, UploadSpec, run_job
+from blobsync.jobs import CopySpec, DownloadSpec, Hooks, JobSpec, RemoveSpec, SyncSpec, UploadSpec, run_job
 from blobsync.journal import FileRow, JobKind, JobRow, JobState, Journal, default_journal_path
 from blobsync.options import CompareMode, DeleteMode
 from blobsync.report import Action, Report
@@ -189,17 +189,31 @@ async def copy_async(
     as_subdir = arguments.boolean(as_subdir, "as_subdir")
     env = arguments.env(env)
     progress = _progress(progress, subscribers)
-    plan = plan_copy(source, dest, recursive=config.recursive, as_subdir=as_subdir, filters=filters)
-    config = replace(config, recursive=plan.many)
-    hooks = Hooks(on_action, confirm_overwrite, cluster=cluster, cluster_url=dest if plan.upload else source)
-    spec: JobSpec = UploadSpec(plan.local, plan.remote, plan.filters, dry_run) if plan.upload else \
-        DownloadSpec(plan.remote, plan.local, plan.dest_is_folder, plan.filters, dry_run)
+    spec, config, hooks = _copy_spec(source, dest, config, as_subdir, filters, dry_run,
+                                     Hooks(on_action, confirm_overwrite, cluster=cluster))
     async with _session_for(config, env, progress) as session:
         report = await run_job(spec, session, config, progress=progress, hooks=hooks)
     return _finish(report, raise_on_error)
 
 
 copy = blocking_form(copy_async)
+
+
+def _copy_spec(source: str, dest: str, config: TransferConfig, as_subdir: bool, filters: Filters | None,
+               dry_run: bool, hooks: Hooks) -> tuple[JobSpec, TransferConfig, Hooks]:
+    """The job a cp's two arguments describe: an upload, a download, or a copy between two URLs."""
+    if is_remote(source) and is_remote(dest):
+        if hooks.cluster is not None:
+            raise UsageError("--cluster runs uploads and downloads; a copy between two URLs runs here (the "
+                             "service moves the bytes)")
+        both = plan_blob_copy(source, dest, recursive=config.recursive, as_subdir=as_subdir,
+                              filters=filters or Filters())
+        return (CopySpec(both.source, both.dest, both.many, both.filters, dry_run),
+                replace(config, recursive=both.many), hooks)
+    plan = plan_copy(source, dest, recursive=config.recursive, as_subdir=as_subdir, filters=filters)
+    spec: JobSpec = UploadSpec(plan.local, plan.remote, plan.filters, dry_run) if plan.upload else \
+        DownloadSpec(plan.remote, plan.local, plan.dest_is_folder, plan.filters, dry_run)
+    return spec, replace(config, recursive=plan.many), replace(hooks, cluster_url=dest if plan.upload else source)
 
 
 async def sync_async(
@@ -353,6 +367,9 @@ async def resume_async(
         job = journal.get_job(job_id)
         if job.state is JobState.DONE:
             raise UsageError(f"job {job.id} is already done")
+        if job.kind is JobKind.COPY:
+            raise UsageError(f"job {job.id} copies between two URLs: run the same 'blobsync cp' command again to "
+                             "resume it (each side's credentials come from its URL or the environment)")
         if job.kind.is_sync:
             # A sync re-compares both sides on every run; its partial files resume through the same journal.
             raise UsageError(f"job {job.id} is a sync: run the same 'blobsync sync' command again to resume it")

@@ -313,6 +313,18 @@ class TransferConfig:
         "--create-container", "Create the container if it does not exist.", kind=bool, default=False,
         journal=False))
     recursive: bool = field(default=False, metadata=_flag(None))
+    s2s_preserve_properties: bool = field(default=True, metadata=_flag(
+        "--s2s-preserve-properties/--no-s2s-preserve-properties", "Blob to blob: the copy keeps the source's "
+        "content type, encoding, disposition, language, cache control, Content-MD5 and metadata.", kind=bool,
+        default=True, show_default=True))
+    s2s_preserve_access_tier: bool = field(default=True, metadata=_flag(
+        "--s2s-preserve-access-tier/--no-s2s-preserve-access-tier", "Blob to blob: the copy keeps the source's "
+        "access tier (Hot, Cool, Cold) unless --block-blob-tier names one.", kind=bool, default=True,
+        show_default=True))
+    s2s_via_client: bool = field(default=False, metadata=_flag(
+        "--s2s-via-client", "Blob to blob: move the bytes through this machine instead of having the destination's "
+        "service read the source (done on its own, and said, when the service cannot reach the source).",
+        kind=bool, default=False))
     follow_symlinks: bool = field(default=False, metadata=_flag(
         "--follow-symlinks", "Follow symbolic links (default: skip them with a note).", kind=bool, default=False))
     journal_path: Path | None = field(default=None, metadata=_flag(

@@ -11,7 +11,7 @@ from blobsync.backends.base import Location
 from blobsync.backends.registry import is_remote, parse_location
 from blobsync.errors import UsageError
 from blobsync.filters import Filters
-from blobsync.naming import folder_prefix
+from blobsync.naming import folder_prefix, upload_name
 
 
 @dataclass(frozen=True)
@@ -77,15 +77,50 @@ def plan_upload(source: str, dest: str, *, recursive: bool, as_subdir: bool, fil
     return CopyPlan(True, local, remote, filters, many=True)
 
 
-def plan_download(source: str, dest: str, *, recursive: bool, as_subdir: bool, filters: Filters) -> CopyPlan:
-    if is_remote(dest):
-        raise UsageError("copying between two blob URLs is not supported: one side must be a local path")
+@dataclass(frozen=True)
+class BlobCopyPlan:
+    """What a cp between two URLs copies: `source` is the blob or the prefix listed; `dest` the blob written, or
+    the prefix the names go under; `many` says a prefix is listed (with -r, or a wildcard)."""
+
+    source: Location
+    dest: Location
+    filters: Filters
+    many: bool
+
+
+def _source_url(source: str) -> tuple[Location, str | None]:
+    """A source URL and its last segment's wildcard, read before parse_location unquotes the path (a '*' written
+    %2A is part of a name, not a wildcard)."""
     base, _, query = source.partition("?")
-    # Before parse_location unquotes the path: a '*' written %2A is part of a name, not a wildcard.
     scheme_host, _, path = base.partition("://")
     host, slash, blob_path = path.partition("/")
     kept, wildcard = _wildcard_tail(blob_path, f"source URL {scheme_host}://{host}/...")
-    loc = parse_location(f"{scheme_host}://{host}{slash}{kept}" + (f"?{query}" if query else ""))
+    return parse_location(f"{scheme_host}://{host}{slash}{kept}" + (f"?{query}" if query else "")), wildcard
+
+
+def plan_blob_copy(source: str, dest: str, *, recursive: bool, as_subdir: bool, filters: Filters) -> BlobCopyPlan:
+    """AzCopy's layout between two URLs: one blob to the blob the destination names (or, for a container or a path
+    ending in '/', under it by its own name); a prefix with -r becomes a level under the destination unless
+    --as-subdir=false; 'prefix/*' copies what is at that level."""
+    loc, wildcard = _source_url(source)
+    target = parse_location(dest)
+    if wildcard is not None:
+        narrowed = _narrow(filters, wildcard, recursive)
+        return BlobCopyPlan(loc.with_path(folder_prefix(loc.path)), target.with_path(folder_prefix(target.path)),
+                            narrowed, many=True)
+    if not recursive:
+        if not loc.path or loc.path.endswith("/"):
+            raise UsageError(f"{loc.display!r} names no blob: add the blob's name, or pass -r to copy everything "
+                             "under it")
+        name = posixpath.basename(loc.path)
+        return BlobCopyPlan(loc, target.with_path(upload_name(target.path, name, single=True)), filters, many=False)
+    level = posixpath.basename(loc.path.rstrip("/")) or loc.container
+    prefix = _join(target.path, level) if as_subdir else target.path
+    return BlobCopyPlan(loc, target.with_path(folder_prefix(prefix)), filters, many=True)
+
+
+def plan_download(source: str, dest: str, *, recursive: bool, as_subdir: bool, filters: Filters) -> CopyPlan:
+    loc, wildcard = _source_url(source)
     target = Path(os.path.abspath(os.path.expanduser(dest)))
     folder = dest.endswith(("/", os.sep))
     if wildcard is not None:
@@ -101,6 +136,8 @@ def plan_copy(source: str, dest: str, *, recursive: bool, as_subdir: bool = True
               filters: Filters | None = None) -> CopyPlan:
     """Read cp's arguments; a bad one is a UsageError naming it. The direction follows from which side is a URL."""
     filters = filters or Filters()
+    if is_remote(source) and is_remote(dest):
+        raise UsageError("two URLs: use plan_blob_copy")
     if is_remote(source):
         return plan_download(source, dest, recursive=recursive, as_subdir=as_subdir, filters=filters)
     if not is_remote(dest):

@@ -162,6 +162,11 @@ class StagingRefusedError(ServiceError):
     the writer can clear them (ChunkedWriter.clear_stale) and the file starts again."""
 
 
+class CopySourceError(ServiceError):
+    """The destination's service could not read a copy's source (a firewall, a private endpoint, another cloud, a
+    SAS it may not use): the bytes can still go through this machine (--s2s-via-client)."""
+
+
 class BatchUnsupported(ServiceError):
     """The service takes no Blob Batch requests here: delete one blob per request instead."""
 

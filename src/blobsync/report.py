@@ -77,6 +77,7 @@ class Report:
     files_in_sync: int = 0  # sync: source files the destination already had
     files_held: int = 0  # sync --watch: source files still changing, left for a later round
     deletes_refused: str = ""  # why a sync deleted nothing although it had candidates
+    notes: list[str] = field(default_factory=list)  # said once at the end (a copy that went through this machine)
     bytes_transferred: int = 0  # size of the files transferred
     bytes_sent: int = 0  # bytes that went over the wire in this run (blocks, bodies)
     bytes_reused: int = 0  # bytes found already on the service (resume, or unchanged blocks of a delta)

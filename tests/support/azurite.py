@@ -25,6 +25,9 @@ AZURITE_BIN = REPO_ROOT / ".tools/azurite/node_modules/.bin" / ("azurite-blob.cm
 # The well-known development-storage account baked into Azurite (public, not a secret).
 DEV_ACCOUNT = "devstoreaccount1"
 DEV_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+# A second account of the same instance (blob-to-blob copies between accounts); its key is made up here.
+SECOND_ACCOUNT = "blobsyncsecond"
+SECOND_KEY = "c2Vjb25kLWFjY291bnQta2V5LWZvci1ibG9ic3luYy10ZXN0cy0wMDAwMDAwMDA="
 
 _PR_SET_PDEATHSIG = 1
 
@@ -95,6 +98,11 @@ class Azurite:
     def connection_string(self) -> str:
         return connection_string(self.blob_endpoint, self.account, self.key)
 
+    @property
+    def second_connection_string(self) -> str:
+        """The instance's second account (another account's containers, for copies between accounts)."""
+        return connection_string(f"{self.base_url}/{SECOND_ACCOUNT}", SECOND_ACCOUNT, SECOND_KEY)
+
     def connection_string_via(self, blob_endpoint: str) -> str:
         """Connection string with this account's credentials but another endpoint (e.g. a proxy)."""
         return connection_string(blob_endpoint, self.account, self.key)
@@ -130,10 +138,12 @@ class Azurite:
             cmd += ["--cert", str(self._tls[0]), "--key", str(self._tls[1])]
         on_main_thread = threading.current_thread() is threading.main_thread()
         log = (self._workdir / "azurite.log").open("wb")
+        env = {**os.environ, "AZURITE_ACCOUNTS": f"{DEV_ACCOUNT}:{DEV_KEY};{SECOND_ACCOUNT}:{SECOND_KEY}"}
         try:
             self._proc = subprocess.Popen(
                 cmd,
                 cwd=self._workdir,
+                env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,

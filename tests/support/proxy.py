@@ -24,6 +24,8 @@ from yarl import URL
 OPS = frozenset(
     {
         "put_block",
+        "put_block_from_url",  # Put Block From URL: the service reads the source itself
+        "copy_blob",  # Copy Blob (From URL)
         "put_block_list",
         "get_block_list",
         "put_blob",
@@ -40,8 +42,9 @@ OPS = frozenset(
     }
 )
 
-# Connection-level headers (RFC 9110 §7.6.1) describe one hop, so they are never relayed. Host is rewritten
-# by aiohttp for the upstream hop; Expect is answered by the proxy itself. None of them is covered by the
+# Connection-level headers (RFC 9110 §7.6.1) describe one hop, so they are never relayed. Host is set again to the
+# client's (as a reverse proxy passes it on: Azurite reads a copy source as its own only when the source URL's
+# host is the Host it was asked under); Expect is answered by the proxy itself. None of them is covered by the
 # Shared Key signature, so dropping them keeps Authorization valid.
 _HOP_BY_HOP = frozenset(
     {
@@ -355,6 +358,8 @@ def classify(method: str, raw_path: str, headers: CIMultiDictProxy[str] | CIMult
                   "properties": "set_properties"}.get(comp, "other")  # fmt: skip
             if not comp and "x-ms-blob-type" in headers:
                 op = "put_blob"
+            elif "x-ms-copy-source" in headers:
+                op = "put_block_from_url" if comp == "block" else "copy_blob" if not comp else op
         elif method == "GET":
             op = {"blocklist": "get_block_list", "": "get_blob"}.get(comp, "other")
         elif method == "HEAD" and not comp:
@@ -784,6 +789,7 @@ class FaultProxy:
     ) -> web.StreamResponse:
         assert self._session is not None
         headers = CIMultiDict((k, v) for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP)
+        headers["Host"] = request.host
         # A chunked request body has no Content-Length; keep it chunked so the signed headers are unchanged.
         chunked = "content-length" not in headers and bool(req.body)
         url = URL(self.target + request.raw_path, encoded=True)  # keep the client's exact percent-encoding

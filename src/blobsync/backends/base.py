@@ -27,6 +27,8 @@ class BlobProperties:
     blob_type: str | None = None
     tier: str | None = None
     range_md5: bytes | None = None  # the MD5 the store computed of the range just read, when asked for
+    # Headers a reader gets back (config.BLOB_PROPERTIES names: cache_control, content_encoding, ...), when set.
+    properties: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,18 @@ class Parts:
     etag: str | None  # of the current version, when the store says
 
 
+@dataclass(frozen=True)
+class CopySource:
+    """An object another store's service reads itself (a server-side copy): its URL, with whatever authorizes
+    the read (a SAS in the query, or `headers`), and the version to read. It carries a secret: it is sent only in
+    the copy request the service needs, and never logged, shown or journaled (its repr names the URL only)."""
+
+    url: str = field(repr=False)
+    display: str  # the URL without its query: safe to show
+    etag: str | None = None  # read only this version (the service refuses the copy if it changed)
+    headers: Mapping[str, str] = field(default_factory=dict, repr=False)  # e.g. a bearer token for the source
+
+
 class CheckKind(StrEnum):
     """A checksum a store verifies on a part as it arrives (and refuses the part if the body differs)."""
 
@@ -101,6 +115,9 @@ class Capabilities:
     keeps_parts: bool = False  # a commit may name parts of the current version (delta uploads)
     lists_levels: bool = False  # list_level: one level at a time (a huge listing then runs one prefix per task)
     part_checks: tuple[CheckKind, ...] = ()  # checks stage() verifies on arrival, the store's preferred first
+    copy_max: int = 0  # the largest object copy_from() copies from another store's URL in one request (0: none)
+    stage_copy_max: int = 0  # the largest part a writer's stage_from() stages from a URL (0: none)
+    copy_sources: bool = False  # copy_source(): this store's objects can be read by another store's service
 
 
 class Location(Protocol):
@@ -147,6 +164,11 @@ class ChunkedWriter(Protocol):
     async def stage(self, index: int, data: Buffer, check: PartCheck | None) -> None:
         """Stage part `index`; with `check` (a kind in capabilities.part_checks), the store refuses a body that
         arrives otherwise (a retryable error)."""
+        ...
+
+    async def stage_from(self, index: int, source: CopySource, offset: int, length: int) -> None:
+        """Stage part `index` as `length` bytes of `source` from `offset`, read by the store's service itself
+        (capabilities.stage_copy_max); refused (CopySourceError) when the service cannot read the source."""
         ...
 
     async def commit(self, parts: Sequence[tuple[str, bool]], headers: BlobHeaders,
@@ -213,6 +235,18 @@ class Store(Protocol):
                   conditions: Conditions = NO_CONDITIONS) -> PutResult: ...
 
     def writer(self, name: str, nonce: str) -> ChunkedWriter: ...
+
+    async def copy_source(self, name: str, etag: str | None) -> CopySource:
+        """The object `name` (version `etag`) as another store's service may read it (capabilities.copy_sources):
+        its URL with a read authorization (the URL's SAS, a short read SAS signed with an account key, a token)."""
+        ...
+
+    async def copy_from(self, name: str, source: CopySource, conditions: Conditions = NO_CONDITIONS,
+                        tier: str | None = None) -> PutResult:
+        """Write `name` as a copy of `source` with its properties and metadata, read by this store's service
+        (objects up to capabilities.copy_max), in access `tier` if given. Refused (CopySourceError) when the
+        service cannot read the source."""
+        ...
 
     async def delete(self, name: str, if_match: str | None = None) -> bool:
         """Delete an object (with its snapshots); False when it was gone already."""

@@ -24,6 +24,7 @@ from blobsync.backends.base import (
     Capabilities,
     CheckKind,
     Conditions,
+    CopySource,
     Part,
     PartCheck,
     Parts,
@@ -38,6 +39,7 @@ from blobsync.errors import (
     BlobNotFoundError,
     ConflictError,
     ContainerNotFoundError,
+    CopySourceError,
     CorruptedInTransitError,
     InvalidBlockListError,
     ServiceError,
@@ -161,14 +163,29 @@ def _check(obj: _Object | None, conditions: Conditions, what: str) -> None:
 def _props(name: str, obj: _Object) -> BlobProperties:
     h = obj.headers
     return BlobProperties(name, len(obj.data), obj.etag, obj.modified, h.content_md5, h.content_type,
-                          dict(h.metadata), "BlockBlob", h.tier or "Hot")
+                          dict(h.metadata), "BlockBlob", h.tier or "Hot", properties=dict(h.properties))
+
+
+def _source(source: CopySource, what: str) -> tuple[str, _Object]:
+    """The object a copy reads: memory://<container>/<name>, as this version (as a service reads another's)."""
+    parts = urlsplit(source.url)
+    found = _CONTAINERS.get(parts.netloc)
+    name = unquote(parts.path.lstrip("/"))
+    obj = found.objects.get(name) if found is not None else None
+    if parts.scheme != "memory" or obj is None:
+        raise CopySourceError(f"{what}: HTTP 404 CannotVerifyCopySource: the source does not exist", status=404,
+                              code="CannotVerifyCopySource")
+    if source.etag and obj.etag != source.etag:
+        raise ConflictError(f"{what}: HTTP 412 SourceConditionNotMet", status=412, code="SourceConditionNotMet")
+    return name, obj
 
 
 class MemoryStore:
     """Store over one in-process container."""
 
     capabilities = Capabilities(range_md5_max=RANGE_MD5_MAX, batch_delete_max=256, keeps_parts=True,
-                                lists_levels=True, part_checks=(CheckKind.CRC64, CheckKind.MD5))
+                                lists_levels=True, part_checks=(CheckKind.CRC64, CheckKind.MD5),
+                                copy_max=256 * 1024 * 1024, stage_copy_max=4000 * 1024 * 1024, copy_sources=True)
     page_size = 5000
 
     def __init__(self, location: MemoryLocation) -> None:
@@ -281,6 +298,24 @@ class MemoryStore:
     def writer(self, name: str, nonce: str) -> MemoryWriter:
         return MemoryWriter(self, name, nonce)
 
+    async def copy_source(self, name: str, etag: str | None) -> CopySource:
+        url = f"{self._loc.container_url}/{quote(name)}"
+        return CopySource(url, url, etag)
+
+    async def copy_from(self, name: str, source: CopySource, conditions: Conditions = NO_CONDITIONS,
+                        tier: str | None = None) -> PutResult:
+        box = await self._enter("copy_from", name)
+        what = f"copy {source.display!r} to {name!r}"
+        _, src = _source(source, what)
+        if len(src.data) > self.capabilities.copy_max:
+            raise ServiceError(f"{what}: HTTP 413 the source is larger than one copy takes", status=413)
+        _check(box.objects.get(name), conditions, what)
+        headers = replace(src.headers, tier=tier) if tier else src.headers
+        obj = box.objects[name] = _Object(src.data, _etag(), _now(), headers)
+        box.staged.pop(name, None)
+        box.faults.take("copy_from", name, after=True)
+        return PutResult(obj.etag, None)
+
     async def delete(self, name: str, if_match: str | None = None) -> bool:
         box = await self._enter("delete", name)
         obj = box.objects.get(name)
@@ -343,6 +378,19 @@ class MemoryWriter:
                                       code="InvalidBlobOrBlock")
         pending[token] = body
         box.faults.take("stage", self.name, after=True)
+
+    async def stage_from(self, index: int, source: CopySource, offset: int, length: int) -> None:
+        box = await self.store._enter("stage_from", self.name)
+        _, src = _source(source, f"put block from {source.display!r} to {self.name!r}")
+        if offset + length > len(src.data):
+            raise ServiceError(f"put block from {source.display!r}: HTTP 416 InvalidRange", status=416)
+        token = self.token(index)
+        pending = box.staged.setdefault(self.name, {})
+        if any(len(t) != len(token) for t in pending):
+            raise StagingRefusedError(f"put block of {self.name!r}: HTTP 400 InvalidBlobOrBlock", status=400,
+                                      code="InvalidBlobOrBlock")
+        pending[token] = src.data[offset:offset + length]
+        box.faults.take("stage_from", self.name, after=True)
 
     async def commit(self, parts: Sequence[tuple[str, bool]], headers: BlobHeaders,
                      conditions: Conditions = NO_CONDITIONS) -> PutResult:

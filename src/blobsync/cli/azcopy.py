@@ -91,7 +91,7 @@ FLAGS: tuple[AzFlag, ...] = (
     _f("force-if-read-only", ["copy", "sync", "remove"], A, "a download replaces a read-only file by rename, "
        "which its mode does not prevent on Linux and macOS", declare=True, boolean=True),
     _f("from-to", ["copy", "sync", "remove"], M, "checked against the arguments: LocalBlob (upload), BlobLocal "
-       "(download), BlobTrash (remove); other pairs are refused", declare=True),
+       "(download), BlobBlob (blob to blob), BlobTrash (remove); other pairs are refused", declare=True),
     _f("hardlinks", _XFER, M, "follow (each link's content is copied, the default); skip and preserve are "
        "refused", declare=True, harmless=("follow",)),
     _f("hash-meta-dir", ["sync"], A, "local hashes are cached in the journal, never beside the files",
@@ -135,14 +135,15 @@ FLAGS: tuple[AzFlag, ...] = (
     _f("recursive", ["copy", "sync", "remove"], S, "sync: on by default; --recursive=false syncs the top level "
        "only"),
     _f("running-tally", ["list"], A, "the total is always printed", declare=True, boolean=True),
-    _f("s2s-detect-source-changed", ["copy"], A, "service-to-service copies are not done", declare=True,
-       boolean=True),
-    _f("s2s-handle-invalid-metadata", ["copy"], A, "service-to-service copies are not done", declare=True),
-    _f("s2s-preserve-access-tier", _XFER, A, "service-to-service copies are not done", declare=True,
-       boolean=True),
-    _f("s2s-preserve-blob-tags", _XFER, A, "service-to-service copies are not done", declare=True, boolean=True),
-    _f("s2s-preserve-properties", ["copy"], A, "service-to-service copies are not done", declare=True,
-       boolean=True),
+    _f("s2s-detect-source-changed", ["copy"], A, "always on: each blob is read at the version listed (If-Match); "
+       "one that changes meanwhile fails with a line", declare=True, boolean=True),
+    _f("s2s-handle-invalid-metadata", ["copy"], A, "metadata goes as the source has it (Azure's names are valid on "
+       "Azure)", declare=True),
+    _f("s2s-preserve-access-tier", _XFER, S, "default true; --block-blob-tier overrides"),
+    _f("s2s-preserve-blob-tags", _XFER, R, "blob index tags are not read from the source (--blob-tags sets "
+       "them)", declare=True, boolean=True),
+    _f("s2s-preserve-properties", ["copy"], S, "default true: content type, encoding, disposition, language, cache "
+       "control, Content-MD5 and metadata"),
     _f("trailing-dot", ["copy", "sync", "remove", "list"], A, "an Azure Files setting; blob names ending in '.' "
        "are refused per file", declare=True),
     # Global flags: every command.
@@ -160,7 +161,8 @@ FLAGS: tuple[AzFlag, ...] = (
 )
 
 BLOBSYNC_NAMES = {"copy": "cp", "sync": "sync", "remove": "rm", "list": "ls", "make": "make"}
-_FROM_TO = {"copy": ("LocalBlob", "BlobLocal"), "sync": ("LocalBlob", "BlobLocal"), "remove": ("BlobTrash",)}
+_FROM_TO = {"copy": ("LocalBlob", "BlobLocal", "BlobBlob"), "sync": ("LocalBlob", "BlobLocal", "BlobBlob"),
+            "remove": ("BlobTrash",)}
 _TRUE = ("1", "t", "true", "yes", "on")  # Go's strconv.ParseBool, which AzCopy uses, and click's words
 _FALSE = ("0", "f", "false", "no", "off")
 
@@ -192,10 +194,12 @@ def check_from_to(value: str | None, command: str, source: str, dest: str | None
     if command == "remove":
         return
     implied = "BlobLocal" if is_remote(source) else "LocalBlob"
-    if dest is not None and is_remote(source) == is_remote(dest):
+    if dest is not None and is_remote(source) and is_remote(dest):
+        implied = "BlobBlob"
+    elif dest is not None and not is_remote(source) and not is_remote(dest):
         return  # the command itself reports that one side must be a URL
     if match != implied:
-        what = "a download" if implied == "BlobLocal" else "an upload"
+        what = {"BlobLocal": "a download", "LocalBlob": "an upload", "BlobBlob": "a copy between two URLs"}[implied]
         raise UsageError(f"--from-to {value} contradicts the arguments, which make {what} ({implied})")
 
 

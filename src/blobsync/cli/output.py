@@ -155,6 +155,7 @@ def summary_record(report: Report, *, dry_run: bool = False) -> dict[str, object
         "lowest_concurrency": report.lowest_concurrency, "duration": round(report.duration, 3),
         "concurrency": report.concurrency or None, "concurrency_auto": report.concurrency_auto,
         "deletes_refused": report.deletes_refused or None,
+        "notes": report.notes,
         "failures": [{"path": f.rel, "reason": f.reason} for f in report.failures],
         "exit_code": int(report.exit_code),
         **({"shards": [{"task": s.label, "worker": s.worker, "files": s.files, "bytes": s.bytes,
@@ -211,6 +212,7 @@ def _notes(report: Report) -> list[str]:
     lines.extend(f"  {n} {what}" for n, what in counts if n)
     if report.deletes_refused:
         lines.append(f"  {report.deletes_refused}")
+    lines.extend(f"  {note}" for note in report.notes)
     for note in report.skipped_notes[:20]:
         if note.reason and note.reason != "already uploaded by this job":
             lines.append(f"  skipped {printable(note.rel)}: {printable(note.reason)}")

@@ -31,14 +31,16 @@ def remote_entry(prefix: str, props: BlobProperties) -> Entry:
     exact = mtime is not None
     if mtime is None:
         mtime = int(props.last_modified.timestamp()) * 1_000_000_000
-    return Entry(relative_name(prefix, props.name), props.size, mtime, exact, props.content_md5, props.etag, props.name)
+    return Entry(relative_name(prefix, props.name), props.size, mtime, exact, props.content_md5, props.etag, props.name,
+                 tier=props.tier)
 
 
 def as_properties(entry: Entry) -> BlobProperties:
     """Enough of a blob's properties for the downloader, rebuilt from the listing entry."""
     metadata = {MTIME_KEY: format_mtime(entry.mtime_ns)} if entry.exact_mtime else {}
     return BlobProperties(entry.name or entry.rel, entry.size, entry.etag or "",
-                          datetime.fromtimestamp(entry.mtime_ns / 1e9, UTC), entry.md5, None, metadata)
+                          datetime.fromtimestamp(entry.mtime_ns / 1e9, UTC), entry.md5, None, metadata,
+                          tier=entry.tier)
 
 
 LISTINGS_IN_FLIGHT = 16  # prefixes listed at once when a listing goes one prefix per task

@@ -34,6 +34,14 @@ class UploadPlan:
     identity: FileIdentity
     headers: BlobHeaders
     conditions: Conditions
+    expected_md5: bytes | None = None  # what the bytes read must hash to (a copy's source's Content-MD5)
+
+
+def check_expected(plan: UploadPlan, md5: bytes | None) -> None:
+    """Before the commit: the bytes read are the ones the source says it holds."""
+    if plan.expected_md5 is not None and md5 is not None and md5 != plan.expected_md5:
+        raise IntegrityError(f"{plan.blob}: the MD5 of the bytes read differs from the source's Content-MD5; "
+                             "nothing committed")
 
 
 @dataclass
@@ -111,6 +119,7 @@ class BlockUploader:
         if resume:
             await self._find_staged(w)
         md5 = await self._stage_all(w, src)
+        check_expected(w.plan, md5)
         result = await self._commit(w, md5)
         await self._verify(w, md5)
         return self._record(w, result, md5)

@@ -9,13 +9,14 @@ from dataclasses import replace
 from pathlib import Path, PurePath
 
 from blobsync.backends.base import BlobHeaders, ChunkedWriter, Conditions
-from blobsync.config import Overwrite, TransferConfig
+from blobsync.config import TransferConfig
 from blobsync.engine.context import EngineContext
 from blobsync.engine.delta import DeltaBase, find_base
 from blobsync.engine.digest import md5_of
-from blobsync.engine.mtime import MTIME_KEY, destination_mtime_ns, format_mtime
+from blobsync.engine.mtime import MTIME_KEY, format_mtime
+from blobsync.engine.overwrite import write_conditions
 from blobsync.engine.plan import block_count, choose_block_size, new_nonce
-from blobsync.engine.staging import BlockUploader, BlockWrite, UploadPlan
+from blobsync.engine.staging import BlockUploader, BlockWrite, UploadPlan, check_expected
 from blobsync.engine.tasks import in_thread
 from blobsync.errors import (
     BlobsyncError,
@@ -56,38 +57,23 @@ class FileUploader:
         finally:
             src.close()  # every read of it has finished by now, even on cancellation
 
-    async def upload_source(self, row: FileRow, src: Source) -> FileResult:
-        """Upload what `src` holds (bytes in memory, a file object) as the blob `row` names."""
+    async def upload_source(self, row: FileRow, src: Source, *, headers: BlobHeaders | None = None,
+                            conditions: Conditions | None = None, expected_md5: bytes | None = None) -> FileResult:
+        """Upload what `src` holds (bytes in memory, a file object, another store's blob) as the blob `row` names;
+        `headers` and `conditions` replace those the config gives, and the bytes read must have `expected_md5`."""
         self.ctx.store.check_name(row.blob)
-        return await self._upload(row, src)
+        return await self._upload(row, src, headers, conditions, expected_md5)
 
-    async def _upload(self, row: FileRow, src: Source) -> FileResult:
+    async def _upload(self, row: FileRow, src: Source, headers: BlobHeaders | None = None,
+                      conditions: Conditions | None = None, expected_md5: bytes | None = None) -> FileResult:
         identity = src.opened
-        conditions = await self._conditions(row, identity)
-        if isinstance(conditions, str):
-            return self._skipped(row, identity, conditions)
-        plan = UploadPlan(row.blob, identity, self._headers(src.path, identity), conditions)
+        decided = conditions or await write_conditions(self.ctx, row.blob, identity.mtime_ns)
+        if isinstance(decided, str):
+            return self._skipped(row, identity, decided)
+        plan = UploadPlan(row.blob, identity, headers or self._headers(src.path, identity), decided, expected_md5)
         if identity.size <= self.ctx.config.single_put_limit:
             return await self._put_single(row, src, plan)
         return await self._put_blocks(row, src, plan)
-
-    async def _conditions(self, row: FileRow, identity: FileIdentity) -> Conditions | str:
-        """The write's preconditions under --overwrite, or why the file is to be left alone."""
-        cfg = self.ctx.config
-        if cfg.overwrite is Overwrite.TRUE:
-            return Conditions()
-        props = await self.ctx.request(lambda: self.ctx.store.stat(row.blob))
-        if props is None:
-            return Conditions(if_none_match_any=True)
-        if cfg.overwrite is Overwrite.FALSE:
-            return "exists at the destination (--overwrite false)"
-        if cfg.overwrite is Overwrite.IF_SOURCE_NEWER and identity.mtime_ns <= destination_mtime_ns(props):
-            return "destination is as new or newer (--overwrite ifSourceNewer)"
-        prompt = self.ctx.overwrite_prompt
-        if cfg.overwrite is Overwrite.PROMPT and prompt is not None and not await prompt(
-                f"blob {row.blob!r} exists ({props.size} bytes)"):
-            return "exists at the destination (not overwritten, as answered)"
-        return Conditions(if_match=props.etag)
 
     def _headers(self, path: PurePath, identity: FileIdentity) -> BlobHeaders:
         return upload_headers(self.ctx.config, path, identity)
@@ -112,6 +98,7 @@ class FileUploader:
                 data, md5 = await in_thread(ctx.io_pool, _read_small, src, before.size)
             if src.identity() != before:
                 raise SourceChangedError(f"{src.path}: file changed while it was being read")
+            check_expected(plan, md5)
             headers = replace(plan.headers, content_md5=md5)
             result = await ctx.request(lambda: ctx.store.put(plan.blob, data, headers, plan.conditions))
         finally:

@@ -12,11 +12,11 @@ from blobsync.engine.session import Session
 from blobsync.errors import UsageError
 from blobsync.events import Progress
 from blobsync.jobs.runner import RemoteRunner
-from blobsync.jobs.spec import DownloadSpec, Hooks, JobSpec, PutSpec, RemoveSpec, SyncSpec, UploadSpec
+from blobsync.jobs.spec import CopySpec, DownloadSpec, Hooks, JobSpec, PutSpec, RemoveSpec, SyncSpec, UploadSpec
 from blobsync.journal import JobRow
 from blobsync.report import Report
 
-__all__ = ["DownloadSpec", "Hooks", "JobSpec", "PutSpec", "RemoveSpec", "SyncSpec", "UploadSpec", "run_job"]
+__all__ = ["CopySpec", "DownloadSpec", "Hooks", "JobSpec", "PutSpec", "RemoveSpec", "SyncSpec", "UploadSpec", "run_job"]
 
 
 async def run_job(spec: JobSpec, session: Session, config: TransferConfig, *, progress: Progress,
@@ -34,6 +34,12 @@ async def run_job(spec: JobSpec, session: Session, config: TransferConfig, *, pr
         from blobsync.jobs.put import PutJob
 
         return await PutJob(spec, session.context(spec.dest, config, progress=progress)).run()
+    if isinstance(spec, CopySpec):
+        from blobsync.jobs.copy import CopyJob
+
+        prompt = OverwritePrompt(hooks.confirm_overwrite) if hooks.confirm_overwrite is not None else None
+        ctx = session.context(spec.dest, config, progress=progress, overwrite_prompt=prompt)
+        return await CopyJob(spec, ctx, session.store(spec.source), job=job, on_action=hooks.on_action).run()
     upload = isinstance(spec, UploadSpec) or (isinstance(spec, SyncSpec) and spec.upload)
     remote = spec.dest if isinstance(spec, UploadSpec) else spec.source if isinstance(spec, DownloadSpec) \
         else spec.remote

@@ -37,6 +37,18 @@ class DownloadSpec:
 
 
 @dataclass(frozen=True)
+class CopySpec:
+    """Blob to blob: `source` one blob (not `many`) or the prefix listed; `dest` the blob written, or the prefix
+    the relative names go under."""
+
+    source: Location
+    dest: Location
+    many: bool = False
+    filters: Filters = field(default_factory=Filters)
+    dry_run: bool = False
+
+
+@dataclass(frozen=True)
 class SyncSpec:
     local: Path
     remote: Location
@@ -72,7 +84,7 @@ class PutSpec:
     dest: Location
 
 
-JobSpec = UploadSpec | DownloadSpec | SyncSpec | RemoveSpec | PutSpec
+JobSpec = UploadSpec | DownloadSpec | CopySpec | SyncSpec | RemoveSpec | PutSpec
 
 
 @dataclass(frozen=True)

@@ -24,19 +24,23 @@ class Entry:
     etag: str | None = None
     name: str | None = None  # the blob name, for remote entries; for local ones, the path if not `rel`
     inode: int = 0
+    tier: str | None = None  # remote entries: the blob's access tier (a copy may keep it)
+
+
+_COLUMNS = 9  # of each side's table, in Entry's order
 
 
 def _row(e: Entry) -> tuple[object, ...]:
-    return (e.rel, e.size, e.mtime_ns, int(e.exact_mtime), e.md5, e.etag, e.name, e.inode)
+    return (e.rel, e.size, e.mtime_ns, int(e.exact_mtime), e.md5, e.etag, e.name, e.inode, e.tier)
 
 
 def _entry(row: tuple[object, ...], offset: int = 0) -> Entry | None:
     if row[offset] is None:
         return None
-    rel, size, mtime, exact, md5, etag, name, inode = row[offset:offset + 8]
+    rel, size, mtime, exact, md5, etag, name, inode, tier = row[offset:offset + _COLUMNS]
     return Entry(str(rel), int(size), int(mtime), bool(exact), md5 if isinstance(md5, bytes) else None,  # type: ignore[call-overload]
                  etag if isinstance(etag, str) else None, name if isinstance(name, str) else None,
-                 int(inode))  # type: ignore[call-overload]
+                 int(inode), tier if isinstance(tier, str) else None)  # type: ignore[call-overload]
 
 
 class SyncIndex:
@@ -55,7 +59,7 @@ class SyncIndex:
         for side in ("src", "dst"):
             self.db.execute(
                 f"create table {side} (rel text primary key, size int, mtime_ns int, exact int, md5 blob, "
-                "etag text, name text, inode int) without rowid"
+                "etag text, name text, inode int, tier text) without rowid"
             )
         self.db.execute("create table todo (rel text primary key, reason text) without rowid")
 
@@ -74,7 +78,7 @@ class SyncIndex:
     def _insert(self, side: str, rows: list[tuple[object, ...]]) -> int:
         if rows:
             self.db.execute("begin")
-            self.db.executemany(f"insert or replace into {side} values (?, ?, ?, ?, ?, ?, ?, ?)", rows)
+            self.db.executemany(f"insert or replace into {side} values (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
             self.db.execute("commit")
         return len(rows)
 
@@ -97,7 +101,7 @@ class SyncIndex:
         for row in cur:
             src = _entry(row)
             assert src is not None
-            yield src, _entry(row, 8)
+            yield src, _entry(row, _COLUMNS)
 
     def entries(self, side: str) -> Iterator[Entry]:
         """Every entry of one side, in path order."""
@@ -149,7 +153,7 @@ class SyncIndex:
         for row in self.db.execute("select s.*, t.reason from todo t join src s on s.rel = t.rel order by s.rel"):
             entry = _entry(row)
             assert entry is not None
-            yield entry, str(row[8])
+            yield entry, str(row[_COLUMNS])
 
     def todo_totals(self) -> tuple[int, int]:
         """How many entries are marked to transfer, and their total size."""

@@ -30,7 +30,9 @@ class JobKind(StrEnum):
     DOWNLOAD = "download"
     SYNC_UP = "sync-up"
     SYNC_DOWN = "sync-down"
+    COPY = "copy"  # blob to blob
+    SYNC_COPY = "sync-copy"
 
     @property
     def is_sync(self) -> bool:
-        return self in (JobKind.SYNC_UP, JobKind.SYNC_DOWN)
+        return self in (JobKind.SYNC_UP, JobKind.SYNC_DOWN, JobKind.SYNC_COPY)

@@ -13,6 +13,7 @@ from blobsync.errors import (
     BlobNotFoundError,
     ConflictError,
     ContainerNotFoundError,
+    CopySourceError,
     CorruptedInTransitError,
     InvalidBlockListError,
     ServiceError,
@@ -102,6 +103,9 @@ def error_from_response(
                      _xml_field(body, "AuthenticationErrorDetail") or "",
                      redact(f"{what}: HTTP {status}{' ' + code if code else ''}"),
                      parse_retry_after(headers.get("retry-after")))
+    copy = _copy_error(answer)
+    if copy is not None:
+        return copy
     if status in (401, 403):
         reason = _auth_reason(answer, loc, method, credential_description)
         return AuthError(f"{answer.short}: {reason}", status=status, code=code)
@@ -120,6 +124,17 @@ def error_from_response(
         return transient(f"{answer.short}: {answer.message or fallback}", status=status, code=code,
                          retry_after=answer.retry_after)
     return ServiceError(f"{answer.short}: {redact(answer.message) or 'request failed'}", status=status, code=code)
+
+
+def _copy_error(answer: _Answer) -> ServiceError | None:
+    """A copy the service refused because of its source (code names it, whatever the status)."""
+    if answer.code == "CannotVerifyCopySource":
+        return CopySourceError(f"{answer.short}: the service could not read the copy source (it answered "
+                               f"{answer.message or 'nothing'})", status=answer.status, code=answer.code)
+    if answer.code == "SourceConditionNotMet":
+        return ConflictError(f"{answer.short}: the copy source changed since it was listed", status=answer.status,
+                             code=answer.code)
+    return None
 
 
 def _auth_reason(answer: _Answer, loc: BlobLocation, method: str, credential_description: str) -> str:

@@ -81,7 +81,13 @@ def properties_from_headers(name: str, h: Mapping[str, str]) -> BlobProperties:
         metadata={k[len("x-ms-meta-"):]: v for k, v in h.items() if k.startswith("x-ms-meta-")},
         blob_type=h.get("x-ms-blob-type"),
         tier=h.get("x-ms-access-tier"),
+        properties={key: value for key, header in _PROPERTY_NAMES if (value := h.get(header.lower()))},
     )
+
+
+# The properties a reader gets back as headers (config.BLOB_PROPERTIES), as HTTP and List Blobs name them.
+_PROPERTY_NAMES = (("cache_control", "Cache-Control"), ("content_disposition", "Content-Disposition"),
+                   ("content_encoding", "Content-Encoding"), ("content_language", "Content-Language"))
 
 
 def _listed_properties(blob: ElementTree.Element) -> BlobProperties:
@@ -111,6 +117,7 @@ def _record(name: str, get: Callable[[str], str | None], metadata: dict[str, str
         metadata=metadata,
         blob_type=get("BlobType"),
         tier=get("AccessTier"),
+        properties={key: value for key, tag in _PROPERTY_NAMES if (value := get(tag))},
     )
 
 

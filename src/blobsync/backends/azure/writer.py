@@ -6,7 +6,16 @@ import base64
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from blobsync.backends.base import NO_CONDITIONS, BlobHeaders, Buffer, Conditions, PartCheck, Parts, PutResult
+from blobsync.backends.base import (
+    NO_CONDITIONS,
+    BlobHeaders,
+    Buffer,
+    Conditions,
+    CopySource,
+    PartCheck,
+    Parts,
+    PutResult,
+)
 from blobsync.errors import StagingRefusedError
 
 if TYPE_CHECKING:
@@ -42,6 +51,9 @@ class BlockBlobWriter:
 
     async def stage(self, index: int, data: Buffer, check: PartCheck | None) -> None:
         await self.store.put_block(self.name, self.token(index), data, check)
+
+    async def stage_from(self, index: int, source: CopySource, offset: int, length: int) -> None:
+        await self.store.put_block_from_url(self.name, self.token(index), source, offset, length)
 
     async def commit(self, parts: Sequence[tuple[str, bool]], headers: BlobHeaders,
                      conditions: Conditions = NO_CONDITIONS) -> PutResult:
