@@ -166,3 +166,32 @@ def test_bad_blob_to_blob_arguments_get_one_line(source: Side, dest: Side, azuri
     contradicted = run(["cp", source.url(ep, "dir/x.txt"), dest.url(ep), "--from-to", "LocalBlob", *journal])
     assert contradicted.returncode == 2 and "copy between two URLs" in contradicted.stderr
     assert dest.client.get_blob_client("x.txt").exists() is False
+
+
+def test_sync_between_accounts_copies_what_differs_and_deletes_only_when_asked(
+        source: Side, dest: Side, proxy: FaultProxy, tmp_path: Path) -> None:
+    files = {"a.txt": os.urandom(100), "sub/b.bin": os.urandom(6 * MiB + 1), "c.txt": b"c"}
+    for name, data in files.items():
+        source.client.upload_blob(f"data/{name}", data)
+    dest.client.upload_blob("mirror/orphan.txt", b"only here")
+    ep = proxy.url
+    args = ["sync", source.url(ep, "data"), dest.url(ep, "mirror"), "--block-size-mb", "4",
+            "--journal", str(tmp_path / "j.db")]
+    first = run(args)
+    assert first.returncode == 0, first.stderr
+    for name, data in files.items():
+        assert dest.download(f"mirror/{name}") == data
+    assert dest.download("mirror/orphan.txt") == b"only here"  # no --delete-destination: kept
+    assert proxy.stats.requests["get_blob"] == 0  # the service moved every byte
+    proxy.reset_stats()
+    again = run(args)
+    assert again.returncode == 0, again.stderr
+    stats = proxy.stats
+    assert stats.requests["copy_blob"] == 0 and stats.requests["put_block_from_url"] == 0  # all in sync
+    source.client.upload_blob("data/c.txt", b"changed", overwrite=True)
+    proxy.reset_stats()
+    third = run([*args, "--delete-destination", "true"])
+    assert third.returncode == 0, third.stderr
+    assert proxy.stats.ok("copy_blob") == 1  # only the changed blob
+    assert dest.download("mirror/c.txt") == b"changed"
+    assert sorted(b.name for b in dest.client.list_blobs()) == sorted(f"mirror/{n}" for n in files)

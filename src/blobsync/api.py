@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar
 
 from blobsync import arguments, stopping
-from blobsync.backends.base import BlobProperties
+from blobsync.backends.base import BlobProperties, Location
 from blobsync.backends.registry import is_remote, open_store, parse_location
 from blobsync.config import TransferConfig
 from blobsync.copying import plan_blob_copy, plan_copy
@@ -251,22 +251,34 @@ async def sync_async(
     arguments.callback(ready, "ready")
     env = arguments.env(env)
     progress = _progress(progress, subscribers)
-    if is_remote(src_text) == is_remote(dst_text):
-        raise UsageError("sync needs one local folder and one container URL")
-    upload = is_remote(dst_text)
-    loc = parse_location(dst_text if upload else src_text)
-    local = Path(src_text if upload else dst_text).expanduser().absolute()
-    if not upload:  # a file brought down keeps the blob's time: the next sync compares equal
-        config = replace(config, preserve_last_modified_time=True)
-    spec = SyncSpec(local, loc, upload, filters or Filters(), compare, delete, max_delete, dry_run, ready,
-                    batch_enabled(env))
-    hooks = Hooks(on_action, confirm_delete=confirm, cluster=cluster, cluster_url=dst_text if upload else src_text)
+    sides, config = _sync_sides(src_text, dst_text, config)
+    spec = SyncSpec(*sides[:3], filters or Filters(), compare, delete, max_delete, dry_run, ready, batch_enabled(env),
+                    source=sides[3])
+    if spec.source is not None and cluster is not None:
+        raise UsageError("--cluster runs uploads and downloads; a sync between two URLs runs here (the service "
+                         "moves the bytes)")
+    hooks = Hooks(on_action, confirm_delete=confirm, cluster=cluster, cluster_url=dst_text if spec.upload else src_text)
     async with _session_for(config, env, progress) as session:
         report = await run_job(spec, session, config, progress=progress, hooks=hooks)
     return _finish(report, raise_on_error)
 
 
 sync = blocking_form(sync_async)
+
+
+def _sync_sides(src_text: str, dst_text: str, config: TransferConfig
+                ) -> tuple[tuple[Path | None, Location, bool, Location | None], TransferConfig]:
+    """A sync's sides as SyncSpec takes them (local folder, container side, upload, blob-to-blob source): local to a
+    container, a container to local, or blob to blob."""
+    if is_remote(src_text) and is_remote(dst_text):
+        return (None, parse_location(dst_text), True, parse_location(src_text)), config
+    if not is_remote(src_text) and not is_remote(dst_text):
+        raise UsageError("sync needs a container URL on at least one side (the other a local folder, or a URL)")
+    upload = is_remote(dst_text)
+    local = Path(src_text if upload else dst_text).expanduser().absolute()
+    if not upload:  # a file brought down keeps the blob's time: the next sync compares equal
+        config = replace(config, preserve_last_modified_time=True)
+    return (local, parse_location(dst_text if upload else src_text), upload, None), config
 
 
 def _stop_check(stop: StopSignal) -> Callable[[], bool]:

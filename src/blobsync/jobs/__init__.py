@@ -40,6 +40,12 @@ async def run_job(spec: JobSpec, session: Session, config: TransferConfig, *, pr
         prompt = OverwritePrompt(hooks.confirm_overwrite) if hooks.confirm_overwrite is not None else None
         ctx = session.context(spec.dest, config, progress=progress, overwrite_prompt=prompt)
         return await CopyJob(spec, ctx, session.store(spec.source), job=job, on_action=hooks.on_action).run()
+    if isinstance(spec, SyncSpec) and spec.source is not None:
+        from blobsync.jobs.sync_copy import BlobSyncJob
+
+        ctx = session.context(spec.remote, config, progress=progress)
+        return await BlobSyncJob(spec, ctx, session.store(spec.source), on_action=hooks.on_action,
+                                 confirm=hooks.confirm_delete).run()
     upload = isinstance(spec, UploadSpec) or (isinstance(spec, SyncSpec) and spec.upload)
     remote = spec.dest if isinstance(spec, UploadSpec) else spec.source if isinstance(spec, DownloadSpec) \
         else spec.remote

@@ -50,9 +50,9 @@ class CopySpec:
 
 @dataclass(frozen=True)
 class SyncSpec:
-    local: Path
-    remote: Location
-    upload: bool  # True: local -> remote
+    local: Path | None  # None: blob to blob (`source` is the other side)
+    remote: Location  # the container side; with `source`, the destination
+    upload: bool  # True: the destination is `remote` (local -> remote, or blob to blob)
     filters: Filters = field(default_factory=Filters)
     compare: CompareMode = CompareMode.SIZE_AND_MTIME
     delete: DeleteMode = DeleteMode.FALSE
@@ -62,6 +62,7 @@ class SyncSpec:
     # deleted at the destination (watch mode holds files that are still being written).
     ready: Callable[[str, int], bool] | None = None
     batch_deletes: bool = True  # Blob Batch for the deletes
+    source: Location | None = None  # blob to blob: the source container or prefix
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,7 @@ class SyncJob:
         self.store = ctx.store
         self.journal = ctx.journal
         self.config = ctx.config
-        self.runner = JobRunner(JobKind.SYNC_UP if spec.upload else JobKind.SYNC_DOWN, ctx, cluster=cluster)
+        self.runner = JobRunner(self.job_kind(spec), ctx, cluster=cluster)
         self.on_action = on_action or (lambda action: None)
         self.confirm = confirm
         self.complete = True  # both sides enumerated without error
@@ -70,24 +70,43 @@ class SyncJob:
         self.held = 0  # source files not ready this run (spec.ready)
         self.problems: list[FileResult] = []
 
+    @staticmethod
+    def job_kind(spec: SyncSpec) -> JobKind:
+        return JobKind.SYNC_UP if spec.upload else JobKind.SYNC_DOWN
+
+    @property
+    def kind(self) -> str:
+        """The report's kind."""
+        return "upload" if self.spec.upload else "download"
+
     @property
     def _prefix(self) -> str:
         return folder_prefix(self.spec.remote.path)
+
+    @property
+    def local(self) -> Path:
+        assert self.spec.local is not None, "a blob-to-blob sync has no local side"
+        return self.spec.local
+
+    def _sides(self) -> tuple[str, str]:
+        """The source and the destination, as the report and the journal show them."""
+        spec = self.spec
+        return (str(self.local), spec.remote.display) if spec.upload else (spec.remote.display, str(self.local))
 
     # --- enumeration ----------------------------------------------------------------------------------
 
     def _local_entries(self) -> Iterator[Entry]:
         spec = self.spec
-        if not spec.local.exists():
+        if not self.local.exists():
             if spec.upload:
-                raise UsageError(f"source folder {str(spec.local)!r} does not exist")
+                raise UsageError(f"source folder {str(self.local)!r} does not exist")
             return
-        if not spec.local.is_dir():
-            raise UsageError(f"{str(spec.local)!r} is not a folder: sync works on folders (use cp for one file)")
+        if not self.local.is_dir():
+            raise UsageError(f"{str(self.local)!r} is not a folder: sync works on folders (use cp for one file)")
         # Folders nothing could match in are not listed (--recursive=false lists one folder). One whose name has
         # a backslash is, since its files are compared under names with '/' there.
         enters = spec.filters.enters if spec.filters.active else (lambda rel: True)
-        for item in walk(spec.local, follow_symlinks=self.config.follow_symlinks,
+        for item in walk(self.local, follow_symlinks=self.config.follow_symlinks,
                          enters=lambda rel: "\\" in rel or enters(rel)):
             if isinstance(item, SkippedEntry):
                 if not spec.filters.matches(item.rel):
@@ -136,10 +155,8 @@ class SyncJob:
         if spec.upload and self.config.create_container and not spec.dry_run:
             await self.runner.requests(self.store.create_container)
         await self._enumerate(index)
-        source = str(spec.local) if spec.upload else spec.remote.display
-        dest = spec.remote.display if spec.upload else str(spec.local)
-        report = Report(NO_JOB, source, dest, kind="upload" if spec.upload else "download",
-                        listener=self.runner.progress.finished)
+        source, dest = self._sides()
+        report = Report(NO_JOB, source, dest, kind=self.kind, listener=self.runner.progress.finished)
         for problem in self.problems:
             self.runner.settle(report, None, problem)
         todo = await self._decisions(index)
@@ -151,7 +168,7 @@ class SyncJob:
         if not todo and not orphans:
             return report  # a no-op sync opens no job and writes nothing to the journal
         report.job_id = self.runner.open_job(source, dest).id
-        self.runner.local_root = self.spec.local
+        self.runner.local_root = spec.local
         await self.runner.run(report, self._work(index, report), index.todo_totals())
         await self._deletes(index, report, dry_run=False)
         return report
@@ -168,7 +185,7 @@ class SyncJob:
         local.result()
 
     async def _dry_run(self, index: SyncIndex, report: Report) -> Report:
-        verb = "upload" if self.spec.upload else "download"
+        verb = self.kind
         report.job_id = DRY_RUN
         for entry, reason in index.todo():
             self.on_action(Action(verb, entry.rel, reason, entry.size))
@@ -197,11 +214,7 @@ class SyncJob:
                 continue
             src_md5 = None
             if mode is CompareMode.MD5 and dst is not None and src.size == dst.size:
-                if self.spec.upload:
-                    src_md5 = await self._local_md5(src)
-                else:  # the local file is the destination: its MD5 stands in for the missing stored one
-                    dst = replace(dst, md5=await self._local_md5(dst))
-                    src_md5 = src.md5
+                dst, src_md5 = await self._md5s(src, dst)
             decision = decide(src, dst, mode, src_md5)
             if decision.transfer:
                 batch.append((src.rel, decision.reason))
@@ -210,9 +223,17 @@ class SyncJob:
                     batch = []
         return marked + index.mark(batch)
 
+    async def _md5s(self, src: Entry, dst: Entry) -> tuple[Entry, bytes | None]:
+        """For --compare-hash MD5: the destination entry with its MD5 and the source's MD5 (a local file's from
+        the journal's cache, or hashed now)."""
+        if self.spec.upload:
+            return dst, await self._local_md5(src)
+        # The local file is the destination: its MD5 stands in for the missing stored one.
+        return replace(dst, md5=await self._local_md5(dst)), src.md5
+
     def _local_path(self, entry: Entry) -> Path:
         """Where a local entry's file is (its name differs from `rel` when the service spells it otherwise)."""
-        return self.spec.local / (entry.name or entry.rel)
+        return self.local / (entry.name or entry.rel)
 
     async def _local_md5(self, entry: Entry) -> bytes | None:
         path = self._local_path(entry)
@@ -240,8 +261,8 @@ class SyncJob:
         prefix = self._prefix
         ctx = self.ctx
         uploader = FileUploader(ctx) if spec.upload else None
-        downloader = None if spec.upload else FileDownloader(ctx, spec.local)
-        claims = NameClaims(probe(spec.local) if not spec.upload else Folding())
+        downloader = None if spec.upload else FileDownloader(ctx, self.local)
+        claims = NameClaims(probe(self.local) if not spec.upload else Folding())
         if claims.folding.active:  # every blob of the listing holds its name, transferred this run or not
             claims.claim_all(e.rel for e in index.entries("src"))
         for batch in batches(index.todo()):
@@ -269,7 +290,7 @@ class SyncJob:
         from blobsync.local.target import safe_join
 
         try:
-            target = safe_join(self.spec.local, entry.rel)
+            target = safe_join(self.local, entry.rel)
             other = claims.claim(entry.rel)
             if other is not None:
                 raise UnsafeNameError(claims.message(entry.rel, other))
@@ -369,7 +390,7 @@ class SyncJob:
             row = item.key
             assert isinstance(row, FileRow)
             try:
-                safe_join(self.spec.local, item.rel).unlink(missing_ok=True)
+                safe_join(self.local, item.rel).unlink(missing_ok=True)
             except (OSError, UnsafeNameError) as exc:
                 message = str(exc) if isinstance(exc, UnsafeNameError) else f"cannot delete: {exc.strerror or exc}"
                 self.runner.settle(report, row, FileResult(item.rel, item.name, item.size, FileStatus.FAILED,
