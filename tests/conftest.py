@@ -8,11 +8,12 @@ import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 from azure.core.exceptions import ResourceNotFoundError
-from azure.storage.blob import BlobServiceClient, ContainerClient
+from azure.storage.blob import BlobServiceClient, ContainerClient, ContainerSasPermissions, generate_container_sas
 
 # tests/ has no __init__.py and pyproject sets no pythonpath, so make `import support...` work under
 # any pytest import mode.
@@ -20,7 +21,7 @@ _TESTS_DIR = str(Path(__file__).resolve().parent)
 if _TESTS_DIR not in sys.path:
     sys.path.insert(0, _TESTS_DIR)
 
-from support.azurite import Azurite  # noqa: E402
+from support.azurite import SECOND_ACCOUNT, SECOND_KEY, Azurite  # noqa: E402
 from support.processes import kill_tree, leftover_children  # noqa: E402
 from support.proxy import FaultProxy  # noqa: E402
 
@@ -106,3 +107,44 @@ def proxy_env(monkeypatch: pytest.MonkeyPatch, azurite: Azurite, proxy: FaultPro
     conn = azurite.connection_string_via(proxy.endpoint())
     monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", conn)
     return conn
+
+
+@dataclass
+class Side:
+    """A container of one account, its SAS, and an SDK client straight to Azurite (the independent check)."""
+
+    account: str
+    name: str
+    sas: str
+    client: ContainerClient
+
+    def url(self, endpoint: str, path: str = "") -> str:
+        return f"{endpoint}/{self.account}/{self.name}{'/' + path if path else ''}?{self.sas}"
+
+    def download(self, blob: str) -> bytes:
+        return self.client.download_blob(blob).readall()
+
+
+def container_sas(account: str, key: str, container: str) -> str:
+    return generate_container_sas(account, container, account_key=key, expiry=datetime.now(UTC) + timedelta(hours=2),
+                                  permission=ContainerSasPermissions(read=True, write=True, create=True, list=True,
+                                                                     delete=True))
+
+
+@pytest.fixture
+def source(container: ContainerHandle, azurite: Azurite) -> Side:
+    """The test container (first account) as a copy's source side."""
+    sas = container_sas(azurite.account, azurite.key, container.name)
+    return Side(azurite.account, container.name, sas, container.client)
+
+
+@pytest.fixture
+def dest(azurite: Azurite) -> Iterator[Side]:
+    """A container of the instance's second account: a copy's destination side."""
+    service = BlobServiceClient.from_connection_string(azurite.second_connection_string)
+    name = f"dst-{uuid.uuid4().hex[:12]}"
+    client = service.create_container(name)
+    yield Side(SECOND_ACCOUNT, name, container_sas(SECOND_ACCOUNT, SECOND_KEY, name), client)
+    if azurite.running:
+        with contextlib.suppress(Exception):
+            client.delete_container()

@@ -5,69 +5,22 @@ the source's SAS kept out of everything but the copy request. Every blob checked
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import sqlite3
-import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import pytest
 from azure.storage.blob import (
     BlobServiceClient,
-    ContainerClient,
-    ContainerSasPermissions,
     ContentSettings,
     StandardBlobTier,
-    generate_container_sas,
 )
 
 from blobsync.config import MiB
-from conftest import ContainerHandle
-from support.azurite import SECOND_ACCOUNT, SECOND_KEY, Azurite
+from conftest import Side, container_sas
+from support.azurite import Azurite
 from support.cli import run, start
 from support.proxy import FaultProxy
-
-
-@dataclass
-class Side:
-    """A container of one account, its SAS, and an SDK client straight to Azurite (the independent check)."""
-
-    account: str
-    name: str
-    sas: str
-    client: ContainerClient
-
-    def url(self, endpoint: str, path: str = "") -> str:
-        return f"{endpoint}/{self.account}/{self.name}{'/' + path if path else ''}?{self.sas}"
-
-    def download(self, blob: str) -> bytes:
-        return self.client.download_blob(blob).readall()
-
-
-def _sas(account: str, key: str, container: str) -> str:
-    return generate_container_sas(account, container, account_key=key, expiry=datetime.now(UTC) + timedelta(hours=2),
-                                  permission=ContainerSasPermissions(read=True, write=True, create=True, list=True,
-                                                                     delete=True))
-
-
-@pytest.fixture
-def source(container: ContainerHandle, azurite: Azurite) -> Side:
-    return Side(azurite.account, container.name, _sas(azurite.account, azurite.key, container.name), container.client)
-
-
-@pytest.fixture
-def dest(azurite: Azurite) -> Iterator[Side]:
-    service = BlobServiceClient.from_connection_string(azurite.second_connection_string)
-    name = f"dst-{uuid.uuid4().hex[:12]}"
-    client = service.create_container(name)
-    yield Side(SECOND_ACCOUNT, name, _sas(SECOND_ACCOUNT, SECOND_KEY, name), client)
-    if azurite.running:
-        with contextlib.suppress(Exception):
-            client.delete_container()
 
 
 def _journal_text(path: Path) -> str:
@@ -143,7 +96,7 @@ def test_when_the_service_cannot_reach_the_source_the_bytes_go_through_this_mach
         box = service.create_container("far")
         box.upload_blob("f/small.txt", small, content_settings=ContentSettings(content_type="text/csv"))
         box.upload_blob("f/big.bin", big)
-        far = Side(other.account, "far", _sas(other.account, other.key, "far"), box)
+        far = Side(other.account, "far", container_sas(other.account, other.key, "far"), box)
         dest_endpoint = dest.client.url.rsplit("/", 2)[0]
         out = run(["cp", far.url(other.base_url + "", "f/*"), dest.url(dest_endpoint, "in/"),
                    "--block-size-mb", "4", "--journal", str(tmp_path / "j.db")])

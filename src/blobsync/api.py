@@ -164,10 +164,12 @@ async def copy_async(
     on_action: Callable[[Action], None] | None = None,
     confirm_overwrite: Callable[[str], Answer] | None = None,
     cluster: Cluster = None,
+    list_of_files: str | os.PathLike[str] | None = None,
 ) -> Report:
     """Upload a local file or folder to a blob URL, or download a blob (or, with `config.recursive`, every
-    blob under a prefix) to a local path. The direction follows from which side is a URL. Re-running the same
-    copy resumes its job.
+    blob under a prefix) to a local path, or copy between two blob URLs (the service moves the bytes). The
+    direction follows from which side is a URL. Re-running the same copy resumes its job. `list_of_files` names a
+    file of paths relative to the source, one per line (files, or folders with everything below them).
 
     Names follow AzCopy: a folder (or prefix) copied with `recursive` becomes a level of its own under the
     destination (`./run1` -> `<url>/run1/...`, `<url>/sub` -> `dest/sub/...`, a container URL ->
@@ -189,6 +191,11 @@ async def copy_async(
     as_subdir = arguments.boolean(as_subdir, "as_subdir")
     env = arguments.env(env)
     progress = _progress(progress, subscribers)
+    list_of_files = arguments.optional_path(list_of_files, "list_of_files")
+    if list_of_files is not None:  # the paths it names (files, or folders with all below them) under the source
+        filters = Filters.parse(**{**(filters.text if filters is not None else {}),  # type: ignore[arg-type]
+                                   "list_of_files": str(list_of_files)})
+        config = replace(config, recursive=True)
     spec, config, hooks = _copy_spec(source, dest, config, as_subdir, filters, dry_run,
                                      Hooks(on_action, confirm_overwrite, cluster=cluster))
     async with _session_for(config, env, progress) as session:

@@ -7,6 +7,7 @@ import functools
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 
 from blobsync.errors import UsageError
 from blobsync.regex import Matcher, compile_regex
@@ -35,6 +36,22 @@ def _prefix(path: str, flag: str) -> str:
     return path + "/" if flag == "--exclude-path" and given.replace("\\", "/").endswith("/") else path
 
 
+def _listed(path: str | None) -> tuple[str, ...]:
+    """The relative paths a --list-of-files file names, one per line (blank lines and '#' comments skipped)."""
+    if not path:
+        return ()
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise UsageError(f"cannot read --list-of-files {path!r}: {reason}") from exc
+    paths = tuple(_prefix(line.strip(), "--list-of-files") for line in lines
+                  if line.strip() and not line.lstrip().startswith("#"))
+    if not paths:
+        raise UsageError(f"--list-of-files {path!r} names nothing: one relative path per line")
+    return paths
+
+
 def wildcard(pattern: str) -> re.Pattern[str]:
     """A source wildcard (the last segment of a cp source, e.g. '*.pt'): only '*' is special, as in AzCopy, and it
     never crosses a '/'."""
@@ -52,10 +69,6 @@ def parse_time(text: str, flag: str) -> float:
     return when.timestamp()
 
 
-def _under(rel: str, prefix: str) -> bool:
-    return rel == prefix or rel.startswith(prefix + "/")
-
-
 @dataclass(frozen=True)
 class Filters:
     """Which relative paths take part in a transfer. Build with `Filters.parse(...)` (validates everything)."""
@@ -71,6 +84,7 @@ class Filters:
     top: re.Pattern[str] | None = None  # a source wildcard: the first segment of a relative path must match it
     recursive: bool = True  # False: only files at the top of the source folder or prefix
     text: dict[str, object] = field(default_factory=dict, compare=False)  # the options as given, for the journal
+    listed: tuple[str, ...] = ()  # the include paths --list-of-files named (each must match something)
 
     @classmethod
     def parse(
@@ -86,8 +100,11 @@ class Filters:
         include_before: str | None = None,
         source_wildcard: str | None = None,
         recursive: bool = True,
+        list_of_files: str | None = None,
     ) -> Filters:
-        """Validate the options as the flags give them (';'-separated lists); any bad one is a UsageError."""
+        """Validate the options as the flags give them (';'-separated lists); any bad one is a UsageError.
+        `list_of_files` names a file of relative paths, one per line (files, or folders with all below them),
+        taken with the include paths."""
         given: dict[str, object] = {k: v for k, v in locals().items() if k not in ("cls", "recursive") and v}
         if not recursive:
             given["recursive"] = False
@@ -98,7 +115,7 @@ class Filters:
         return cls(
             tuple(_glob(p, "--include-pattern") for p in _split(include_pattern)),
             tuple(_glob(p, "--exclude-pattern") for p in _split(exclude_pattern)),
-            tuple(_prefix(p, "--include-path") for p in _split(include_path)),
+            tuple(_prefix(p, "--include-path") for p in _split(include_path)) + (listed := _listed(list_of_files)),
             tuple(_prefix(p, "--exclude-path") for p in _split(exclude_path)),
             tuple(compile_regex(p, "--include-regex") for p in _split(include_regex)),
             tuple(compile_regex(p, "--exclude-regex") for p in _split(exclude_regex)),
@@ -107,6 +124,7 @@ class Filters:
             wildcard(source_wildcard) if source_wildcard else None,
             recursive,
             given,
+            listed,
         )
 
     @classmethod
@@ -129,7 +147,7 @@ class Filters:
             return False
         if any((folder + "/").startswith(p) for p in self.exclude_paths):
             return False  # every path below starts with the excluded prefix
-        return not self.include_paths or any(_under(folder, p) or _under(p, folder) for p in self.include_paths)
+        return not self.include_paths or folder in self._path_ancestors or self._under_included(folder)
 
     def matches(self, rel: str, mtime: float | None = None) -> bool:
         """True when `rel` (a '/'-separated relative path) takes part; excludes win over includes."""
@@ -149,8 +167,36 @@ class Filters:
     def _included(self, rel: str, name: str) -> bool:
         """Every kind of include given takes it (a kind not given takes everything)."""
         return ((not self.include_patterns or any(p.match(name) for p in self.include_patterns))
-                and (not self.include_paths or any(_under(rel, p) for p in self.include_paths))
+                and (not self.include_paths or self._under_included(rel, record=True))
                 and (not self.include_regexes or any(r.search(rel) for r in self.include_regexes)))
+
+    @functools.cached_property
+    def _included_set(self) -> frozenset[str]:
+        return frozenset(self.include_paths)
+
+    @functools.cached_property
+    def _path_ancestors(self) -> frozenset[str]:
+        """Every folder above an include path (a walk must enter them to reach it)."""
+        return frozenset(p[:i] for p in self.include_paths for i, c in enumerate(p) if c == "/")
+
+    def _under_included(self, rel: str, *, record: bool = False) -> bool:
+        """`rel` is an include path or lies below one: a lookup per level, however many paths (--list-of-files
+        may name thousands). With `record`, the path it is under counts as found."""
+        included = self._included_set
+        if not (record and self.listed):
+            return rel in included or any(rel[:i] in included for i, c in enumerate(rel) if c == "/")
+        hits = [rel[:i] for i, c in enumerate(rel) if c == "/" and rel[:i] in included]
+        hits += [rel] if rel in included else []
+        self._found.update(hits)
+        return bool(hits)
+
+    @functools.cached_property
+    def _found(self) -> set[str]:
+        return set()
+
+    def unmatched(self) -> list[str]:
+        """The --list-of-files paths no file or blob matched (so far): each is reported as missing."""
+        return [p for p in self.listed if p not in self._found]
 
     def _in_time(self, mtime: float | None) -> bool:
         if mtime is None:

@@ -105,7 +105,8 @@ FLAGS: tuple[AzFlag, ...] = (
     _f("include-regex", ["copy", "sync"], S),
     _f("include-root", ["sync"], A, "root folder properties are an Azure Files matter", declare=True,
        boolean=True),
-    _f("list-of-files", ["remove"], S),
+    _f("list-of-files", ["copy", "remove"], S, "paths relative to the source, one per line; copy: folders take "
+       "everything below them"),
     _f("list-of-versions", ["copy", "remove"], R, "blob versions are not supported", declare=True),
     _f("local-hash-storage-mode", ["sync"], A, "local hashes are cached in the journal", declare=True),
     _f("location", ["list"], M, "Blob; File and BlobFS are refused", declare=True, harmless=("Blob",)),

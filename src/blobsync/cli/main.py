@@ -111,17 +111,21 @@ def _echo_action(out: OutputMode, json_out: JsonLines | None, dry_run: bool) -> 
               help="Downloads: set the file's mtime to the source's (stored by blobsync, else Last-Modified).")
 @_cluster_option
 @click.option("--dry-run", is_flag=True, help="Print what would be copied, and where; copy nothing.")
+@click.option("--list-of-files", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="A file of paths relative to the source, one per line (files, or folders with all below them): "
+                   "copy those (implies -r).")
 @filter_options
 @transfer_options
 @azcopy_flags("copy")
 @output_options
 def cp(source: str, destination: str, as_subdir: bool, dry_run: bool, filters: Filters, cluster: str | None,
-       out: OutputMode, log_level: str, log_file: Path | None, **options: Any) -> None:
-    """Copy SOURCE to DESTINATION; one of them is a blob URL, the other a local path.
+       list_of_files: Path | None, out: OutputMode, log_level: str, log_file: Path | None, **options: Any) -> None:
+    """Copy SOURCE to DESTINATION: a local path and a blob URL, either way, or two blob URLs.
 
-    Upload a file (or a folder with -r) to a container or blob URL, or download a blob (or everything under a
-    prefix with -r) to a local path. A last segment with '*' picks entries at that level ('./ckpt/*.pt',
-    '<url>/run1/*'). Interrupted? Run the same command again: only what is missing is sent.
+    Upload a file (or a folder with -r) to a container or blob URL, download a blob (or everything under a
+    prefix with -r) to a local path, or copy between two URLs (the destination's service reads the source). A last
+    segment with '*' picks entries at that level ('./ckpt/*.pt', '<url>/run1/*'). Interrupted? Run the same
+    command again: only what is missing is sent.
     """
     setup_logging(log_level, log_file)
     config = config_from(options)
@@ -133,7 +137,8 @@ def cp(source: str, destination: str, as_subdir: bool, dry_run: bool, filters: F
     on_action = _echo_action(out, json_out, dry_run)
     run_job(lambda progress: api.copy(source, destination, config, progress=progress, filters=filters,
                                       as_subdir=as_subdir, dry_run=dry_run, on_action=on_action,
-                                      confirm_overwrite=_ask_overwrite if prompt else None, cluster=address),
+                                      confirm_overwrite=_ask_overwrite if prompt else None, cluster=address,
+                                      list_of_files=list_of_files),
             out, json_out=json_out, dry_run=dry_run, show_files=not dry_run, quiet=dry_run or prompt)
 
 

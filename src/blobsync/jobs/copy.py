@@ -82,6 +82,7 @@ class CopyJob:
         job = runner.open_job(spec.source.display, spec.dest.display)
         report = Report(job.id, spec.source.display, spec.dest.display, kind="copy",
                         listener=runner.progress.finished)
+        runner.settle_missing(report, spec.filters)
         if self.ctx.config.create_container:
             await runner.requests(self.ctx.store.create_container)
         copier = BlobCopier(self.ctx, self.source)
@@ -94,6 +95,7 @@ class CopyJob:
     def _dry_run(self, blobs: Iterator[list[tuple[str, BlobProperties]]]) -> Report:
         spec = self.spec
         report = Report(DRY_RUN, spec.source.display, spec.dest.display, kind="copy")
+        self.runner.settle_missing(report, spec.filters)
         for rel, props in (pair for batch in blobs for pair in batch):
             name = self._name(rel)
             self.on_action(Action("copy", rel, f"to {name}", props.size))

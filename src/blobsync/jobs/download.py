@@ -99,6 +99,7 @@ class DownloadJob:
         job = self.runner.open_job(spec.source.display, str(spec.dest))
         report = Report(job.id, spec.source.display, str(spec.dest), kind="download",
                         listener=self.runner.progress.finished)
+        self.runner.settle_missing(report, spec.filters)
         downloader = FileDownloader(self.ctx, root)
         claims = NameClaims(probe(root))
         work = (item for batch in blobs() for item in self._items(root, batch, report, downloader, claims))
@@ -110,6 +111,7 @@ class DownloadJob:
         """cp --dry-run: each blob that would come down, and its local path; nothing is written or journaled."""
         spec = self.spec
         report = Report(DRY_RUN, spec.source.display, str(spec.dest), kind="download")
+        self.runner.settle_missing(report, spec.filters)
         for rel, props in (pair for batch in blobs for pair in batch):
             try:
                 target = str(safe_join(root, rel))

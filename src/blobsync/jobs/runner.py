@@ -17,6 +17,7 @@ from blobsync.engine.context import EngineContext
 from blobsync.engine.controls import follow_cap
 from blobsync.engine.tasks import cancel_all, gather_or_cancel
 from blobsync.errors import BlobsyncError, ExitCode, Scope, UsageError
+from blobsync.filters import Filters
 from blobsync.journal import FileRow, FileState, JobKind, JobRow, JobState
 from blobsync.redact import redact
 from blobsync.report import FileResult, FileStatus, Report
@@ -199,6 +200,12 @@ class JobRunner:
             report.bytes_sent += result.bytes_sent
             report.bytes_reused += result.size - result.bytes_sent
             report.bytes_delta += result.bytes_delta
+
+    def settle_missing(self, report: Report, filters: Filters) -> None:
+        """Each path --list-of-files names that nothing under the source matched: a failure of its own."""
+        for path in filters.unmatched():
+            self.settle(report, None, FileResult(path, "", 0, FileStatus.FAILED, exit_code=ExitCode.PARTIAL,
+                                                 reason="named in --list-of-files, but not found under the source"))
 
     def tally(self, report: Report) -> None:
         """The request path's counters into the report (again after work outside the transfers: deletes)."""

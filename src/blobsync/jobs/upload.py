@@ -67,6 +67,7 @@ class UploadJob:
         report = Report(job.id, str(spec.source), spec.dest.display, listener=self.runner.progress.finished)
         for item in skipped:
             self.runner.settle(report, None, _skipped_result(item))
+        self.runner.settle_missing(report, spec.filters)
         if self.ctx.config.create_container and await self.runner.requests(self.store.create_container):
             log.info("created container %s", spec.dest.container)
         self.runner.local_root = spec.source if spec.source.is_dir() else spec.source.parent
@@ -77,6 +78,7 @@ class UploadJob:
         """cp --dry-run: each file that would go up, and its blob name; nothing is sent or journaled."""
         spec = self.spec
         report = Report(DRY_RUN, str(spec.source), spec.dest.display)
+        self.runner.settle_missing(report, spec.filters)
         entries = index.entries("src") if index is not None else [
             Entry(spec.source.name, stat_file(spec.source).size, 0)]
         for e in entries:
