@@ -26,10 +26,27 @@ def stop_on_signals() -> None:
     _stop_signals = tuple(s for s in wanted if s == signal.SIGTERM or signal.getsignal(s) != signal.SIG_IGN)
 
 
+# The loop every job of this thread runs on, when one is kept across jobs (`blobsync run`: one session, whose
+# connections belong to one loop); None: each job on a loop of its own.
+_kept_loop: asyncio.AbstractEventLoop | None = None
+
+
+def keep_loop(loop: asyncio.AbstractEventLoop | None) -> None:
+    """Run the jobs started from now on on `loop` (None: each on a new loop again)."""
+    global _kept_loop
+    _kept_loop = loop
+
+
+def _run(main: Coroutine[Any, Any, T]) -> T:
+    if _kept_loop is not None and threading.current_thread() is threading.main_thread():
+        return _kept_loop.run_until_complete(main)
+    return asyncio.run(main)
+
+
 def run(coro: Coroutine[Any, Any, T]) -> T:
     """`asyncio.run(coro)`; while it runs, a stop signal cancels it and KeyboardInterrupt is raised here."""
     if not _stop_signals or threading.current_thread() is not threading.main_thread():
-        return asyncio.run(coro)
+        return _run(coro)
     stopped: list[int] = []
 
     async def main() -> T:
@@ -60,7 +77,7 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
                 signal.signal(signum, handler)
 
     try:
-        return asyncio.run(main())
+        return _run(main())
     except asyncio.CancelledError:
         if stopped:
             raise KeyboardInterrupt from None

@@ -15,6 +15,7 @@ import click
 from blobsync import api
 from blobsync._version import __version__
 from blobsync.cli.azcopy import AzCommand, azcopy_flags
+from blobsync.cli.batch import run
 from blobsync.cli.common import (
     Finite,
     OutputMode,
@@ -358,6 +359,7 @@ def make(url: str, proxy: str | None, max_retries: int, trusted_suffixes: str | 
 cli.add_command(ls)
 cli.add_command(rm)
 cli.add_command(doctor)
+cli.add_command(run)
 # AzCopy's own names, so that a script changes only the program's name.
 cli.add_command(cp, "copy")
 cli.add_command(rm, "remove")
