@@ -118,6 +118,7 @@ class Capabilities:
     copy_max: int = 0  # the largest object copy_from() copies from another store's URL in one request (0: none)
     stage_copy_max: int = 0  # the largest part a writer's stage_from() stages from a URL (0: none)
     copy_sources: bool = False  # copy_source(): this store's objects can be read by another store's service
+    writes: bool = True  # False: a source only (put, writer, delete and the copies refuse)
 
 
 class Location(Protocol):

@@ -42,7 +42,7 @@ class Backend(Protocol):
 _BACKENDS: dict[str, Backend] = {}
 # Built in, imported on first use (a local path never pays for them); each registers itself when imported.
 _BUILTIN = {"http": "blobsync.backends.azure", "https": "blobsync.backends.azure",
-            "memory": "blobsync.backends.memory"}
+            "memory": "blobsync.backends.memory", "s3": "blobsync.backends.s3"}
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+)://")
 
 

@@ -138,8 +138,8 @@ FLAGS: tuple[AzFlag, ...] = (
     _f("running-tally", ["list"], A, "the total is always printed", declare=True, boolean=True),
     _f("s2s-detect-source-changed", ["copy"], A, "always on: each blob is read at the version listed (If-Match); "
        "one that changes meanwhile fails with a line", declare=True, boolean=True),
-    _f("s2s-handle-invalid-metadata", ["copy"], A, "metadata goes as the source has it (Azure's names are valid on "
-       "Azure)", declare=True),
+    _f("s2s-handle-invalid-metadata", ["copy"], A, "names Azure refuses (an S3 source's 'x-owner') are left out, "
+       "as AzCopy's default ExcludeIfInvalid", declare=True),
     _f("s2s-preserve-access-tier", _XFER, S, "default true; --block-blob-tier overrides"),
     _f("s2s-preserve-blob-tags", _XFER, R, "blob index tags are not read from the source (--blob-tags sets "
        "them)", declare=True, boolean=True),

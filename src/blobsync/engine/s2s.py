@@ -10,7 +10,7 @@ import logging
 from pathlib import PurePosixPath
 
 from blobsync.backends.base import BlobHeaders, BlobProperties, Conditions, Store
-from blobsync.config import TIERS, TransferConfig
+from blobsync.config import TIERS, TransferConfig, is_metadata_name
 from blobsync.engine.context import EngineContext
 from blobsync.engine.mtime import destination_mtime_ns
 from blobsync.engine.overwrite import write_conditions
@@ -37,7 +37,11 @@ def copy_headers(cfg: TransferConfig, props: BlobProperties) -> BlobHeaders:
     (--content-type, --metadata, --cache-control, ..., --blob-tags) over them; the tier the flag names or, with
     --s2s-preserve-access-tier, the source's."""
     keep = cfg.s2s_preserve_properties
-    metadata = {**(props.metadata if keep else {}), **cfg.metadata}
+    kept = {k: v for k, v in props.metadata.items() if is_metadata_name(k)} if keep else {}
+    if keep and len(kept) < len(props.metadata):  # another cloud's names ('x-owner'): AzCopy's ExcludeIfInvalid
+        log.info("%s: metadata %s left out (not valid names here)", props.name,
+                 ", ".join(sorted(set(props.metadata) - set(kept))))
+    metadata = {**kept, **cfg.metadata}
     properties = {**(props.properties if keep else {}), **cfg.properties}
     content_type = cfg.content_type or (props.content_type if keep and props.content_type else OCTET_STREAM)
     source_tier = props.tier if cfg.s2s_preserve_access_tier and props.tier in TIERS else None

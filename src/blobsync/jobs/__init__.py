@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+from blobsync.backends.base import Location
 from blobsync.config import Overwrite, TransferConfig
 from blobsync.engine.prompt import OverwritePrompt
 from blobsync.engine.session import Session
@@ -24,6 +25,10 @@ async def run_job(spec: JobSpec, session: Session, config: TransferConfig, *, pr
     """Run the job `spec` describes with `config`, in `session` (its stores, journal and budgets); `job` is the
     journal's record of the run to resume (None: the journal finds an unfinished one for the same folders)."""
     hooks = hooks or Hooks()
+    written = _written(spec)
+    if written is not None and not session.store(written).capabilities.writes:
+        raise UsageError(f"{written.display}: this kind of URL is a source only: blobsync writes to Azure Blob "
+                         "Storage (or memory://)")
     # Each job's code is imported with its first run: a no-op sync never loads the upload or download code.
     if isinstance(spec, RemoveSpec):
         from blobsync.jobs.remove import RemoveJob
@@ -64,6 +69,17 @@ async def run_job(spec: JobSpec, session: Session, config: TransferConfig, *, pr
         from blobsync.jobs.download import DownloadJob
 
         return await DownloadJob(spec, ctx, job=job, on_action=hooks.on_action, cluster=cluster).run()
+
+
+def _written(spec: JobSpec) -> Location | None:
+    """The location a job writes to (None: it writes only local files)."""
+    if isinstance(spec, UploadSpec | CopySpec | PutSpec):
+        return spec.dest
+    if isinstance(spec, RemoveSpec):
+        return spec.target
+    if isinstance(spec, SyncSpec) and spec.upload:
+        return spec.remote
+    return None
 
 
 @asynccontextmanager

@@ -1,0 +1,34 @@
+"""Amazon S3 (and S3-compatible endpoints) as a copy's source: s3://bucket/prefix URLs; registers s3://."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from blobsync.backends.registry import Wire, register
+
+if TYPE_CHECKING:
+    from blobsync.backends.base import Location
+    from blobsync.backends.s3.store import S3Store
+    from blobsync.config import TransferConfig
+
+
+class S3Backend:
+    """Buckets at AWS (virtual-hosted endpoints of AWS_REGION) or at AWS_ENDPOINT_URL(_S3) (path style)."""
+
+    def parse(self, url: str) -> Location:
+        from blobsync.backends.s3.location import parse_s3
+
+        return parse_s3(url)
+
+    def open(self, location: Location, config: TransferConfig, env: Mapping[str, str], wire: Wire) -> S3Store:
+        from blobsync.backends.s3.location import S3Location, credentials_from, endpoint_for
+        from blobsync.backends.s3.store import S3Store
+
+        assert isinstance(location, S3Location)
+        return S3Store(location, endpoint_for(location, env), credentials_from(env),
+                       connections=config.max_concurrency + 4, read_timeout=config.stall_timeout,
+                       on_wire=wire.on_wire, proxy=config.proxy, env=env)
+
+
+register("s3", S3Backend())

@@ -1,0 +1,244 @@
+"""An S3 bucket as a copy's source: HEAD, ListObjectsV2 and ranged GETs, signed with SigV4, over aiohttp."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from typing import NoReturn
+from urllib.parse import unquote
+from xml.etree import ElementTree
+
+from blobsync.backends.base import (
+    NO_CONDITIONS,
+    BlobHeaders,
+    BlobProperties,
+    Buffer,
+    Capabilities,
+    ChunkedWriter,
+    Conditions,
+    CopySource,
+    PutResult,
+    Requester,
+    direct,
+)
+from blobsync.backends.http import HttpClient, HttpError
+from blobsync.backends.s3.location import Endpoint, S3Location
+from blobsync.backends.s3.sigv4 import AwsCredentials, canonical_query, canonical_uri, sign
+from blobsync.errors import (
+    AuthError,
+    BlobNotFoundError,
+    ConflictError,
+    ContainerNotFoundError,
+    NetworkError,
+    ServiceError,
+    ThrottledError,
+    TransientError,
+    UsageError,
+)
+
+log = logging.getLogger("blobsync")
+_PROPERTY_HEADERS = (("cache_control", "cache-control"), ("content_disposition", "content-disposition"),
+                     ("content_encoding", "content-encoding"), ("content_language", "content-language"))
+PAGE = 1000  # keys per ListObjectsV2 page: the service's maximum
+
+
+def _md5_of_etag(etag: str) -> bytes | None:
+    """An object written in one piece has its MD5 as its ETag; a multipart one ('<hex>-<parts>') has none."""
+    text = etag.strip('"')
+    if len(text) == 32 and "-" not in text:
+        try:
+            return bytes.fromhex(text)
+        except ValueError:
+            return None
+    return None
+
+
+def _props_from_headers(name: str, h: Mapping[str, str]) -> BlobProperties:
+    modified = h.get("last-modified")
+    return BlobProperties(
+        name, int(h.get("content-length", "0")), h.get("etag", ""),
+        parsedate_to_datetime(modified) if modified else datetime.fromtimestamp(0, UTC),
+        _md5_of_etag(h.get("etag", "")), h.get("content-type"),
+        {k[len("x-amz-meta-"):]: v for k, v in h.items() if k.startswith("x-amz-meta-")},
+        "BlockBlob", None, properties={key: h[header] for key, header in _PROPERTY_HEADERS if h.get(header)})
+
+
+def _local(tag: str) -> str:
+    return tag.rsplit("}", 1)[-1]
+
+
+def _listed(body: bytes) -> tuple[list[BlobProperties], str]:
+    """One ListObjectsV2 page: its objects and the continuation token ('' after the last page)."""
+    root = ElementTree.fromstring(body)
+    out: list[BlobProperties] = []
+    token, truncated = "", False
+    for node in root:
+        tag = _local(node.tag)
+        if tag == "Contents":
+            fields = {_local(child.tag): child.text or "" for child in node}
+            etag = fields.get("ETag", "")
+            stamp = fields.get("LastModified", "").replace("Z", "+00:00")
+            out.append(BlobProperties(fields.get("Key", ""), int(fields.get("Size", "0")), etag,
+                                      datetime.fromisoformat(stamp) if stamp else datetime.fromtimestamp(0, UTC),
+                                      _md5_of_etag(etag), None, {}, "BlockBlob", None))
+        elif tag == "NextContinuationToken":
+            token = node.text or ""
+        elif tag == "IsTruncated":
+            truncated = (node.text or "").strip().lower() == "true"
+    return out, token if truncated else ""
+
+
+def _error(status: int, headers: Mapping[str, str], body: bytes, what: str) -> ServiceError:
+    code = message = ""
+    try:
+        root = ElementTree.fromstring(body) if body else None
+        if root is not None:
+            code = root.findtext("Code") or ""
+            message = (root.findtext("Message") or "").split("\n", 1)[0]
+    except ElementTree.ParseError:
+        pass
+    short = f"{what}: HTTP {status}{' ' + code if code else ''}"
+    retry_after = float(headers["retry-after"]) if headers.get("retry-after", "").isdigit() else None
+    if status in (401, 403):
+        return AuthError(f"{short}: {message or 'access denied'} (check AWS_ACCESS_KEY_ID, "
+                         "AWS_SECRET_ACCESS_KEY and the bucket's policy)", status=status, code=code)
+    if code == "NoSuchBucket":
+        return ContainerNotFoundError(f"{short}: the bucket does not exist", status=status, code=code)
+    if status == 404:
+        return BlobNotFoundError(f"{short}: {message or 'not found'}", status=status, code=code)
+    if status in (304, 412):
+        return ConflictError(f"{short}: the object changed", status=412, code="ConditionNotMet")
+    if status == 503 or code == "SlowDown":
+        return ThrottledError(f"{short}: {message or 'slow down'}", status=status, code=code, retry_after=retry_after)
+    if status >= 500 or status == 408:
+        return TransientError(f"{short}: {message or 'server error'}", status=status, code=code,
+                              retry_after=retry_after)
+    return ServiceError(f"{short}: {message or 'request failed'}", status=status, code=code)
+
+
+class S3Store:
+    """One bucket, read as a copy's source (the bytes pass through this machine: the destination's service cannot
+    sign requests to S3). Writes are refused: blobsync writes to Azure."""
+
+    capabilities = Capabilities(max_parts=10_000, max_part_size=5 * 1024 ** 3, writes=False)
+
+    def __init__(self, loc: S3Location, endpoint: Endpoint, creds: AwsCredentials | None, *, connections: int,
+                 read_timeout: float, on_wire: Callable[[int], None] | None = None, proxy: str | None = None,
+                 env: Mapping[str, str] | None = None) -> None:
+        self._loc = loc
+        self._endpoint = endpoint
+        self._creds = creds
+        self._http = HttpClient(endpoint.scheme, endpoint.netloc, connect_timeout=10.0, stall_timeout=read_timeout,
+                                on_wire=on_wire, proxy=proxy, env=env, connections=connections)
+        if endpoint.scheme == "http" and creds is not None and not endpoint.netloc.startswith(("127.", "localhost",
+                                                                                               "[::1]")):
+            log.warning("%s is plain http: the signed requests travel unencrypted; use https://", endpoint.netloc)
+
+    @property
+    def location(self) -> S3Location:
+        return self._loc
+
+    @property
+    def display_url(self) -> str:
+        return self._loc.display
+
+    @property
+    def container_url(self) -> str:
+        return self._loc.container_url
+
+    def check_name(self, name: str) -> None:
+        self._source_only()
+
+    async def _call(self, method: str, key: str | None, query: Mapping[str, str], headers: Mapping[str, str],
+                    what: str, expect: tuple[int, ...], sink: memoryview | None = None) -> tuple[int, Mapping[str, str],
+                                                                                              bytes, int]:
+        path = self._endpoint.base_path + ("/" + key if key is not None else "/")
+        sent = dict(headers) if self._creds is None else sign(
+            self._creds, self._endpoint.region, method, self._endpoint.netloc, path, query, headers)
+        target = canonical_uri(path) + ("?" + canonical_query(query) if query else "")
+        try:
+            response = await self._http.request(method, target, sent, sink)
+        except HttpError as exc:
+            raise NetworkError(f"{what}: {exc}") from exc
+        if response.status not in expect:
+            raise _error(response.status, response.headers, response.body, what)
+        return response.status, response.headers, response.body, response.body_length
+
+    async def stat(self, name: str) -> BlobProperties | None:
+        try:
+            _, h, _, _ = await self._call("HEAD", name, {}, {}, f"head {self._loc.bucket}/{name}", (200,))
+        except BlobNotFoundError:
+            return None
+        return _props_from_headers(name, h)
+
+    async def list_page(self, prefix: str = "", marker: str = "") -> tuple[list[BlobProperties], str]:
+        query = {"list-type": "2", "max-keys": str(PAGE), "prefix": prefix, "encoding-type": "url"}
+        if marker:
+            query["continuation-token"] = marker
+        _, _, body, _ = await self._call("GET", None, query, {}, f"list s3://{self._loc.bucket}/{prefix}", (200,))
+        page, token = _listed(body)
+        # encoding-type=url: keys come percent-encoded, so that any byte survives the XML.
+        return [BlobProperties(unquote(p.name), p.size, p.etag, p.last_modified, p.content_md5, None, {},
+                               p.blob_type) for p in page], token
+
+    async def list_objects(self, prefix: str = "", *, expected: Callable[[], int | None] | None = None,
+                           request: Requester = direct) -> AsyncIterator[BlobProperties]:
+        marker = ""
+        while True:
+            page, marker = await request(functools.partial(self.list_page, prefix, marker))
+            for props in page:
+                yield props
+            if not marker:
+                return
+
+    async def list_level(self, prefix: str = "", marker: str = "") -> tuple[list[BlobProperties], list[str], str]:
+        raise UsageError("listing one level is not offered for s3:// (capabilities.lists_levels is False)")
+
+    async def read_into(self, name: str, offset: int, buf: memoryview, if_match: str | None = None, *,
+                        range_md5: bool = False) -> BlobProperties:
+        headers = {"Range": f"bytes={offset}-{offset + len(buf) - 1}"} if len(buf) else {}
+        if if_match:
+            headers["If-Match"] = if_match
+        what = f"get {self._loc.bucket}/{name}"
+        status, h, _, got = await self._call("GET", name, {}, headers, what, (200, 206), buf if len(buf) else None)
+        if got != len(buf):
+            raise NetworkError(f"{what}: response cut short ({got} of {len(buf)} bytes)")
+        props = _props_from_headers(name, h)
+        total = h.get("content-range", "").rpartition("/")[2]
+        if status == 206 and total.isdigit():
+            return BlobProperties(props.name, int(total), props.etag, props.last_modified, props.content_md5,
+                                  props.content_type, props.metadata, props.blob_type, None,
+                                  properties=props.properties)
+        return props
+
+    def _source_only(self) -> NoReturn:
+        raise UsageError(f"{self._loc.display}: s3:// URLs are a copy's source only (blobsync writes to Azure)")
+
+    async def create_container(self) -> bool:
+        self._source_only()
+
+    async def put(self, name: str, data: Buffer, headers: BlobHeaders,
+                  conditions: Conditions = NO_CONDITIONS) -> PutResult:
+        self._source_only()
+
+    def writer(self, name: str, nonce: str) -> ChunkedWriter:
+        self._source_only()
+
+    async def copy_source(self, name: str, etag: str | None) -> CopySource:
+        self._source_only()
+
+    async def copy_from(self, name: str, source: CopySource, conditions: Conditions = NO_CONDITIONS,
+                        tier: str | None = None) -> PutResult:
+        self._source_only()
+
+    async def delete(self, name: str, if_match: str | None = None) -> bool:
+        self._source_only()
+
+    async def delete_many(self, items: Sequence[tuple[str, str | None]]) -> list[bool | ServiceError]:
+        self._source_only()
+
+    async def close(self) -> None:
+        await self._http.close()
