@@ -54,6 +54,15 @@ def test_cp_between_accounts_lets_the_service_move_the_bytes_and_keeps_the_prope
     assert stats.ok("put_block_list") == 1
     assert stats.requests["get_blob"] == 0 and stats.requests["put_block"] == 0  # no byte through this machine
     assert source.sas.split("sig=")[1][:10] not in out.stdout + out.stderr  # the source's SAS is not shown
+    source_sig = source.sas.split("sig=")[1].split("&")[0]
+    copies = 0
+    for entry in proxy.log:  # a request to the destination carries the source's SAS in x-ms-copy-source alone
+        if entry.container == dest.name:
+            carried = [k for k, v in entry.headers.items() if source_sig in v]
+            assert carried in ([], ["x-ms-copy-source"]), (entry.op, carried)
+            assert all(source_sig not in v for v in entry.query.values())
+            copies += carried == ["x-ms-copy-source"]
+    assert copies == 4  # the one Copy Blob From URL and the three Put Block From URL
     text = _journal_text(journal)
     assert "sig=" not in text and source.sas not in text
 
