@@ -19,6 +19,9 @@ AZURITE_BIN = REPO / ".tools/azurite/node_modules/.bin/azurite-blob"
 # Azurite's well-known development account (public, documented, not a secret).
 DEV_ACCOUNT = "devstoreaccount1"
 DEV_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+# A second account of the same instance (copies between accounts, bench/s2s.py); its key is made up here.
+SECOND_ACCOUNT = "blobsyncsecond"
+SECOND_KEY = "c2Vjb25kLWFjY291bnQta2V5LWZvci1ibG9ic3luYy10ZXN0cy0wMDAwMDAwMDA="
 HOST = "127.0.0.1"  # the only host-side address the benchmark ever talks to
 
 
@@ -86,9 +89,11 @@ class Azurite:
             cmd += ["--location", str(self.workdir / "azurite-data")]
         if self.netns:
             cmd = ["ip", "netns", "exec", self.netns, *cmd]  # ip execs node: the pid stays node's
+        env = {**os.environ, "AZURITE_ACCOUNTS": f"{DEV_ACCOUNT}:{DEV_KEY};{SECOND_ACCOUNT}:{SECOND_KEY}"}
         with self.log.open("wb") as log:
             self.proc = subprocess.Popen(
                 cmd,
+                env=env,
                 cwd=self.workdir,  # Azurite's default location; it may write its debug/log files there
                 stdin=subprocess.DEVNULL,
                 stdout=log,
