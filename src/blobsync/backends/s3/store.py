@@ -91,15 +91,19 @@ def _listed(body: bytes) -> tuple[list[BlobProperties], str]:
     return out, token if truncated else ""
 
 
-def _error(status: int, headers: Mapping[str, str], body: bytes, what: str) -> ServiceError:
-    code = message = ""
+def _answer(body: bytes) -> tuple[str, str]:
+    """The error code and the first line of the message of an S3 error body ('' where there is none)."""
     try:
         root = ElementTree.fromstring(body) if body else None
-        if root is not None:
-            code = root.findtext("Code") or ""
-            message = (root.findtext("Message") or "").split("\n", 1)[0]
     except ElementTree.ParseError:
-        pass
+        return "", ""
+    if root is None:
+        return "", ""
+    return root.findtext("Code") or "", (root.findtext("Message") or "").split("\n", 1)[0]
+
+
+def _error(status: int, headers: Mapping[str, str], body: bytes, what: str) -> ServiceError:
+    code, message = _answer(body)
     short = f"{what}: HTTP {status}{' ' + code if code else ''}"
     retry_after = float(headers["retry-after"]) if headers.get("retry-after", "").isdigit() else None
     if status in (401, 403):
