@@ -3,6 +3,7 @@ processes; every byte checked with the SDK."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -19,7 +20,8 @@ import pytest
 import blobsync
 from blobsync import TransferConfig
 from blobsync.config import MiB
-from conftest import ContainerHandle
+from conftest import ContainerHandle, Side
+from support.azurite import Azurite
 from support.cli import clean_env, random_file, run
 from support.processes import kill_tree
 from support.proxy import FaultProxy, Rule, respond
@@ -293,3 +295,30 @@ def test_cluster_without_the_dask_extra_is_a_usage_error_naming_it(tmp_path: Pat
                env={"PYTHONPATH": pythonpath})
     assert done.returncode == 2, done.stderr
     assert "pip install 'blobsync[dask]'" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_blob_to_blob_copy_runs_on_two_workers_and_one_large_blob_is_staged_by_both(
+        source: Side, dest: Side, azurite: Azurite, tmp_path: Path) -> None:
+    """Issue 30, part 6: shards of blobs copied by the workers, and the ranges of one large blob staged from the
+    source's URL by both workers and committed once with the source's properties."""
+    blobs = {f"run/small/f{i}.bin": os.urandom(1000 + i) for i in range(40)}
+    blobs["run/big.bin"] = os.urandom(70 * MiB + 5)
+    for name, data in blobs.items():
+        source.client.upload_blob(name, data, metadata={"from": "source"},
+                                  max_concurrency=8)  # the large one in parallel blocks, with its MD5 below
+    big = source.client.get_blob_client("run/big.bin")
+    from azure.storage.blob import ContentSettings
+
+    big.set_http_headers(ContentSettings(content_type="application/x-big",
+                                         content_md5=bytearray(hashlib.md5(blobs["run/big.bin"]).digest())))
+    config = TransferConfig.from_mib(recursive=True, journal_path=tmp_path / "j.db")
+    report = blobsync.copy(source.url(azurite.base_url, "run"), dest.url(azurite.base_url), config,
+                           cluster="local:2")
+    assert report.ok and report.files_transferred == len(blobs), report.failures[:3]
+    ranges = [s for s in report.shards if s.label.startswith("big.bin blocks")]
+    assert len(ranges) >= 2 and len({s.worker for s in ranges}) == 2  # the large blob went over both workers
+    for name, data in blobs.items():
+        assert dest.download(name) == data, name
+    props = dest.client.get_blob_client("run/big.bin").get_blob_properties()
+    assert props.content_settings.content_type == "application/x-big" and props.metadata == {"from": "source"}
+    assert bytes(props.content_settings.content_md5) == hashlib.md5(blobs["run/big.bin"]).digest()

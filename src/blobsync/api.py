@@ -210,13 +210,10 @@ def _copy_spec(source: str, dest: str, config: TransferConfig, as_subdir: bool, 
                dry_run: bool, hooks: Hooks) -> tuple[JobSpec, TransferConfig, Hooks]:
     """The job a cp's two arguments describe: an upload, a download, or a copy between two URLs."""
     if is_remote(source) and is_remote(dest):
-        if hooks.cluster is not None:
-            raise UsageError("--cluster runs uploads and downloads; a copy between two URLs runs here (the "
-                             "service moves the bytes)")
         both = plan_blob_copy(source, dest, recursive=config.recursive, as_subdir=as_subdir,
                               filters=filters or Filters())
         return (CopySpec(both.source, both.dest, both.many, both.filters, dry_run),
-                replace(config, recursive=both.many), hooks)
+                replace(config, recursive=both.many), replace(hooks, cluster_url=dest, source_url=source))
     plan = plan_copy(source, dest, recursive=config.recursive, as_subdir=as_subdir, filters=filters)
     spec: JobSpec = UploadSpec(plan.local, plan.remote, plan.filters, dry_run) if plan.upload else \
         DownloadSpec(plan.remote, plan.local, plan.dest_is_folder, plan.filters, dry_run)
@@ -262,8 +259,8 @@ async def sync_async(
     spec = SyncSpec(*sides[:3], filters or Filters(), compare, delete, max_delete, dry_run, ready, batch_enabled(env),
                     source=sides[3])
     if spec.source is not None and cluster is not None:
-        raise UsageError("--cluster runs uploads and downloads; a sync between two URLs runs here (the service "
-                         "moves the bytes)")
+        raise UsageError("a sync between two URLs runs on this machine (the service moves the bytes): drop "
+                         "--cluster, or use cp -r with it")
     hooks = Hooks(on_action, confirm_delete=confirm, cluster=cluster, cluster_url=dst_text if spec.upload else src_text)
     async with _session_for(config, env, progress) as session:
         report = await run_job(spec, session, config, progress=progress, hooks=hooks)

@@ -63,10 +63,12 @@ class Executor(Protocol):
 class ClusterTransfer:
     """Runs the files of a job on an Executor instead of the local file pool (JobRunner hands them over)."""
 
-    def __init__(self, executor: Executor, url: str, upload: bool, *, grace: float = GRACE) -> None:
+    def __init__(self, executor: Executor, url: str, upload: bool, *, source_url: str = "",
+                 grace: float = GRACE) -> None:
         self.executor = executor
         self.url = url  # as the user gave it (a SAS goes to the workers, never to the journal)
-        self.upload = upload
+        self.upload = upload  # the workers write blobs (uploads and blob-to-blob copies)
+        self.source_url = source_url  # a blob-to-blob copy's source, as the user gave it: no local side
         self.grace = grace  # how long the job waits with no worker left before it stops
         self.local_root = Path()
         self._rows: dict[str, FileRow] = {}  # files of the units in flight, by local path
@@ -77,7 +79,8 @@ class ClusterTransfer:
         self.local_root = local_root
         self._settle = settle
         workers = await self._workers()
-        await self._check_shared(workers)
+        if not self.source_url:
+            await self._check_shared(workers)
         topic = f"blobsync-{job_id}-{uuid.uuid4().hex[:8]}"
         self.executor.follow(topic, lambda event: ctx.progress.advanced(str(event.get("shard", "")),
                                                                         int(event.get("bytes", 0)),
@@ -114,7 +117,8 @@ class ClusterTransfer:
         options = ctx.config.worker_options()
         if ctx.config.cap_mbps:
             options["cap_mbps"] = ctx.config.cap_mbps / workers  # the job's cap, shared by the workers
-        return JobSpec(job_id, self.upload, str(self.local_root), self.url, options, ctx.config.proxy, topic)
+        return JobSpec(job_id, self.upload, str(self.local_root), self.url, options, ctx.config.proxy, topic,
+                       self.source_url)
 
     def _files(self, ctx: EngineContext, job_id: str, items: Iterable[WorkItem]) -> Iterator[ShardFile]:
         for item in items:
@@ -124,10 +128,10 @@ class ClusterTransfer:
             ctx.progress.queued(ref.rel, ref.blob, ref.size, counted=True)
             self._rows[ref.rel] = item.row
             nonce = file_nonce(job_id, ref.rel, ref.size, ref.mtime_ns)
-            if self.upload and ref.size > ctx.config.single_put_limit:
+            if self.upload and not self.source_url and ref.size > ctx.config.single_put_limit:
                 self._journal_nonce(ctx, item.row, ref.rel, ref.size, nonce)
             yield ShardFile(ref.rel, ref.blob, ref.size, ref.mtime_ns, nonce, ref.etag or "",
-                            ref.md5.hex() if ref.md5 else None, ref.exact_mtime)
+                            ref.md5.hex() if ref.md5 else None, ref.exact_mtime, ref.source)
 
     def _journal_nonce(self, ctx: EngineContext, row: FileRow, rel: str, size: int, nonce: str) -> None:
         """The client's journal keeps the nonce the workers stage under: the same command run later without a
@@ -255,8 +259,11 @@ class ClusterTransfer:
             props = await ctx.request(lambda: ctx.store.stat(f.blob))
         except BlobsyncError:
             return False
-        return (props is not None and props.size == f.size
-                and props.metadata.get(MTIME_KEY) == format_mtime(f.mtime_ns))
+        if props is None or props.size != f.size:
+            return False
+        if self.source_url:  # a copy carries the source's MD5 (unknown: it cannot be told from an older copy)
+            return f.md5 is not None and props.content_md5 == bytes.fromhex(f.md5)
+        return props.metadata.get(MTIME_KEY) == format_mtime(f.mtime_ns)
 
     def _record(self, ctx: EngineContext, report: Report, row: FileRow, f: ShardFile, ok: bool, skipped: bool,
                 sent: int, reason: str, code: int) -> None:

@@ -96,7 +96,9 @@ class DaskExecutor:
         parts = [self.client.submit(work, r, key=_key("range", r.first), retries=TASK_RETRIES, pure=False)
                  for r in split.ranges]
         if upload:
-            md5 = self.client.submit(_hash_file, whole, key=_key("md5"), retries=TASK_RETRIES, pure=False)
+            # A copy's MD5 is the source's: only a file read here is hashed beside its ranges.
+            md5 = "" if first.job.source_url else self.client.submit(_hash_file, whole, key=_key("md5"),
+                                                                     retries=TASK_RETRIES, pure=False)
             last = self.client.submit(_commit, whole, md5, *parts, key=_key("commit"), retries=TASK_RETRIES,
                                       pure=False)
         else:

@@ -20,6 +20,7 @@ class ShardFile:
     etag: str = ""  # downloads: the version planned (read If-Match)
     md5: str | None = None  # downloads: the blob's Content-MD5, hex
     exact_mtime: bool = False  # downloads: mtime_ns is the source file's own (stored by blobsync)
+    source: str = ""  # blob-to-blob copies: the source blob's name
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class JobSpec:
     options: dict[str, Any]  # TransferConfig.worker_options(), the cap already split across the workers
     proxy: str | None = None
     topic: str = ""  # where workers publish progress
+    source_url: str = ""  # blob-to-blob copies: the source container's URL as given, SAS included (never journaled)
 
 
 @dataclass(frozen=True)

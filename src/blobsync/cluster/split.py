@@ -60,7 +60,13 @@ async def _stage_range(spec: RangeSpec, publish: Publish | None, worker: str) ->
         sent = 0
         if [p.token for p in held.committed] != tokens:  # else the commit landed already: nothing to stage
             present = {p.token for p in held.staged if expected.get(p.token) == p.size}
-            sent = await _stage_blocks(ctx, spec, writer.stage, tokens, present)
+            if spec.job.source_url:  # a blob-to-blob copy: the destination's service reads each range
+                from blobsync.cluster.copying import source_store, stage_from_url
+
+                async with source_store(spec.job, ctx.config) as source:
+                    sent = await stage_from_url(ctx, spec, source, present)
+            else:
+                sent = await _stage_blocks(ctx, spec, writer.stage, tokens, present)
         retries = ctx.requests.retrier.retries
     relay.flush()
     nbytes = sum(length for i, _, length in block_ranges(f.size, spec.block_size) if spec.first <= i < spec.last)
@@ -122,7 +128,13 @@ async def _commit_split(spec: RangeSpec, md5_hex: str | None, staged: tuple[Shar
     outcome = FileOutcome(f.rel, True, sent)
     async with shard_engine(spec.job, f"{f.nonce}-commit", f"{f.rel} commit", publish) as (ctx, relay):
         try:
-            await _commit(ctx, spec, bytes.fromhex(md5_hex) if md5_hex else None)
+            if spec.job.source_url:
+                from blobsync.cluster.copying import commit_copy, source_store
+
+                async with source_store(spec.job, ctx.config) as source:
+                    await commit_copy(ctx, spec, source)
+            else:
+                await _commit(ctx, spec, bytes.fromhex(md5_hex) if md5_hex else None)
         except BlobsyncError as exc:
             if exc.scope is not Scope.FILE:
                 raise  # the scheduler runs the task again, or the job stops

@@ -119,14 +119,20 @@ async def _run_shard(spec: ShardSpec, publish: Publish | None, worker: str) -> S
     label = f"shard-{spec.shard}"
     started = time.monotonic()
     async with shard_engine(spec.job, label, f"shard {spec.shard}", publish) as (ctx, relay):
-        kind = JobKind.UPLOAD if spec.job.upload else JobKind.DOWNLOAD
+        kind = JobKind.COPY if spec.job.source_url else JobKind.UPLOAD if spec.job.upload else JobKind.DOWNLOAD
         runner = JobRunner(kind, ctx)
         job = runner.open_job(spec.job.local_root, f"{ctx.store.display_url}#{spec.job.job}/{spec.shard}")
         report = Report(job.id, spec.job.local_root, ctx.store.display_url, listener=ctx.progress.finished)
         rows = ctx.journal.add_files(job.id, ((f.rel, f.blob, f.size, f.mtime_ns, 0) for f in spec.files))
-        items = _upload_items(ctx, spec, rows) if spec.job.upload else _download_items(ctx, spec, rows, report,
-                                                                                     runner.settle)
-        await runner.run(report, items)
+        if spec.job.source_url:
+            from blobsync.cluster.copying import copy_items, source_store
+
+            async with source_store(spec.job, ctx.config) as source:
+                await runner.run(report, copy_items(ctx, spec, rows, source))
+        else:
+            items = _upload_items(ctx, spec, rows) if spec.job.upload else _download_items(ctx, spec, rows, report,
+                                                                                         runner.settle)
+            await runner.run(report, items)
         retries = ctx.requests.retrier.retries
     relay.flush()
     return ShardReport(f"shard {spec.shard}", worker, len(spec.files), sum(f.size for f in spec.files),

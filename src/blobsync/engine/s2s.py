@@ -9,7 +9,7 @@ import hashlib
 import logging
 from pathlib import PurePosixPath
 
-from blobsync.backends.base import BlobHeaders, BlobProperties, Conditions, Store
+from blobsync.backends.base import BlobHeaders, BlobProperties, Capabilities, Conditions, Store
 from blobsync.config import TIERS, TransferConfig, is_metadata_name
 from blobsync.engine.context import EngineContext
 from blobsync.engine.mtime import destination_mtime_ns
@@ -49,11 +49,16 @@ def copy_headers(cfg: TransferConfig, props: BlobProperties) -> BlobHeaders:
                        properties, cfg.blob_tags)
 
 
-def _one_request(cfg: TransferConfig) -> bool:
-    """Whether a small copy may be one Copy Blob From URL: it takes the source's properties and metadata as they
-    are, so only when nothing is to change."""
-    return cfg.s2s_preserve_properties and not (cfg.metadata or cfg.properties or cfg.content_type
-                                                or cfg.blob_tags)
+def copy_block_size(cfg: TransferConfig, caps: Capabilities, size: int) -> int:
+    """The part size of a staged copy of `size` bytes: the engine's rule, within what one Put Block From URL takes."""
+    return min(choose_block_size(size, cfg.block_size, caps), caps.stage_copy_max)
+
+
+def one_request(cfg: TransferConfig, caps: Capabilities, size: int) -> bool:
+    """Whether a copy is one Copy Blob From URL: it fits one part and that request's limit, and (as it takes the
+    source's properties and metadata as they are) nothing is to change."""
+    return (size <= min(copy_block_size(cfg, caps, size), caps.copy_max) and cfg.s2s_preserve_properties
+            and not (cfg.metadata or cfg.properties or cfg.content_type or cfg.blob_tags))
 
 
 class BlobCopier:
@@ -91,8 +96,8 @@ class BlobCopier:
     async def _by_service(self, row: FileRow, listed: BlobProperties, conditions: Conditions) -> FileResult:
         ctx, cfg = self.ctx, self.ctx.config
         caps = ctx.store.capabilities
-        block = min(choose_block_size(listed.size, cfg.block_size, caps), caps.stage_copy_max)
-        if listed.size <= min(block, caps.copy_max) and _one_request(cfg) and row.nonce is None:
+        block = copy_block_size(cfg, caps, listed.size)
+        if one_request(cfg, caps, listed.size) and row.nonce is None:
             return await self._copy_whole(row, listed, conditions)
         for attempt in (1, 2):
             props = await self._stat_source(listed)
@@ -164,7 +169,7 @@ class BlobCopier:
     def _resume_or_start(self, row: FileRow, props: BlobProperties, block: int) -> tuple[str, int]:
         """The write a killed run began, if it was of this very version; else a new one, journaled before the
         first part is staged (the journal's etag is the source version's)."""
-        if (row.nonce and row.block_size and row.etag == props.etag
+        if (row.nonce and row.block_size and (row.etag or "").strip('"') == props.etag.strip('"')
                 and row.state in (FileState.ACTIVE, FileState.FAILED)):
             return row.nonce, row.block_size
         nonce = new_nonce()

@@ -44,7 +44,9 @@ async def run_job(spec: JobSpec, session: Session, config: TransferConfig, *, pr
 
         prompt = OverwritePrompt(hooks.confirm_overwrite) if hooks.confirm_overwrite is not None else None
         ctx = session.context(spec.dest, config, progress=progress, overwrite_prompt=prompt)
-        return await CopyJob(spec, ctx, session.store(spec.source), job=job, on_action=hooks.on_action).run()
+        async with _cluster(hooks, True, config, spec.dry_run) as cluster:
+            return await CopyJob(spec, ctx, session.store(spec.source), job=job, on_action=hooks.on_action,
+                                 cluster=cluster).run()
     if isinstance(spec, SyncSpec) and spec.source is not None:
         from blobsync.jobs.sync_copy import BlobSyncJob
 
@@ -96,6 +98,6 @@ async def _cluster(hooks: Hooks, upload: bool, config: TransferConfig, dry_run: 
 
     executor = await DaskExecutor.open(hooks.cluster)
     try:
-        yield ClusterTransfer(executor, hooks.cluster_url, upload)
+        yield ClusterTransfer(executor, hooks.cluster_url, upload, source_url=hooks.source_url)
     finally:
         await executor.close()

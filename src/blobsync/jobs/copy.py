@@ -10,10 +10,10 @@ from collections.abc import Callable, Iterator
 from blobsync.backends.base import BlobProperties, Store
 from blobsync.engine.context import EngineContext
 from blobsync.engine.listing import RemoteLister, as_properties
-from blobsync.engine.mtime import destination_mtime_ns
+from blobsync.engine.mtime import MTIME_KEY, destination_mtime_ns
 from blobsync.engine.s2s import BlobCopier
 from blobsync.errors import BlobNotFoundError, UsageError
-from blobsync.jobs.runner import JobRunner, WorkItem, batches
+from blobsync.jobs.runner import FileRef, JobRunner, RemoteRunner, WorkItem, batches
 from blobsync.jobs.spec import CopySpec
 from blobsync.journal import FileState, JobKind, JobRow
 from blobsync.journal.index import SyncIndex
@@ -25,12 +25,13 @@ class CopyJob:
     """One run of a copy job between two stores (new or resumed): `await run()`."""
 
     def __init__(self, spec: CopySpec, ctx: EngineContext, source: Store, *, job: JobRow | None = None,
-                 on_action: Callable[[Action], None] | None = None) -> None:
+                 on_action: Callable[[Action], None] | None = None, cluster: RemoteRunner | None = None) -> None:
         self.spec = spec
         self.ctx = ctx
         self.source = source
         self.on_action = on_action or (lambda action: None)
-        self.runner = JobRunner(JobKind.COPY, ctx, job, extra_options={"filters": spec.filters.text or None})
+        self.runner = JobRunner(JobKind.COPY, ctx, job, extra_options={"filters": spec.filters.text or None},
+                                cluster=cluster)
 
     async def run(self) -> Report:
         if not self.spec.many:
@@ -116,4 +117,6 @@ class CopyJob:
                 self.runner.settle(report, None, FileResult(rel, row.blob, props.size, FileStatus.SKIPPED,
                                                             reason="already copied by this job"))
                 continue
-            yield WorkItem(row, props.size, functools.partial(copier.copy, row, props))
+            ref = FileRef(rel, row.blob, props.size, destination_mtime_ns(props), props.etag or None,
+                          props.content_md5, MTIME_KEY in props.metadata, source=props.name)
+            yield WorkItem(row, props.size, functools.partial(copier.copy, row, props), ref)

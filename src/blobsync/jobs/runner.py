@@ -50,6 +50,7 @@ class FileRef:
     etag: str | None = None  # downloads: the version listed
     md5: bytes | None = None  # downloads: the blob's Content-MD5
     exact_mtime: bool = False  # downloads: mtime_ns is the source file's own (stored by blobsync)
+    source: str = ""  # blob-to-blob copies: the source blob's name
 
 
 @dataclass(frozen=True)
@@ -138,8 +139,7 @@ class JobRunner:
             self.progress.bytes_total += nbytes
         try:
             if self.cluster is not None:
-                assert self.local_root is not None, "a job run on a cluster names its local root"
-                await self.cluster.run(self.ctx, self.job.id, self.local_root, report, items,
+                await self.cluster.run(self.ctx, self.job.id, self.local_root or Path(), report, items,
                                        totals or (files, self.progress.bytes_total), self.settle)
                 self.tally(report)
             else:

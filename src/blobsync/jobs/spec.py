@@ -97,3 +97,4 @@ class Hooks:
     confirm_delete: Callable[[int], bool] | None = None  # --delete-destination prompt, asked once
     cluster: Cluster = None  # run the transfers on Dask workers
     cluster_url: str = ""  # the remote side as the user gave it, SAS included: what the workers open
+    source_url: str = ""  # blob to blob on a cluster: the source as the user gave it, SAS included
