@@ -128,7 +128,7 @@ class Side:
 def container_sas(account: str, key: str, container: str) -> str:
     return generate_container_sas(account, container, account_key=key, expiry=datetime.now(UTC) + timedelta(hours=2),
                                   permission=ContainerSasPermissions(read=True, write=True, create=True, list=True,
-                                                                     delete=True))
+                                                                     delete=True, tag=True))
 
 
 @pytest.fixture

@@ -234,12 +234,15 @@ async def the_service_copies_an_object_whole_or_by_ranges_at_the_version_asked(s
     if not (store.capabilities.copy_sources and store.capabilities.copy_max and store.capabilities.stage_copy_max):
         pytest.skip("this store copies nothing itself")
     data = os.urandom(5000)
-    put = await store.put("src/a.bin", data, BlobHeaders("text/x-src", _md5(data), {"from": "source"}))
+    put = await store.put("src/a.bin", data, BlobHeaders("text/x-src", _md5(data), {"from": "source"},
+                                                         tags={"stage": "raw"}))
     source = await store.copy_source("src/a.bin", put.etag)
     assert "sig=" not in repr(source) and source.display in repr(source)  # the secret stays out of its repr
-    await store.copy_from("copy/whole.bin", source)
+    await store.copy_from("copy/whole.bin", source, copy_tags=store.capabilities.tags)
     props = await store.stat("copy/whole.bin")
     assert props is not None and props.content_type == "text/x-src" and props.metadata == {"from": "source"}
+    if store.capabilities.tags:
+        assert await store.tags("copy/whole.bin") == {"stage": "raw"} == await store.tags("src/a.bin")
     assert read_back("copy/whole.bin") == data
     writer = store.writer("copy/ranges.bin", "0123456789abcdef")
     for i, (offset, length) in enumerate(((0, 2000), (2000, 2000), (4000, 1000))):

@@ -32,14 +32,14 @@ def _journal_text(path: Path) -> str:
 def test_cp_between_accounts_lets_the_service_move_the_bytes_and_keeps_the_properties(
         source: Side, dest: Side, proxy: FaultProxy, tmp_path: Path) -> None:
     small, big = os.urandom(3000), os.urandom(10 * MiB + 17)
-    source.client.upload_blob("run/a.txt", small, metadata={"owner": "ml"},
+    source.client.upload_blob("run/a.txt", small, metadata={"owner": "ml"}, tags={"stage": "raw"},
                               content_settings=ContentSettings(content_type="text/plain", cache_control="max-age=9"))
-    source.client.upload_blob("run/sub/w.bin", big, standard_blob_tier=StandardBlobTier.COOL)
+    source.client.upload_blob("run/sub/w.bin", big, standard_blob_tier=StandardBlobTier.COOL, tags={"k": "v 1"})
     source.client.upload_blob("other.txt", b"not under run/")
     ep = proxy.url
     journal = tmp_path / "j.db"
     out = run(["cp", source.url(ep, "run"), dest.url(ep, "copies"), "-r", "--block-size-mb", "4",
-               "--journal", str(journal)])
+               "--s2s-preserve-blob-tags", "--journal", str(journal)])
     assert out.returncode == 0, out.stderr
     assert dest.download("copies/run/a.txt") == small and dest.download("copies/run/sub/w.bin") == big
     assert sorted(b.name for b in dest.client.list_blobs()) == ["copies/run/a.txt", "copies/run/sub/w.bin"]
@@ -48,6 +48,8 @@ def test_cp_between_accounts_lets_the_service_move_the_bytes_and_keeps_the_prope
         "text/plain", "max-age=9", {"owner": "ml"})
     w = dest.client.get_blob_client("copies/run/sub/w.bin").get_blob_properties()
     assert w.blob_tier == "Cool"
+    assert dest.client.get_blob_client("copies/run/a.txt").get_blob_tags() == {"stage": "raw"}  # in the copy
+    assert dest.client.get_blob_client("copies/run/sub/w.bin").get_blob_tags() == {"k": "v 1"}  # at the commit
     stats = proxy.stats
     assert stats.ok("copy_blob") == 1  # the small blob: one Copy Blob From URL
     assert stats.ok("put_block_from_url") == 3  # 10 MiB in 4 MiB ranges, read by the service

@@ -321,6 +321,9 @@ class TransferConfig:
         "--s2s-preserve-access-tier/--no-s2s-preserve-access-tier", "Blob to blob: the copy keeps the source's "
         "access tier (Hot, Cool, Cold) unless --block-blob-tier names one.", kind=bool, default=True,
         show_default=True))
+    s2s_preserve_blob_tags: bool = field(default=False, metadata=_flag(
+        "--s2s-preserve-blob-tags", "Blob to blob: the copy keeps the source's blob index tags (--blob-tags names "
+        "more over them).", kind=bool, default=False))
     s2s_via_client: bool = field(default=False, metadata=_flag(
         "--s2s-via-client", "Blob to blob: move the bytes through this machine instead of having the destination's "
         "service read the source (done on its own, and said, when the service cannot reach the source).",

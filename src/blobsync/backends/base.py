@@ -119,6 +119,7 @@ class Capabilities:
     stage_copy_max: int = 0  # the largest part a writer's stage_from() stages from a URL (0: none)
     copy_sources: bool = False  # copy_source(): this store's objects can be read by another store's service
     writes: bool = True  # False: a source only (put, writer, delete and the copies refuse)
+    tags: bool = False  # tags(): the store keeps tags of its own on an object (Azure's blob index tags)
 
 
 class Location(Protocol):
@@ -243,10 +244,14 @@ class Store(Protocol):
         ...
 
     async def copy_from(self, name: str, source: CopySource, conditions: Conditions = NO_CONDITIONS,
-                        tier: str | None = None) -> PutResult:
-        """Write `name` as a copy of `source` with its properties and metadata, read by this store's service
-        (objects up to capabilities.copy_max), in access `tier` if given. Refused (CopySourceError) when the
-        service cannot read the source."""
+                        tier: str | None = None, copy_tags: bool = False) -> PutResult:
+        """Write `name` as a copy of `source` with its properties and metadata (and, with `copy_tags`, its tags),
+        read by this store's service (objects up to capabilities.copy_max), in access `tier` if given. Refused
+        (CopySourceError) when the service cannot read the source."""
+        ...
+
+    async def tags(self, name: str) -> Mapping[str, str]:
+        """The object's tags (capabilities.tags)."""
         ...
 
     async def delete(self, name: str, if_match: str | None = None) -> bool:

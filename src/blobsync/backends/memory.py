@@ -185,7 +185,8 @@ class MemoryStore:
 
     capabilities = Capabilities(range_md5_max=RANGE_MD5_MAX, batch_delete_max=256, keeps_parts=True,
                                 lists_levels=True, part_checks=(CheckKind.CRC64, CheckKind.MD5),
-                                copy_max=256 * 1024 * 1024, stage_copy_max=4000 * 1024 * 1024, copy_sources=True)
+                                copy_max=256 * 1024 * 1024, stage_copy_max=4000 * 1024 * 1024, copy_sources=True,
+                                tags=True)
     page_size = 5000
 
     def __init__(self, location: MemoryLocation) -> None:
@@ -298,19 +299,26 @@ class MemoryStore:
     def writer(self, name: str, nonce: str) -> MemoryWriter:
         return MemoryWriter(self, name, nonce)
 
+    async def tags(self, name: str) -> Mapping[str, str]:
+        box = await self._enter("tags", name)
+        obj = box.objects.get(name)
+        if obj is None:
+            raise BlobNotFoundError(f"get tags of {name!r}: HTTP 404 BlobNotFound", status=404, code="BlobNotFound")
+        return dict(obj.headers.tags)
+
     async def copy_source(self, name: str, etag: str | None) -> CopySource:
         url = f"{self._loc.container_url}/{quote(name)}"
         return CopySource(url, url, etag)
 
     async def copy_from(self, name: str, source: CopySource, conditions: Conditions = NO_CONDITIONS,
-                        tier: str | None = None) -> PutResult:
+                        tier: str | None = None, copy_tags: bool = False) -> PutResult:
         box = await self._enter("copy_from", name)
         what = f"copy {source.display!r} to {name!r}"
         _, src = _source(source, what)
         if len(src.data) > self.capabilities.copy_max:
             raise ServiceError(f"{what}: HTTP 413 the source is larger than one copy takes", status=413)
         _check(box.objects.get(name), conditions, what)
-        headers = replace(src.headers, tier=tier) if tier else src.headers
+        headers = replace(src.headers, tier=tier or src.headers.tier, tags=src.headers.tags if copy_tags else {})
         obj = box.objects[name] = _Object(src.data, _etag(), _now(), headers)
         box.staged.pop(name, None)
         box.faults.take("copy_from", name, after=True)

@@ -141,8 +141,7 @@ FLAGS: tuple[AzFlag, ...] = (
     _f("s2s-handle-invalid-metadata", ["copy"], A, "names Azure refuses (an S3 source's 'x-owner') are left out, "
        "as AzCopy's default ExcludeIfInvalid", declare=True),
     _f("s2s-preserve-access-tier", _XFER, S, "default true; --block-blob-tier overrides"),
-    _f("s2s-preserve-blob-tags", _XFER, R, "blob index tags are not read from the source (--blob-tags sets "
-       "them)", declare=True, boolean=True),
+    _f("s2s-preserve-blob-tags", _XFER, S, "default false; --blob-tags names more over them"),
     _f("s2s-preserve-properties", ["copy"], S, "default true: content type, encoding, disposition, language, cache "
        "control, Content-MD5 and metadata"),
     _f("trailing-dot", ["copy", "sync", "remove", "list"], A, "an Azure Files setting; blob names ending in '.' "

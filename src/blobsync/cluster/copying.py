@@ -16,7 +16,7 @@ from blobsync.config import TransferConfig
 from blobsync.engine.context import EngineContext
 from blobsync.engine.listing import as_properties
 from blobsync.engine.plan import block_count, block_ranges
-from blobsync.engine.s2s import BlobCopier, copy_block_size, copy_headers, one_request
+from blobsync.engine.s2s import BlobCopier, copy_block_size, copy_headers, one_request, source_tags
 from blobsync.engine.staging import verify_commit
 from blobsync.engine.tasks import for_each
 from blobsync.errors import BlobNotFoundError, InvalidBlockListError
@@ -91,7 +91,7 @@ async def commit_copy(ctx: EngineContext, spec: RangeSpec, source: Store) -> Non
     writer = ctx.store.writer(f.blob, f.nonce)
     tokens = [writer.token(i) for i in range(block_count(f.size, spec.block_size))]
     expected = {tokens[i]: length for i, _, length in block_ranges(f.size, spec.block_size)}
-    headers = copy_headers(ctx.config, props)
+    headers = replace(copy_headers(ctx.config, props), tags=await source_tags(ctx.config, source, ctx, f.source))
     try:
         await ctx.request(lambda: writer.commit([(t, False) for t in tokens], headers))
     except InvalidBlockListError:

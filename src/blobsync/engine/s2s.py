@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import PurePosixPath
 
 from blobsync.backends.base import BlobHeaders, BlobProperties, Capabilities, Conditions, Store
@@ -24,6 +26,7 @@ from blobsync.errors import (
     CopySourceError,
     CorruptedInTransitError,
     SourceChangedError,
+    UsageError,
 )
 from blobsync.journal import FileRow, FileState
 from blobsync.local.files import FileIdentity
@@ -61,6 +64,13 @@ def one_request(cfg: TransferConfig, caps: Capabilities, size: int) -> bool:
             and not (cfg.metadata or cfg.properties or cfg.content_type or cfg.blob_tags))
 
 
+async def source_tags(cfg: TransferConfig, source: Store, ctx: EngineContext, name: str) -> Mapping[str, str]:
+    """The source blob's tags to keep (--s2s-preserve-blob-tags), with --blob-tags over them; else --blob-tags."""
+    if not cfg.s2s_preserve_blob_tags:
+        return cfg.blob_tags
+    return {**await ctx.request(lambda: source.tags(name)), **cfg.blob_tags}
+
+
 class BlobCopier:
     """Copies blobs of one job from `source` into the context's store. Errors that concern only the blob are
     raised as such; the runner records them."""
@@ -72,6 +82,8 @@ class BlobCopier:
         self.by_service = (not ctx.config.s2s_via_client and source.capabilities.copy_sources
                            and caps.stage_copy_max > 0)
         self.fallback: str | None = None  # why this job copies through this machine after all
+        if ctx.config.s2s_preserve_blob_tags and not source.capabilities.tags:
+            raise UsageError(f"--s2s-preserve-blob-tags: {source.display_url} keeps no blob index tags to copy")
 
     async def copy(self, row: FileRow, listed: BlobProperties) -> FileResult:
         ctx = self.ctx
@@ -122,8 +134,9 @@ class BlobCopier:
         ctx, cfg = self.ctx, self.ctx.config
         source = await self.source.copy_source(listed.name, listed.etag or None)
         tier = cfg.tier or (listed.tier if cfg.s2s_preserve_access_tier and listed.tier in TIERS else None)
+        copy_tags = cfg.s2s_preserve_blob_tags
         try:
-            result = await ctx.request(lambda: ctx.store.copy_from(row.blob, source, conditions, tier))
+            result = await ctx.request(lambda: ctx.store.copy_from(row.blob, source, conditions, tier, copy_tags))
         except ConflictError as exc:
             if exc.code != "SourceConditionNotMet":
                 raise
@@ -156,7 +169,8 @@ class BlobCopier:
         todo = [r for r in ranges if tokens[r[0]] not in held]
         ctx.progress.advanced(row.rel, props.size - sum(length for _, _, length in todo), 0)
         await for_each(todo, stage, ctx.config.max_concurrency)
-        headers = copy_headers(ctx.config, props)
+        headers = replace(copy_headers(ctx.config, props), tags=await source_tags(ctx.config, self.source, ctx,
+                                                                                   props.name))
         result = await ctx.request(lambda: writer.commit([(t, False) for t in tokens], headers, conditions))
         await verify_commit(ctx, writer, row.blob, tokens, expected, props.size, headers.content_md5)
         copied = sum(length for _, _, length in todo)
@@ -184,7 +198,9 @@ class BlobCopier:
         source's, resumable like a file."""
         props = await self._stat_source(listed)
         src = BlobSource(self.ctx, self.source, props, asyncio.get_running_loop())
-        result = await FileUploader(self.ctx).upload_source(row, src, headers=copy_headers(self.ctx.config, props),
+        headers = replace(copy_headers(self.ctx.config, props),
+                          tags=await source_tags(self.ctx.config, self.source, self.ctx, props.name))
+        result = await FileUploader(self.ctx).upload_source(row, src, headers=headers,
                                                             conditions=conditions, expected_md5=props.content_md5)
         why = self.fallback or "--s2s-via-client"
         return FileResult(result.rel, result.blob, result.size, result.status, result.bytes_sent,

@@ -253,3 +253,11 @@ def next_marker_guess(body: bytes) -> str:
         return ""
     end = body.find(b"</NextMarker>", start)
     return _text(body[start + len(b"<NextMarker>"):end].decode("utf-8")) if end > 0 else ""
+
+
+def parse_tags(body: bytes) -> dict[str, str]:
+    """A Get Blob Tags answer: <Tags><TagSet><Tag><Key/><Value/></Tag>...</TagSet></Tags>."""
+    from xml.etree import ElementTree
+
+    root = ElementTree.fromstring(body)
+    return {tag.findtext("Key") or "": tag.findtext("Value") or "" for tag in root.iter("Tag")}

@@ -24,6 +24,7 @@ from blobsync.backends.azure.listing import (
     next_marker_guess,
     parse_level,
     parse_listing,
+    parse_tags,
     properties_from_headers,
 )
 from blobsync.backends.azure.location import BlobLocation, check_blob_name
@@ -164,7 +165,7 @@ class AzureContainerStore:
     capabilities = Capabilities(max_parts=50_000, max_part_size=4000 * 1024 * 1024, range_md5_max=RANGE_MD5_MAX,
                                 batch_delete_max=BATCH_MAX, keeps_parts=True, lists_levels=True,
                                 part_checks=(CheckKind.CRC64, CheckKind.MD5), copy_max=256 * 1024 * 1024,
-                                stage_copy_max=4000 * 1024 * 1024, copy_sources=True)
+                                stage_copy_max=4000 * 1024 * 1024, copy_sources=True, tags=True)
     # The emulator (Azurite) computes CRC64s in JavaScript, ~20 s of its CPU per GiB against ~1 s for MD5s.
     _emulator = dataclasses.replace(capabilities, part_checks=(CheckKind.MD5, CheckKind.CRC64))
 
@@ -457,12 +458,14 @@ class AzureContainerStore:
         return CopySource(f"{url}?{sas}" if sas else url, url, etag, headers)
 
     async def copy_from(self, name: str, source: CopySource, conditions: Conditions = NO_CONDITIONS,
-                        tier: str | None = None) -> PutResult:
+                        tier: str | None = None, copy_tags: bool = False) -> PutResult:
         """Copy Blob From URL: the service reads the source (up to 256 MiB) and answers once the copy is done."""
         req = {"x-ms-copy-source": source.url, "x-ms-requires-sync": "true", **_copy_source_headers(source),
                **_condition_headers(conditions)}
         if tier:
             req["x-ms-access-tier"] = tier
+        if copy_tags:
+            req["x-ms-copy-source-tag-option"] = "COPY"
         what = f"copy {source.display!r} to {name!r}"
         try:
             _, h, _ = await self._call("PUT", name, [], req, None, what, (202,))
@@ -476,6 +479,15 @@ class AzureContainerStore:
         if h.get("x-ms-copy-status", "success") != "success":
             raise ServiceError(f"{what}: the service answered copy status {h.get('x-ms-copy-status')!r}")
         return PutResult(h.get("etag", ""), None, h.get("x-ms-version-id"))
+
+    async def tags(self, name: str) -> Mapping[str, str]:
+        """Get Blob Tags."""
+        try:
+            _, _, body = await self._call("GET", name, [("comp", "tags")], {}, None, f"get tags of {name!r}", (200,))
+        except AuthError as exc:
+            raise AuthError(f"{exc.message}; reading blob index tags needs the 't' (tag) permission in a SAS",
+                            status=exc.status, code=exc.code) from None
+        return parse_tags(body)
 
     async def put_block_from_url(self, name: str, block_id: str, source: CopySource, offset: int, length: int
                                  ) -> None:

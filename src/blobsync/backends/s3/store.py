@@ -235,8 +235,11 @@ class S3Store:
         self._source_only()
 
     async def copy_from(self, name: str, source: CopySource, conditions: Conditions = NO_CONDITIONS,
-                        tier: str | None = None) -> PutResult:
+                        tier: str | None = None, copy_tags: bool = False) -> PutResult:
         self._source_only()
+
+    async def tags(self, name: str) -> Mapping[str, str]:
+        raise UsageError(f"{self._loc.display}: S3 object tags are not read (capabilities.tags is False)")
 
     async def delete(self, name: str, if_match: str | None = None) -> bool:
         self._source_only()
