@@ -58,9 +58,10 @@ def copy_block_size(cfg: TransferConfig, caps: Capabilities, size: int) -> int:
 
 
 def one_request(cfg: TransferConfig, caps: Capabilities, size: int) -> bool:
-    """Whether a copy is one Copy Blob From URL: it fits one part and that request's limit, and (as it takes the
-    source's properties and metadata as they are) nothing is to change."""
-    return (size <= min(copy_block_size(cfg, caps, size), caps.copy_max) and cfg.s2s_preserve_properties
+    """Whether a copy is one Copy Blob From URL: up to --put-blob-size-mb (the block size unless given, AzCopy's
+    rule: above it, parallel ranges are faster and resume in parts) and that request's limit, and (as it takes
+    the source's properties and metadata as they are) nothing is to change."""
+    return (size <= min(cfg.single_put_limit, caps.copy_max) and cfg.s2s_preserve_properties
             and not (cfg.metadata or cfg.properties or cfg.content_type or cfg.blob_tags))
 
 
