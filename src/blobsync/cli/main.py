@@ -16,6 +16,7 @@ from blobsync import api
 from blobsync._version import __version__
 from blobsync.cli.azcopy import AzCommand, azcopy_flags
 from blobsync.cli.batch import run
+from blobsync.cli.bench import bench
 from blobsync.cli.common import (
     Finite,
     OutputMode,
@@ -360,6 +361,7 @@ cli.add_command(ls)
 cli.add_command(rm)
 cli.add_command(doctor)
 cli.add_command(run)
+cli.add_command(bench)
 # AzCopy's own names, so that a script changes only the program's name.
 cli.add_command(cp, "copy")
 cli.add_command(rm, "remove")

@@ -112,3 +112,42 @@ def _fileno(file: object) -> int | None:
     except (AttributeError, OSError, ValueError):  # io.BytesIO raises UnsupportedOperation (an OSError)
         return None
     return fd if isinstance(fd, int) else None
+
+
+class GeneratedSource:
+    """Test data of a given size made on the fly (`blobsync bench`): a random pattern read at an offset salted per
+    file, so no two files and no two blocks of a file are alike, at the cost of a memory copy (no disk, no RNG)."""
+
+    PATTERN = 4 * 1024 * 1024 + 7  # a length no block size divides: blocks never repeat within a file
+
+    def __init__(self, name: str, size: int, salt: int, pattern: bytes) -> None:
+        self.path = PurePosixPath(name)
+        self.opened = FileIdentity(size, time.time_ns(), 0)
+        self._salt = salt
+        self._pattern = memoryview(pattern + pattern[: max(0, len(pattern))])  # read across the end at once
+
+    @classmethod
+    def pattern(cls) -> bytes:
+        return os.urandom(cls.PATTERN)
+
+    def identity(self) -> FileIdentity:
+        return self.opened
+
+    def read_into(self, buf: memoryview, offset: int) -> None:
+        half = len(self._pattern) // 2
+        done = 0
+        while done < len(buf):
+            start = (self._salt + offset + done) % half
+            n = min(len(buf) - done, half)
+            buf[done:done + n] = self._pattern[start:start + n]
+            done += n
+
+    def read_all(self, size: int) -> bytes:
+        buf = bytearray(size)
+        self.read_into(memoryview(buf), 0)
+        return bytes(buf)
+
+    def read_all_cached(self, size: int) -> bytearray | None:
+        buf = bytearray(size)
+        self.read_into(memoryview(buf), 0)
+        return buf
