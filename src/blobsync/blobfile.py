@@ -41,12 +41,7 @@ class BlobReader(io.RawIOBase):
         return self._pos
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size}.get(whence)
-        if base is None:
-            raise ValueError(f"invalid whence {whence}")
-        if base + offset < 0:
-            raise ValueError("negative seek position")
-        self._pos = base + offset
+        self._pos = seek_to(self._pos, self.size, offset, whence)
         return self._pos
 
     def readinto(self, buffer: Any) -> int:
@@ -134,6 +129,16 @@ class BlobWriter(io.RawIOBase):
             self.close()
 
 
+def seek_to(pos: int, size: int, offset: int, whence: int) -> int:
+    """The position a seek lands on, as io's rules have it (past the end is allowed; before the start is not)."""
+    base = {io.SEEK_SET: 0, io.SEEK_CUR: pos, io.SEEK_END: size}.get(whence)
+    if base is None:
+        raise ValueError(f"invalid whence {whence}")
+    if base + offset < 0:
+        raise ValueError("negative seek position")
+    return base + offset
+
+
 def check_mode(mode: str) -> str:
     if mode not in ("rb", "wb"):
         raise UsageError(f"invalid mode {mode!r}: blobs open 'rb' (read) or 'wb' (write), binary only")
@@ -159,12 +164,7 @@ class AsyncBlobReader:
         return self._pos
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size}.get(whence)
-        if base is None:
-            raise ValueError(f"invalid whence {whence}")
-        if base + offset < 0:
-            raise ValueError("negative seek position")
-        self._pos = base + offset
+        self._pos = seek_to(self._pos, self.size, offset, whence)
         return self._pos
 
     async def read(self, n: int = -1) -> bytes:

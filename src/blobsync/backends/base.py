@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -149,6 +150,19 @@ class Requester(Protocol):
 async def direct(attempt: Callable[[], Awaitable[T]]) -> T:
     """One try, no retries: the Requester of a caller that retries on its own."""
     return await attempt()
+
+
+async def each_object(list_page: Callable[[str, str], Awaitable[tuple[list[BlobProperties], str]]], prefix: str,
+                      request: Requester = direct) -> AsyncIterator[BlobProperties]:
+    """Every object a store's `list_page` gives under `prefix`, page after page, each page one `request`: what a
+    store whose listing needs nothing more offers as its list_objects."""
+    marker = ""
+    while True:
+        page, marker = await request(functools.partial(list_page, prefix, marker))
+        for props in page:
+            yield props
+        if not marker:
+            return
 
 
 class ChunkedWriter(Protocol):

@@ -7,7 +7,6 @@ parts and writes. Containers live as long as the process, shared by every store 
 from __future__ import annotations
 
 import asyncio
-import functools
 import hashlib
 import itertools
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -31,6 +30,7 @@ from blobsync.backends.base import (
     PutResult,
     Requester,
     direct,
+    each_object,
 )
 from blobsync.backends.registry import Wire, register
 from blobsync.checksums import part_check
@@ -231,15 +231,9 @@ class MemoryStore:
         box.faults.take("stat", name, after=True)
         return _props(name, obj) if obj is not None else None
 
-    async def list_objects(self, prefix: str = "", *, expected: Callable[[], int | None] | None = None,
-                           request: Requester = direct) -> AsyncIterator[BlobProperties]:
-        marker = ""
-        while True:
-            page, marker = await request(functools.partial(self.list_page, prefix, marker))
-            for props in page:
-                yield props
-            if not marker:
-                return
+    def list_objects(self, prefix: str = "", *, expected: Callable[[], int | None] | None = None,
+                     request: Requester = direct) -> AsyncIterator[BlobProperties]:
+        return each_object(self.list_page, prefix, request)
 
     async def list_page(self, prefix: str = "", marker: str = "") -> tuple[list[BlobProperties], str]:
         box = await self._enter("list_page")

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from blobsync.backends.base import BlobProperties, Requester, Store
 from blobsync.engine.mtime import MTIME_KEY, format_mtime, parse_mtime
 from blobsync.engine.tasks import for_each
+from blobsync.errors import BlobNotFoundError, UsageError
 from blobsync.filters import Filters
 from blobsync.journal.index import Entry, SyncIndex
 from blobsync.naming import folder_prefix, relative_name
@@ -133,3 +134,17 @@ async def blobs_at(store: Store, path: str, request: Requester) -> AsyncIterator
             await asyncio.wait([ahead])
             if not ahead.cancelled():
                 ahead.exception()  # retrieved: a failure of a page nobody asked for is not an error
+
+
+async def one_blob(store: Store, request: Requester, name: str, verb: str) -> BlobProperties:
+    """The blob `name` a download or copy of one blob takes, or why it cannot: a folder given without -r, or
+    nothing there (`verb` says which command: 'download', 'copy')."""
+    props = await request(functools.partial(store.stat, name))
+    if props is not None:
+        return props
+    under, _ = await request(functools.partial(store.list_page, name + "/"))
+    if under:
+        raise UsageError(f"{name!r} is a folder (blobs are under {name + '/'!r}): pass -r/--recursive to {verb} "
+                         "it, or end the URL with '/*' for the blobs at its top")
+    raise BlobNotFoundError(f"blob {name!r} not found in container {store.location.container!r}", status=404,
+                            code="BlobNotFound", hint="check the URL (names are case-sensitive)")

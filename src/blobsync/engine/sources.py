@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import os
 import time
+from collections.abc import Callable
 from pathlib import PurePosixPath
 from typing import BinaryIO
 
@@ -84,9 +85,7 @@ class FileObjectSource(BufferSource):
                 done += n
 
     def read_all(self, size: int) -> bytes:
-        buf = bytearray(size)
-        self.read_into(memoryview(buf), 0)
-        return bytes(buf)
+        return bytes(_whole(self.read_into, size))
 
     def read_all_cached(self, size: int) -> bytearray | None:
         return None  # a file object's read may block: the caller reads it in a worker thread
@@ -143,11 +142,13 @@ class GeneratedSource:
             done += n
 
     def read_all(self, size: int) -> bytes:
-        buf = bytearray(size)
-        self.read_into(memoryview(buf), 0)
-        return bytes(buf)
+        return bytes(_whole(self.read_into, size))
 
     def read_all_cached(self, size: int) -> bytearray | None:
-        buf = bytearray(size)
-        self.read_into(memoryview(buf), 0)
-        return buf
+        return _whole(self.read_into, size)
+
+
+def _whole(read_into: Callable[[memoryview, int], None], size: int) -> bytearray:
+    buf = bytearray(size)
+    read_into(memoryview(buf), 0)
+    return buf

@@ -9,11 +9,11 @@ from collections.abc import Callable, Iterator
 
 from blobsync.backends.base import BlobProperties, Store
 from blobsync.engine.context import EngineContext
-from blobsync.engine.listing import RemoteLister, as_properties
+from blobsync.engine.listing import RemoteLister, one_blob
 from blobsync.engine.mtime import MTIME_KEY, destination_mtime_ns
 from blobsync.engine.s2s import BlobCopier
-from blobsync.errors import BlobNotFoundError, UsageError
-from blobsync.jobs.runner import FileRef, JobRunner, RemoteRunner, WorkItem, batches
+from blobsync.errors import BlobNotFoundError
+from blobsync.jobs.runner import FileRef, JobRunner, RemoteRunner, WorkItem, listed_batches
 from blobsync.jobs.spec import CopySpec
 from blobsync.journal import FileState, JobKind, JobRow
 from blobsync.journal.index import SyncIndex
@@ -41,26 +41,12 @@ class CopyJob:
         index = SyncIndex(self.runner.journal.path.parent)
         try:
             await self._list_into(index)
-
-            def listed() -> Iterator[list[tuple[str, BlobProperties]]]:
-                for batch in batches(index.entries("src")):
-                    yield [(e.rel, as_properties(e)) for e in batch]
-
-            return await self._run(listed, index.totals("src"))
+            return await self._run(lambda: listed_batches(index), index.totals("src"))
         finally:
             index.close()
 
     async def _one_blob(self) -> BlobProperties:
-        path = self.spec.source.path
-        props = await self.runner.requests(lambda: self.source.stat(path))
-        if props is not None:
-            return props
-        under, _ = await self.runner.requests(lambda: self.source.list_page(path + "/"))
-        if under:
-            raise UsageError(f"{path!r} is a folder (blobs are under {path + '/'!r}): pass -r/--recursive to copy "
-                             "it, or end the URL with '/*' for the blobs at its top")
-        raise BlobNotFoundError(f"blob {path!r} not found in container {self.spec.source.container!r}", status=404,
-                                code="BlobNotFound", hint="check the URL (names are case-sensitive)")
+        return await one_blob(self.source, self.runner.requests, self.spec.source.path, "copy")
 
     async def _list_into(self, index: SyncIndex) -> None:
         prefix = folder_prefix(self.spec.source.path)

@@ -10,10 +10,10 @@ from pathlib import Path
 from blobsync.backends.base import BlobProperties
 from blobsync.engine.context import EngineContext
 from blobsync.engine.download import FileDownloader
-from blobsync.engine.listing import RemoteLister, as_properties
+from blobsync.engine.listing import RemoteLister, one_blob
 from blobsync.engine.mtime import MTIME_KEY, destination_mtime_ns
 from blobsync.errors import BlobNotFoundError, ExitCode, UnsafeNameError, UsageError
-from blobsync.jobs.runner import FileRef, JobRunner, RemoteRunner, WorkItem, batches
+from blobsync.jobs.runner import FileRef, JobRunner, RemoteRunner, WorkItem, listed_batches
 from blobsync.jobs.spec import DownloadSpec
 from blobsync.journal import FileState, JobKind, JobRow
 from blobsync.journal.index import SyncIndex
@@ -42,14 +42,7 @@ class DownloadJob:
         if not name or name.endswith("/"):
             raise UsageError(f"{spec.source.display!r} names no blob: add the blob's name, or pass -r to download "
                              "everything under a prefix")
-        props = await self.runner.requests(lambda: self.store.stat(name))
-        if props is None:
-            under, _ = await self.runner.requests(lambda: self.store.list_page(name + "/"))
-            if under:
-                raise UsageError(f"{name!r} is a folder (blobs are under {name + '/'!r}): pass -r/--recursive to "
-                                 f"download it, or end the URL with '/*' for the blobs at its top")
-            raise BlobNotFoundError(f"blob {name!r} not found in container {spec.source.container!r}",
-                                    status=404, code="BlobNotFound", hint="check the URL (names are case-sensitive)")
+        props = await one_blob(self.store, self.runner.requests, name, "download")
         base = posixpath.basename(name)
         if spec.dest.is_dir() or spec.dest_is_folder:
             return spec.dest, base, props
@@ -81,12 +74,7 @@ class DownloadJob:
         index = SyncIndex(self.runner.journal.path.parent)
         try:
             await self._list_into(index)
-
-            def listed() -> Iterator[list[tuple[str, BlobProperties]]]:
-                for batch in batches(index.entries("src")):
-                    yield [(e.rel, as_properties(e)) for e in batch]
-
-            return await self._run(spec.dest, listed, index.totals("src"))
+            return await self._run(spec.dest, lambda: listed_batches(index), index.totals("src"))
         finally:
             index.close()
 

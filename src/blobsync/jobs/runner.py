@@ -11,14 +11,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TypeVar
 
+from blobsync.backends.base import BlobProperties
 from blobsync.config import AUTO_CEILING, AUTO_START, Overwrite
 from blobsync.engine.autotune import ConcurrencyTuner, autotune
 from blobsync.engine.context import EngineContext
 from blobsync.engine.controls import follow_cap
+from blobsync.engine.listing import as_properties
 from blobsync.engine.tasks import cancel_all, gather_or_cancel
 from blobsync.errors import BlobsyncError, ExitCode, Scope, UsageError
 from blobsync.filters import Filters
 from blobsync.journal import FileRow, FileState, JobKind, JobRow, JobState
+from blobsync.journal.index import SyncIndex
 from blobsync.redact import redact
 from blobsync.report import FileResult, FileStatus, Report
 
@@ -37,6 +40,12 @@ def batches(items: Iterator[_T]) -> Iterator[list[_T]]:
     while batch := list(itertools.islice(items, size)):
         yield batch
         size = BATCH
+
+
+def listed_batches(index: SyncIndex) -> Iterator[list[tuple[str, BlobProperties]]]:
+    """A listing's blobs from the scratch index, a batch at a time: (relative name, properties)."""
+    for batch in batches(index.entries("src")):
+        yield [(e.rel, as_properties(e)) for e in batch]
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -23,6 +22,7 @@ from blobsync.backends.base import (
     PutResult,
     Requester,
     direct,
+    each_object,
 )
 from blobsync.backends.http import HttpClient, HttpError
 from blobsync.backends.s3.location import Endpoint, S3Location
@@ -188,15 +188,9 @@ class S3Store:
         return [BlobProperties(unquote(p.name), p.size, p.etag, p.last_modified, p.content_md5, None, {},
                                p.blob_type) for p in page], token
 
-    async def list_objects(self, prefix: str = "", *, expected: Callable[[], int | None] | None = None,
-                           request: Requester = direct) -> AsyncIterator[BlobProperties]:
-        marker = ""
-        while True:
-            page, marker = await request(functools.partial(self.list_page, prefix, marker))
-            for props in page:
-                yield props
-            if not marker:
-                return
+    def list_objects(self, prefix: str = "", *, expected: Callable[[], int | None] | None = None,
+                     request: Requester = direct) -> AsyncIterator[BlobProperties]:
+        return each_object(self.list_page, prefix, request)
 
     async def list_level(self, prefix: str = "", marker: str = "") -> tuple[list[BlobProperties], list[str], str]:
         raise UsageError("listing one level is not offered for s3:// (capabilities.lists_levels is False)")
