@@ -6,7 +6,6 @@ the source's SAS kept out of everything but the copy request. Every blob checked
 from __future__ import annotations
 
 import os
-import signal
 import sqlite3
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from azure.storage.blob import (
 from blobsync.config import MiB
 from conftest import Side, container_sas
 from support.azurite import Azurite
-from support.cli import run, start
+from support.cli import kill_when_held, run
 from support.proxy import FaultProxy
 
 
@@ -77,17 +76,7 @@ def test_a_killed_copy_resumes_with_only_the_missing_ranges(
     args = ["cp", source.url(ep, "big.bin"), dest.url(ep, "big.bin"), "--block-size-mb", "2", "--concurrency", "4",
             "--journal", str(tmp_path / "j.db")]
     proxy.hold_after("put_block_from_url", 6)
-    proc = start(args)
-    try:
-        proxy.wait_for_held(1)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    proxy.clear_rules()
-    proxy.release_holds()
+    kill_when_held(args, proxy)
     first = proxy.stats.ok("put_block_from_url")
     assert first == 6 and dest.client.get_blob_client("big.bin").exists() is False
     proxy.reset_stats()

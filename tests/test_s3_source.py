@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from blobsync.backends.s3.sigv4 import AwsCredentials, sign
 from blobsync.config import MiB
 from conftest import ContainerHandle
 from support.azurite import Azurite
-from support.cli import run, start
+from support.cli import kill_when_held, run
 from support.proxy import FaultProxy
 from support.s3 import MotoS3
 
@@ -79,17 +78,7 @@ def test_a_killed_s3_copy_resumes_with_only_the_blocks_not_staged(
     args = ["cp", "s3://bigone/x.bin", url, "--block-size-mb", "2", "--concurrency", "4",
             "--journal", str(tmp_path / "j.db")]
     proxy.hold_after("put_block", 5)
-    proc = start(args, env=env)
-    try:
-        proxy.wait_for_held(1)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    proxy.clear_rules()
-    proxy.release_holds()
+    kill_when_held(args, proxy, env)
     assert proxy.stats.ok("put_block") == 5
     proxy.reset_stats()
     out = run(args, env=env)

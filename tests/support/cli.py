@@ -55,12 +55,12 @@ def random_file(path: Path, size: int, seed: int = 0) -> bytes:
     return data
 
 
-def kill_when_held(args: Sequence[str], proxy: FaultProxy) -> None:
+def kill_when_held(args: Sequence[str], proxy: FaultProxy, env: Mapping[str, str] | None = None) -> None:
     """Start blobsync, SIGKILL it once the proxy holds one of its requests, and settle the proxy.
 
     Afterwards nothing of the killed run is in flight or still being counted (wait_idle), so the test can
     reset the proxy's stats and measure a second run alone."""
-    proc = start(args)
+    proc = start(args, env)
     try:
         proxy.wait_for_held(1, timeout=60)
     finally:
