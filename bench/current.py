@@ -3,7 +3,7 @@ bench/run.py --json): medians per workload and tool, and each tool's wall time a
 
     python bench/current.py --import /tmp/run.json    # keep a run (bench/run.py --json) as bench/results/...json
     python bench/current.py            # print the table
-    python bench/current.py --write    # put it in bench/RESULTS.md and README.md (between the markers)
+    python bench/current.py --write    # put it in bench/RESULTS.md and docs/performance.md (between the markers)
     python bench/current.py --check    # exit 1 if either file's table is not the one the data makes
 """
 
@@ -118,7 +118,7 @@ def main(argv: list[str]) -> int:
         print(keep(a.imported))
         return 0
     made = table()
-    targets = [REPO / "bench" / "RESULTS.md", REPO / "README.md"]
+    targets = [REPO / "bench" / "RESULTS.md", REPO / "docs" / "performance.md"]
     if a.write:
         for path in targets:
             path.write_text(_replace(path.read_text(), made))

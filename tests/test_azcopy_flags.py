@@ -1,5 +1,5 @@
 """AzCopy's flags as scripts carry them: every on/off flag takes =true/=false, AzCopy's other flags are accepted
-or refused with a reason, the README table is the code's table, and the flags that do something do it."""
+or refused with a reason, the manual's table is the code's table, and the flags that do something do it."""
 
 from __future__ import annotations
 
@@ -71,8 +71,8 @@ def test_the_table_names_every_flag_each_command_accepts_and_readme_shows_it() -
             command = commands[BLOBSYNC_NAMES[az]]
             names = {o for p in command.params for o in (*p.opts, *getattr(p, "secondary_opts", ()))}
             assert f"--{flag.name}" in names, (az, flag.name)
-    readme = (REPO_ROOT / "README.md").read_text()
-    assert compatibility_table() in readme, "README's AzCopy table is not the one blobsync.cli.azcopy makes"
+    page = (REPO_ROOT / "docs" / "azcopy.md").read_text()
+    assert compatibility_table() in page, "docs/azcopy.md's table is not the one blobsync.cli.azcopy makes"
 
 
 @pytest.mark.skipif(azcopy_missing() is not None, reason=str(azcopy_missing()))

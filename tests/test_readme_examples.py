@@ -1,4 +1,4 @@
-"""The library examples in README.md run as written, against Azurite (account URLs and credentials swapped in)."""
+"""The library examples in docs/library.md run as written, against Azurite (account URLs and credentials swapped in)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from conftest import ContainerHandle
 from support.azurite import Azurite
 
-README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+README = (Path(__file__).resolve().parents[1] / "docs" / "library.md").read_text()
 MARK = "<!-- this block is run by tests/test_readme_examples.py against Azurite -->"
 
 

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 
 
 class ExitCode(IntEnum):
-    """Process exit codes a script can act on (documented in README)."""
+    """Process exit codes a script can act on (documented in docs/cli.md)."""
 
     OK = 0
     PARTIAL = 1  # some files failed, the rest were transferred

@@ -22,7 +22,7 @@ class Matcher(Protocol):
 def _load_re2() -> Any:
     try:
         return importlib.import_module("re2")
-    except ImportError:  # no wheel for this platform: Python's re, with the risk README states
+    except ImportError:  # no wheel for this platform: Python's re, with the risk docs/cli.md states
         return None
 
 

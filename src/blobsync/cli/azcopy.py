@@ -208,7 +208,7 @@ def declared(command: str) -> list[AzFlag]:
 
 
 def azcopy_flags(command: str) -> Callable[[F], F]:
-    """Add the AzCopy flags of `command` that blobsync has no option for (hidden from --help; README lists
+    """Add the AzCopy flags of `command` that blobsync has no option for (hidden from --help; docs/azcopy.md lists
     them); the function never sees them. --from-to is checked against SOURCE/DESTINATION (or URL)."""
 
     def decorate(fn: F) -> F:
@@ -279,7 +279,7 @@ def booleans_rewritten(params: Sequence[click.Parameter], args: list[str]) -> li
 
 
 def compatibility_table() -> str:
-    """README's table: every AzCopy 10.32 flag of copy, sync, remove, list and make, and what blobsync does."""
+    """docs/azcopy.md's table: every AzCopy 10.32 flag of copy, sync, remove, list and make, and what blobsync does."""
     lines = ["| AzCopy flag | commands | blobsync |", "|---|---|---|"]
     for flag in sorted(FLAGS, key=lambda f: f.name):
         commands = "all" if flag.commands == ALL else ", ".join(c for c in COMMANDS if c in flag.commands)

@@ -394,5 +394,5 @@ def main() -> None:
             fail(str(exc), int(exc.exit_code))
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
-        # AzCopy exits 0 or 1: scripts written for it test `== 1`; blobsync's finer codes are in README.
+        # AzCopy exits 0 or 1: scripts written for it test `== 1`; blobsync's finer codes are in docs/cli.md.
         sys.exit(min(code, 1) if azcopy_codes else code)
