@@ -6,8 +6,7 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from blobsync.backends.azure import listing as store
 from blobsync.backends.azure.errors import parse_retry_after

@@ -281,8 +281,7 @@ def test_sync_asks_for_the_next_page_before_parsing_this_one(container: Containe
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """The service prepares page n+1 while page n is parsed: its request must have left by then."""
     import blobsync
-    from blobsync.backends.azure import listing as azure_listing
-    from blobsync.backends.azure import store as azure_store
+    from blobsync.backends.azure import listing as azure_listing, store as azure_store
     from blobsync.backends.azure.store import AzureContainerStore
 
     monkeypatch.setattr(AzureContainerStore, "page_size", 3)

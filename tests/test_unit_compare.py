@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from blobsync.jobs.compare import MTIME_WINDOWS, CompareMode, decide
 from blobsync.journal.index import Entry, SyncIndex

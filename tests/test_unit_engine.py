@@ -6,8 +6,7 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from blobsync.backends.azure.errors import error_from_response, parse_retry_after
 from blobsync.backends.azure.location import BlobLocation, parse_location

@@ -6,12 +6,10 @@ from xml.etree import ElementTree
 from xml.sax.saxutils import escape
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from blobsync.backends.azure import store as azure_rest
-from blobsync.backends.azure.listing import _parse_listing_tree, _scan_listing, _Unsure
-from blobsync.backends.azure.listing import parse_listing as _parse_listing
+from blobsync.backends.azure.listing import _parse_listing_tree, _scan_listing, _Unsure, parse_listing as _parse_listing
 
 # As Azurite 3.37 writes a blob (one line, no whitespace); real Azure writes the same elements in the same order.
 AZURITE_PROPS = (

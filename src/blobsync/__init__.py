@@ -6,52 +6,57 @@ import importlib
 import logging
 from typing import TYPE_CHECKING, Any
 
-from blobsync._version import __version__
+from blobsync._version import __version__ as __version__
 
 # A library logs through "blobsync" and leaves where it goes to its host (no "No handlers" warning either).
 logging.getLogger("blobsync").addHandler(logging.NullHandler())
 
 if TYPE_CHECKING:
-    from blobsync import aio
+    from blobsync import aio as aio
     from blobsync.api import (
-        JobSummary,
-        clean_jobs,
-        copy,
-        copy_async,
-        diagnose,
-        list_blobs,
-        list_jobs,
-        make_container,
-        remove,
-        resume,
-        resume_async,
-        show_job,
-        sync,
-        sync_async,
-        watch,
-        watch_async,
+        JobSummary as JobSummary,
+        clean_jobs as clean_jobs,
+        copy as copy,
+        copy_async as copy_async,
+        diagnose as diagnose,
+        list_blobs as list_blobs,
+        list_jobs as list_jobs,
+        make_container as make_container,
+        remove as remove,
+        resume as resume,
+        resume_async as resume_async,
+        show_job as show_job,
+        sync as sync,
+        sync_async as sync_async,
+        watch as watch,
+        watch_async as watch_async,
     )
-    from blobsync.backends.azure.doctor import Diagnosis, Finding
-    from blobsync.backends.base import BlobProperties
-    from blobsync.client import Client
-    from blobsync.config import CheckMd5, Overwrite, TransferConfig
+    from blobsync.backends.azure.doctor import Diagnosis as Diagnosis, Finding as Finding
+    from blobsync.backends.base import BlobProperties as BlobProperties
+    from blobsync.client import Client as Client
+    from blobsync.config import CheckMd5 as CheckMd5, Overwrite as Overwrite, TransferConfig as TransferConfig
     from blobsync.errors import (
-        AuthError,
-        BlobNotFoundError,
-        BlobsyncError,
-        ContainerNotFoundError,
-        ExitCode,
-        IntegrityError,
-        JobBusyError,
-        Scope,
-        SourceError,
-        TransferFailedError,
-        UsageError,
+        AuthError as AuthError,
+        BlobNotFoundError as BlobNotFoundError,
+        BlobsyncError as BlobsyncError,
+        ContainerNotFoundError as ContainerNotFoundError,
+        ExitCode as ExitCode,
+        IntegrityError as IntegrityError,
+        JobBusyError as JobBusyError,
+        Scope as Scope,
+        SourceError as SourceError,
+        TransferFailedError as TransferFailedError,
+        UsageError as UsageError,
     )
-    from blobsync.events import BaseSubscriber, Progress, QueuedFile, Subscriber
-    from blobsync.filters import Filters
-    from blobsync.options import Answer, CompareMode, DeleteMode
-    from blobsync.report import Action, FileResult, FileStatus, Report
+    from blobsync.events import (
+        BaseSubscriber as BaseSubscriber,
+        Progress as Progress,
+        QueuedFile as QueuedFile,
+        Subscriber as Subscriber,
+    )
+    from blobsync.filters import Filters as Filters
+    from blobsync.options import Answer as Answer, CompareMode as CompareMode, DeleteMode as DeleteMode
+    from blobsync.report import Action as Action, FileResult as FileResult, FileStatus as FileStatus, Report as Report
 
 # The public names load on first use (PEP 562): `import blobsync` and the CLI's start-up pay only for the modules a
 # command needs (a no-op sync never loads the doctor, watch, remove or download code, nor watchfiles). Type
@@ -97,53 +102,4 @@ def __dir__() -> list[str]:
     return sorted(__all__)
 
 
-__all__ = [
-    "Action",
-    "Answer",
-    "AuthError",
-    "BaseSubscriber",
-    "BlobNotFoundError",
-    "BlobProperties",
-    "BlobsyncError",
-    "CheckMd5",
-    "Client",
-    "CompareMode",
-    "ContainerNotFoundError",
-    "DeleteMode",
-    "Diagnosis",
-    "ExitCode",
-    "FileResult",
-    "FileStatus",
-    "Filters",
-    "Finding",
-    "IntegrityError",
-    "JobBusyError",
-    "JobSummary",
-    "Overwrite",
-    "Progress",
-    "QueuedFile",
-    "Report",
-    "Scope",
-    "SourceError",
-    "Subscriber",
-    "TransferConfig",
-    "TransferFailedError",
-    "UsageError",
-    "__version__",
-    "aio",
-    "clean_jobs",
-    "copy",
-    "copy_async",
-    "diagnose",
-    "list_blobs",
-    "list_jobs",
-    "make_container",
-    "remove",
-    "resume",
-    "resume_async",
-    "show_job",
-    "sync",
-    "sync_async",
-    "watch",
-    "watch_async",
-]
+__all__ = sorted([*_HOMES, "__version__"])  # the names _HOMES places, and the version
