@@ -6,14 +6,14 @@ import functools
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from enum import StrEnum
-from typing import TYPE_CHECKING, NamedTuple, Protocol, Self, TypeVar
+from typing import TYPE_CHECKING, Protocol, Self, TypeVar
+
+from blobsync.checksums import Buffer as Buffer, CheckKind as CheckKind, PartCheck as PartCheck
 
 if TYPE_CHECKING:
     from blobsync.errors import ServiceError
 
 T = TypeVar("T")
-Buffer = bytes | bytearray | memoryview
 
 
 @dataclass(frozen=True)
@@ -89,20 +89,6 @@ class CopySource:
     display: str  # the URL without its query: safe to show
     etag: str | None = None  # read only this version (the service refuses the copy if it changed)
     headers: Mapping[str, str] = field(default_factory=dict, repr=False)  # e.g. a bearer token for the source
-
-
-class CheckKind(StrEnum):
-    """A checksum a store verifies on a part as it arrives (and refuses the part if the body differs)."""
-
-    MD5 = "md5"
-    CRC64 = "crc64"  # Azure's Storage CRC64: the CRC-64/NVME polynomial, ~35x cheaper than MD5 with SIMD
-
-
-class PartCheck(NamedTuple):
-    """The check one part is sent with: which checksum, and its value as the store's header carries it."""
-
-    kind: CheckKind
-    value: bytes
 
 
 @dataclass(frozen=True)
