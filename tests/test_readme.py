@@ -71,3 +71,13 @@ def test_the_docs_site_builds_strictly(tmp_path: Path) -> None:
                           cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
                           env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_generated_tables_are_current() -> None:
+    """The transfer flags' table (from their declarations) and AzCopy's (from cli/azcopy.py) are what the pages hold."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "docs_tables.py"), "--check"], capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr

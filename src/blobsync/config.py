@@ -242,6 +242,8 @@ class Flag:
     journal: bool = True  # kept with the job (what `jobs show` prints and `jobs resume` runs with)
     group: tuple[str, ...] = ()  # one flag per key (--cache-control, ...), gathered into the field's mapping
     metavar: str | None = None
+    shown: str = ""  # the value as the manual's flag table shows it ('F', 'auto|N', '"k=v;k2=v2"'); derived if ''
+    default_text: str = ""  # the default in words, where the value alone says too little ('the block size')
 
 
 def _flag(decl: str | None, help: str = "", **kwargs: Any) -> dict[str, Flag]:
@@ -274,40 +276,52 @@ class TransferConfig:
     Each field's `Flag` says how the command line gives it: a new option is one field here."""
 
     block_size: int = field(default=8 * MiB, metadata=_flag(
-        "--block-size-mb", "Block (upload) or range (download) size; raised so no blob needs over 50,000 blocks.",
+        "--block-size-mb", "Block (upload) or range (download) size; raised automatically so no blob needs more than "
+                           "50,000 blocks (max 4000).", shown="F",
         kind=float, default=8, show_default=True, parse=lambda v: _mib(v, "--block-size-mb", MIN_BLOCK_SIZE,
                                                                         MAX_BLOCK_SIZE)))
     put_blob_size: int | None = field(default=None, metadata=_flag(  # None: same as block_size (AzCopy's rule)
-        "--put-blob-size-mb", "Files up to this size go in one request [default: the block size].", kind=float,
+        "--put-blob-size-mb", "Files up to this size go in one request (Put Blob, or one GET) (max 5000).",
+        shown="F", default_text="the block size", kind=float,
         parse=lambda v: None if v is None else _mib(v, "--put-blob-size-mb", 0, MAX_PUT_BLOB_SIZE)))
     concurrency: Concurrency = field(default=AUTO, metadata=_flag(
-        "--concurrency", "Requests in flight, shared by all files: 'auto' (tuned to the link, up to 64) or a fixed "
-        "ceiling N.", default="auto", show_default=True, parse=parse_concurrency))
+        "--concurrency", "Requests in flight, one budget shared by all files: `auto` tunes the level to the link (16 "
+                         "up to 64), a number is a fixed ceiling; while the service throttles (429, 503, 500 "
+                         "OperationTimedOut) the limit halves and then grows back.",
+        shown="auto|N", default="auto", show_default=True, parse=parse_concurrency))
     memory: int = field(default=256 * MiB, metadata=_flag(
-        "--memory-mb", "Bytes in flight (buffers), shared by all files.", kind=float, default=256,
+        "--memory-mb", "Bytes in flight (read buffers), one budget shared by all files.",
+        shown="F", kind=float, default=256,
         show_default=True, parse=lambda v: _mib(v, "--memory-mb", MiB, MAX_MEMORY)))
     overwrite: Overwrite = field(default=Overwrite.TRUE, metadata=_flag(None, parse=Overwrite.parse))
     put_md5: bool = field(default=True, metadata=_flag(
-        "--put-md5/--no-put-md5", "Uploads: store the whole-file MD5 as the blob's Content-MD5 (blocks carry "
-        "their own); AzCopy's --put-md5=false also works.", kind=bool, default=True, show_default=True))
+        "--put-md5/--no-put-md5", "Uploads: store the whole-file MD5 as the blob's Content-MD5 (each block always "
+                                  "carries its own check, see `--block-check`).",
+        kind=bool, default=True, show_default=True))
     block_check: BlockCheck = field(default=BlockCheck.AUTO, metadata=_flag(
-        "--block-check", "Uploads: the check each block carries, which the service verifies: 'auto' is a Storage "
-        "CRC64 on Azure and an MD5 on the emulator (Azurite computes CRC64s in JavaScript).",
+        "--block-check", "Uploads: the check each block carries, which the service verifies: `auto` is a Storage "
+                         "CRC64 on Azure (`x-ms-content-crc64`, ~0.06 s of CPU per GiB) and an MD5 on the emulator "
+                         "(Azurite computes CRC64s in JavaScript, ~20 s of its CPU per GiB); without the awscrt wheel "
+                         "`auto` is an MD5 and `crc64` is refused.", shown="auto|crc64|md5",
         kind=tuple(m.value for m in BlockCheck), default="auto", show_default=True, parse=BlockCheck.parse))
     check_md5: CheckMd5 = field(default=CheckMd5.FAIL_IF_DIFFERENT, metadata=_flag(
-        "--check-md5", "Downloads: compare the bytes' MD5 with the blob's Content-MD5.",
+        "--check-md5", "Downloads: compare the bytes' MD5 with the blob's Content-MD5 (as AzCopy).",
+        shown="NoCheck|LogOnly|FailIfDifferent|FailIfDifferentOrMissing",
         kind=tuple(m.value for m in CheckMd5), default="FailIfDifferent", show_default=True, parse=CheckMd5.parse))
     preserve_last_modified_time: bool = field(default=False, metadata=_flag(None))
     content_type: str | None = field(default=None, metadata=_flag(
-        "--content-type", "Content type [default: guessed from the file name; model files "
-        "application/octet-stream]."))
+        "--content-type", "Content-Type of the blobs; model and array files (`.pt`, `.pth`, `.ckpt`, `.safetensors`, "
+                          "`.h5`, `.joblib`, `.pkl`, `.onnx`, `.npy`, `.npz`, `.parquet`, `.gguf`, ...) are "
+                          "`application/octet-stream`.", shown="T", default_text="guessed from the name"))
     guess_mime_type: bool = field(default=True, metadata=_flag(  # False: octet-stream unless content_type
-        "--no-guess-mime-type", "Content type application/octet-stream unless --content-type.", kind=bool,
+        "--no-guess-mime-type", "`application/octet-stream` unless `--content-type`.", kind=bool,
         default=False, parse=lambda v: not v))
     metadata: Mapping[str, str] = field(default_factory=dict, metadata=_flag(
-        "--metadata", "Blob metadata, 'key=value;key2=value2'.", parse=parse_metadata))
+        "--metadata", "Blob metadata (blobsync also stores the source mtime as `mtime`, RFC 3339, as rclone does).",
+        shown="\"k=v;k2=v2\"", parse=parse_metadata))
     tier: str | None = field(default=None, metadata=_flag(
-        "--block-blob-tier", "Access tier for uploaded blobs [default: the account's].", kind=(*TIERS, "None"),
+        "--block-blob-tier", "Access tier.",
+        shown="Hot|Cool|Cold|Archive|None", default_text="account default", kind=(*TIERS, "None"),
         parse=_tier))
     create_container: bool = field(default=False, metadata=_flag(
         "--create-container", "Create the container if it does not exist.", kind=bool, default=False,
@@ -329,29 +343,37 @@ class TransferConfig:
         "service read the source (done on its own, and said, when the service cannot reach the source).",
         kind=bool, default=False))
     follow_symlinks: bool = field(default=False, metadata=_flag(
-        "--follow-symlinks", "Follow symbolic links (default: skip them with a note).", kind=bool, default=False))
+        "--follow-symlinks", "Follow symbolic links (otherwise they are skipped with a note); a link that leads back "
+                             "to a folder above it (a loop) is skipped with a note naming it.",
+        kind=bool, default=False))
     journal_path: Path | None = field(default=None, metadata=_flag(
-        "--journal", "Journal database [default: $XDG_STATE_HOME/blobsync/journal.db].", kind=Path,
+        "--journal", "The job journal.",
+        shown="PATH", default_text="`$XDG_STATE_HOME/blobsync/journal.db` (else `~/.local/state/blobsync/journal.db`)",
+        kind=Path,
         journal=False))
     max_retries: int = field(default=8, metadata=_flag(
-        "--max-retries", "Retries per request.", kind=int, default=8, show_default=True, journal=False))
+        "--max-retries", "Retries per request (429, 500, 502, 503, 504, 408, timeouts, resets, corrupted bodies).",
+        shown="N", kind=int, default=8, show_default=True, journal=False))
     retry_deadline: float = field(default=900.0, metadata=_flag(
-        "--retry-deadline", "Seconds after which a request stops retrying.", kind=float, default=900,
+        "--retry-deadline", "A request stops retrying after this many seconds.", shown="S", kind=float, default=900,
         show_default=True, journal=False))
     stall_timeout: float = field(default=120.0, metadata=_flag(
-        "--stall-timeout", "Seconds without progress (request body or response) before a request is aborted and "
-        "retried.", kind=float, default=120, show_default=True, journal=False))
+        "--stall-timeout", "A request whose body or response makes no progress for this long is aborted and retried "
+                           "(not a total-time limit: a slow but moving transfer is never cut off).",
+        shown="S", kind=float, default=120, show_default=True, journal=False))
     cap_mbps: float | None = field(default=None, metadata=_flag(  # for the whole job, as AzCopy's --cap-mbps
-        "--cap-mbps", "Cap the job's bandwidth, in megabits per second (all connections, both directions).",
+        "--cap-mbps", "Cap the job's bandwidth in megabits per second: one token bucket shared by every connection, "
+                      "uploads and downloads, paced in 256 KiB slices.", shown="N",
         kind=float))
     proxy: str | None = field(default=None, metadata=_flag(  # over the environment's proxies; never journaled
-        "--proxy", "Proxy for every request, http://[user:password@]host:port [default: HTTPS_PROXY, HTTP_PROXY, "
-        "ALL_PROXY, minus NO_PROXY].", metavar="URL", journal=False))
+        "--proxy", "Proxy for every request, http://[user:password@]host:port.", metavar="URL", journal=False,
+        shown="URL", default_text="HTTPS_PROXY, HTTP_PROXY, ALL_PROXY, minus NO_PROXY"))
     properties: Mapping[str, str] = field(default_factory=dict, metadata=_flag(  # uploads: cache_control, ...
         None, "Uploads: the blob's {title} header (returned on download).", group=BLOB_PROPERTIES,
         parse=lambda values: {k: v for k, v in values.items() if v is not None}))
     blob_tags: Mapping[str, str] = field(default_factory=dict, metadata=_flag(
-        "--blob-tags", "Blob index tags, 'k1=v1&k2=v2' (at most 10).", parse=parse_blob_tags))
+        "--blob-tags", "Blob index tags (at most 10; URL-encode `&` and `=` inside values).",
+        shown="\"k1=v1&k2=v2\"", parse=parse_blob_tags))
     trusted_suffixes: tuple[str, ...] = field(default=(), metadata=_flag(  # beside Azure's own; never journaled
         "--trusted-microsoft-suffixes", "More host suffixes (';'-separated) that account keys and Azure AD tokens may "
         "go to, beside *.core.windows.net and the national clouds' (a SAS in the URL goes anywhere).",

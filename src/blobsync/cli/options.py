@@ -24,6 +24,11 @@ def _click_type(flag: Flag) -> Any:
     return flag.kind
 
 
+def _help(flag: Flag) -> str:
+    """The --help text: the flag's description, and its default in words where the value alone says too little."""
+    return f"{flag.help} [default: {flag.default_text}]" if flag.default_text else flag.help
+
+
 def _options(name: str) -> list[Callable[[F], F]]:
     flag = _FLAGS[name]
     if flag.group:  # one flag per key, each its own keyword (gathered again by config_from)
@@ -32,9 +37,41 @@ def _options(name: str) -> list[Callable[[F], F]]:
     assert flag.decl is not None
     if flag.kind is bool:
         return [click.option(flag.decl, name, is_flag=True, default=flag.default,
-                             show_default=flag.show_default, help=flag.help)]
+                             show_default=flag.show_default, help=_help(flag))]
     return [click.option(flag.decl, name, type=_click_type(flag), default=flag.default,
-                         show_default=flag.show_default, metavar=flag.metavar, help=flag.help)]
+                         show_default=flag.show_default, metavar=flag.metavar, help=_help(flag))]
+
+
+_VALUE = {float: "F", int: "N", Path: "PATH", str: "T"}
+
+
+def _flag_cell(flag: Flag) -> str:
+    if flag.group:
+        return ", ".join(f"`--{key.replace('_', '-')}`" for key in flag.group)
+    assert flag.decl is not None
+    if flag.kind is bool:
+        return "`" + " / ".join(flag.decl.split("/")) + "`"
+    value = flag.shown or ("|".join(flag.kind) if isinstance(flag.kind, tuple) else _VALUE.get(flag.kind, "T"))
+    return f"`{flag.decl} {value}`".replace("|", "\\|")
+
+
+def _default_cell(flag: Flag) -> str:
+    if flag.default_text:
+        return flag.default_text
+    if flag.kind is bool:
+        return "on" if flag.default else "off"
+    return "none" if flag.default is None else f"{flag.default:g}" if isinstance(flag.default, float) else \
+        str(flag.default)
+
+
+def flag_table() -> str:
+    """The manual's table of the transfer flags cp and sync share, made from their declarations (docs/cli.md)."""
+    rows = ["| flag | default | meaning |", "| --- | --- | --- |"]
+    for name in SHARED:
+        flag = _FLAGS[name]
+        text = flag.help.format(title="<name>") if flag.group else flag.help
+        rows.append(f"| {_flag_cell(flag)} | {_default_cell(flag)} | {text.rstrip('.')} |")
+    return "\n".join(rows)
 
 
 def config_options(names: Iterable[str]) -> Callable[[F], F]:
