@@ -19,7 +19,7 @@ from blobsync.config import MiB
 from conftest import Side, container_sas
 from support.azurite import Azurite
 from support.cli import kill_when_held, run
-from support.proxy import FaultProxy
+from support.proxy import FaultProxy, Rule, reset_after, respond
 
 
 def _journal_text(path: Path) -> str:
@@ -148,3 +148,20 @@ def test_sync_between_accounts_copies_what_differs_and_deletes_only_when_asked(
     assert proxy.stats.ok("copy_blob") == 1  # only the changed blob
     assert dest.download("mirror/c.txt") == b"changed"
     assert sorted(b.name for b in dest.client.list_blobs()) == sorted(f"mirror/{n}" for n in files)
+
+
+def test_a_copy_through_faults_retries_to_the_right_bytes(source: Side, dest: Side, proxy: FaultProxy,
+                                                          tmp_path: Path) -> None:
+    """Throttled ranges are staged again, a copy whose answer was lost is asked again; exit 0 means the bytes."""
+    small, big = os.urandom(5000), os.urandom(10 * MiB + 3)
+    source.client.upload_blob("f/small.bin", small)
+    source.client.upload_blob("f/big.bin", big)
+    proxy.add_rule(Rule("put_block_from_url", respond(503, "ServerBusy", retry_after=0), nth={2, 3}))
+    proxy.add_rule(Rule("copy_blob", reset_after(), nth={1}))  # the service copied; its answer never came back
+    for overwrite in ("true", "false"):
+        out = run(["cp", "-r", source.url(proxy.url, "f"), dest.url(proxy.url, overwrite), "--block-size-mb", "4",
+                   "--overwrite", overwrite, "--journal", str(tmp_path / f"{overwrite}.db")])
+        assert out.returncode == 0, (overwrite, out.stderr)
+        assert dest.download(f"{overwrite}/f/small.bin") == small and dest.download(f"{overwrite}/f/big.bin") == big
+        proxy.clear_rules()
+        proxy.add_rule(Rule("copy_blob", reset_after(), nth={1}))

@@ -194,3 +194,21 @@ def test_concurrency_auto_is_the_default_and_reports_its_level(container: Contai
     assert container.download("f.bin") == data
     shown = run(["jobs", "show", "--journal", str(tmp_path / "j.db"), done.stdout.split()[1].rstrip(":")])
     assert shown.returncode == 0, shown.stderr
+
+
+def test_a_create_only_put_whose_answer_was_lost_lands_once_and_another_writers_blob_is_left(
+        container: ContainerHandle, proxy: FaultProxy, tmp_path: Path) -> None:
+    """--overwrite false: the retry of a Put Blob the service applied finds the blob; it is ours (same bytes, same
+    MD5), so exit 0. A blob another writer made with other bytes is left as it is, a skip."""
+    data = random_file(tmp_path / "small.bin", 3000, seed=3)
+    proxy.add_rule(Rule("put_blob", reset_after(), nth=1))
+    code, out, err = _cp(tmp_path / "small.bin", f"{proxy.endpoint()}/{container.name}/small.bin", tmp_path,
+                         "--overwrite", "false")
+    assert code == 0 and proxy.stats.faults["put_blob"] == 1, (out, err)
+    assert container.download("small.bin") == data
+    container.client.upload_blob("theirs.bin", b"another writer's bytes")
+    random_file(tmp_path / "theirs.bin", 3000, seed=4)
+    code, out, err = _cp(tmp_path / "theirs.bin", f"{proxy.endpoint()}/{container.name}/theirs.bin", tmp_path,
+                         "--overwrite", "false")
+    assert code == 0, (out, err)
+    assert container.download("theirs.bin") == b"another writer's bytes"

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from blobsync.backends.base import Conditions
+from blobsync.backends.base import BlobProperties, Conditions
 from blobsync.config import Overwrite
 from blobsync.engine.context import EngineContext
 from blobsync.engine.mtime import destination_mtime_ns
+from blobsync.errors import ConflictError
 
 
 async def write_conditions(ctx: EngineContext, name: str, source_mtime_ns: int) -> Conditions | str:
@@ -26,3 +27,18 @@ async def write_conditions(ctx: EngineContext, name: str, source_mtime_ns: int) 
             f"blob {name!r} exists ({props.size} bytes)"):
         return "exists at the destination (not overwritten, as answered)"
     return Conditions(if_match=props.etag)
+
+
+async def created_meanwhile(ctx: EngineContext, name: str, size: int, md5: bytes | None) -> BlobProperties | str:
+    """After a create-only write (--overwrite false) was refused because the object exists, though it did not when
+    checked: a try whose answer was lost may have made it. The object, when it holds exactly these bytes (size and
+    MD5), so the write counts as done; else the reason it is left alone (another writer made it)."""
+    props = await ctx.request(lambda: ctx.store.stat(name))
+    if props is not None and md5 is not None and props.size == size and props.content_md5 == md5:
+        return props
+    return "exists at the destination (--overwrite false)"
+
+
+def created_only(exc: ConflictError, conditions: Conditions) -> bool:
+    """Whether a refusal is a create-only write finding the object there."""
+    return exc.code == "BlobAlreadyExists" and conditions.if_none_match_any

@@ -11,11 +11,11 @@ from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import PurePosixPath
 
-from blobsync.backends.base import BlobHeaders, BlobProperties, Capabilities, Conditions, Store
+from blobsync.backends.base import BlobHeaders, BlobProperties, Capabilities, Conditions, PutResult, Store
 from blobsync.config import TIERS, TransferConfig, is_metadata_name
 from blobsync.engine.context import EngineContext
 from blobsync.engine.mtime import destination_mtime_ns
-from blobsync.engine.overwrite import write_conditions
+from blobsync.engine.overwrite import created_meanwhile, created_only, write_conditions
 from blobsync.engine.plan import block_count, block_ranges, choose_block_size, new_nonce
 from blobsync.engine.staging import verify_commit
 from blobsync.engine.tasks import for_each
@@ -139,9 +139,15 @@ class BlobCopier:
         try:
             result = await ctx.request(lambda: ctx.store.copy_from(row.blob, source, conditions, tier, copy_tags))
         except ConflictError as exc:
-            if exc.code != "SourceConditionNotMet":
+            if created_only(exc, conditions):
+                landed = await created_meanwhile(ctx, row.blob, listed.size, listed.content_md5)
+                if isinstance(landed, str):
+                    return FileResult(row.rel, row.blob, listed.size, FileStatus.SKIPPED, reason=landed)
+                result = PutResult(landed.etag, landed.content_md5)
+            elif exc.code == "SourceConditionNotMet":
+                raise SourceChangedError(f"{listed.name}: the source changed since it was listed; run again") from exc
+            else:
                 raise
-            raise SourceChangedError(f"{listed.name}: the source changed since it was listed; run again") from exc
         ctx.progress.advanced(row.rel, listed.size, 0)
         return FileResult(row.rel, row.blob, listed.size, FileStatus.TRANSFERRED, bytes_sent=listed.size,
                           reason="copied by the service", etag=result.etag, content_md5=listed.content_md5,

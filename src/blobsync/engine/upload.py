@@ -8,13 +8,13 @@ import mimetypes
 from dataclasses import replace
 from pathlib import Path, PurePath
 
-from blobsync.backends.base import BlobHeaders, ChunkedWriter, Conditions
+from blobsync.backends.base import BlobHeaders, ChunkedWriter, Conditions, PutResult
 from blobsync.config import TransferConfig
 from blobsync.engine.context import EngineContext
 from blobsync.engine.delta import DeltaBase, find_base
 from blobsync.engine.digest import md5_of
 from blobsync.engine.mtime import MTIME_KEY, format_mtime
-from blobsync.engine.overwrite import write_conditions
+from blobsync.engine.overwrite import created_meanwhile, created_only, write_conditions
 from blobsync.engine.plan import block_count, choose_block_size, new_nonce
 from blobsync.engine.staging import BlockUploader, BlockWrite, UploadPlan, check_expected
 from blobsync.engine.tasks import in_thread
@@ -100,7 +100,15 @@ class FileUploader:
                 raise SourceChangedError(f"{src.path}: file changed while it was being read")
             check_expected(plan, md5)
             headers = replace(plan.headers, content_md5=md5)
-            result = await ctx.request(lambda: ctx.store.put(plan.blob, data, headers, plan.conditions))
+            try:
+                result = await ctx.request(lambda: ctx.store.put(plan.blob, data, headers, plan.conditions))
+            except ConflictError as exc:
+                if not created_only(exc, plan.conditions):
+                    raise
+                landed = await created_meanwhile(ctx, plan.blob, before.size, md5)
+                if isinstance(landed, str):
+                    return self._skipped(row, before, landed)
+                result = PutResult(landed.etag, landed.content_md5)
         finally:
             ctx.memory.unreserve(reserved)
         if result.content_md5 is not None and result.content_md5 != md5:
