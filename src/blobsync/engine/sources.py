@@ -119,15 +119,17 @@ class GeneratedSource:
 
     PATTERN = 4 * 1024 * 1024 + 7  # a length no block size divides: blocks never repeat within a file
 
-    def __init__(self, name: str, size: int, salt: int, pattern: bytes) -> None:
+    def __init__(self, name: str, size: int, salt: int, pattern: memoryview) -> None:
         self.path = PurePosixPath(name)
         self.opened = FileIdentity(size, time.time_ns(), 0)
         self._salt = salt
-        self._pattern = memoryview(pattern + pattern[: max(0, len(pattern))])  # read across the end at once
+        self._pattern = pattern  # one job's, shared by its files (pattern())
 
     @classmethod
-    def pattern(cls) -> bytes:
-        return os.urandom(cls.PATTERN)
+    def pattern(cls) -> memoryview:
+        """Random bytes, twice over: a read that crosses the end is still one slice."""
+        once = os.urandom(cls.PATTERN)
+        return memoryview(once + once)
 
     def identity(self) -> FileIdentity:
         return self.opened
