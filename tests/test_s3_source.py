@@ -100,3 +100,16 @@ def test_s3_mistakes_get_one_line(s3: MotoS3, container: ContainerHandle, azurit
     out = run(["cp", "s3://lockedone/k", container.url, *journal], env=half)  # is checked before any request
     assert out.returncode == 2 and "go together" in out.stderr and "Traceback" not in out.stderr
     assert container.blob_names() == []
+
+
+def test_answers_an_s3_service_should_not_send_are_errors_not_tracebacks() -> None:
+    from blobsync.backends.s3.store import _listed, _props_from_headers
+    from blobsync.errors import ServiceError
+
+    with pytest.raises(ServiceError, match="not a number"):
+        _listed(b"<ListBucketResult><Contents><Key>a</Key><Size>-1</Size></Contents></ListBucketResult>")
+    with pytest.raises(ServiceError, match="not XML"):
+        _listed(b"<ListBucketResult><Contents>")
+    with pytest.raises(ServiceError, match="not a number"):
+        _props_from_headers("k", {"content-length": "1e9"})
+    assert _props_from_headers("k", {"content-length": "5", "last-modified": "yesterday"}).last_modified.year == 1970

@@ -259,5 +259,8 @@ def parse_tags(body: bytes) -> dict[str, str]:
     """A Get Blob Tags answer: <Tags><TagSet><Tag><Key/><Value/></Tag>...</TagSet></Tags>."""
     from xml.etree import ElementTree
 
-    root = ElementTree.fromstring(body)
+    try:
+        root = ElementTree.fromstring(body)
+    except ElementTree.ParseError as exc:
+        raise ServiceError(f"the service answered Get Blob Tags with something that is not XML ({exc})") from None
     return {tag.findtext("Key") or "": tag.findtext("Value") or "" for tag in root.iter("Tag")}

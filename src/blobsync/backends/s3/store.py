@@ -56,11 +56,25 @@ def _md5_of_etag(etag: str) -> bytes | None:
     return None
 
 
+def _size(text: str, name: str) -> int:
+    """A size the service sent, or a ServiceError naming it: a bad answer is never a traceback."""
+    if not text.isdigit():
+        raise ServiceError(f"{name!r}: the service sent a size that is not a number ({text[:40]!r})")
+    return int(text)
+
+
+def _when(text: str | None, parse: Callable[[str], datetime]) -> datetime:
+    """A time the service sent (the epoch when it sent none or nothing readable: only filters and mtimes read it)."""
+    try:
+        return parse(text) if text else datetime.fromtimestamp(0, UTC)
+    except (ValueError, TypeError):
+        return datetime.fromtimestamp(0, UTC)
+
+
 def _props_from_headers(name: str, h: Mapping[str, str]) -> BlobProperties:
     modified = h.get("last-modified")
     return BlobProperties(
-        name, int(h.get("content-length", "0")), h.get("etag", ""),
-        parsedate_to_datetime(modified) if modified else datetime.fromtimestamp(0, UTC),
+        name, _size(h.get("content-length", "0"), name), h.get("etag", ""), _when(modified, parsedate_to_datetime),
         _md5_of_etag(h.get("etag", "")), h.get("content-type"),
         {k[len("x-amz-meta-"):]: v for k, v in h.items() if k.startswith("x-amz-meta-")},
         "BlockBlob", None, properties={key: h[header] for key, header in _PROPERTY_HEADERS if h.get(header)})
@@ -72,7 +86,10 @@ def _local(tag: str) -> str:
 
 def _listed(body: bytes) -> tuple[list[BlobProperties], str]:
     """One ListObjectsV2 page: its objects and the continuation token ('' after the last page)."""
-    root = ElementTree.fromstring(body)
+    try:
+        root = ElementTree.fromstring(body)
+    except ElementTree.ParseError as exc:
+        raise ServiceError(f"the service answered a listing with something that is not XML ({exc})") from None
     out: list[BlobProperties] = []
     token, truncated = "", False
     for node in root:
@@ -81,8 +98,8 @@ def _listed(body: bytes) -> tuple[list[BlobProperties], str]:
             fields = {_local(child.tag): child.text or "" for child in node}
             etag = fields.get("ETag", "")
             stamp = fields.get("LastModified", "").replace("Z", "+00:00")
-            out.append(BlobProperties(fields.get("Key", ""), int(fields.get("Size", "0")), etag,
-                                      datetime.fromisoformat(stamp) if stamp else datetime.fromtimestamp(0, UTC),
+            out.append(BlobProperties(fields.get("Key", ""), _size(fields.get("Size", "0"), fields.get("Key", "")),
+                                      etag, _when(stamp, datetime.fromisoformat),
                                       _md5_of_etag(etag), None, {}, "BlockBlob", None))
         elif tag == "NextContinuationToken":
             token = node.text or ""
