@@ -48,6 +48,8 @@ def test_a_transfer_journals_without_sqlite_utils(tmp_path: Path) -> None:
         "assert [b.idx for b in j.blocks(rows['a'].id)] == [0]\n"
         "assert j.find_unfinished_job('upload', 'src', 'dst') == j.get_job(job.id[:6]) and j.job_cap(job.id) is None\n"
         "assert 'sqlite_utils' not in sys.modules\n"
-        "assert [s.id for s in j.list_jobs()] == [job.id] and j.job_totals(job.id)['pending']['files'] == 1\n"
+        "from blobsync.journal.jobs import JobBook\n"
+        "book = JobBook(j)\n"
+        "assert [s.id for s in book.list_jobs()] == [job.id] and book.job_totals(job.id)['pending']['files'] == 1\n"
     )
     assert "sqlite_utils" in _loaded_after(statement)

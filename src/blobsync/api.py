@@ -35,6 +35,7 @@ from blobsync.report import Action, Report
 if TYPE_CHECKING:
     from blobsync.backends.azure.doctor import Diagnosis
     from blobsync.jobs.watch import Ready
+    from blobsync.journal.jobs import JobBook
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -409,6 +410,12 @@ async def resume_async(
 resume = blocking_form(resume_async)
 
 
+def _book(journal: Journal) -> JobBook:
+    from blobsync.journal.jobs import JobBook  # sqlite-utils: loaded by the `jobs` commands only
+
+    return JobBook(journal)
+
+
 @dataclass(frozen=True)
 class JobSummary:
     job: JobRow
@@ -418,7 +425,8 @@ class JobSummary:
 def list_jobs(journal_path: Path | None = None, env: Mapping[str, str] | None = None) -> list[JobSummary]:
     journal = _journal(journal_path, env)
     try:
-        return [JobSummary(job, journal.job_totals(job.id)) for job in journal.list_jobs()]
+        book = _book(journal)
+        return [JobSummary(job, book.job_totals(job.id)) for job in book.list_jobs()]
     finally:
         journal.close()
 
@@ -429,8 +437,8 @@ def show_job(
     bound = _BOUND.get()
     journal = bound.journal if bound is not None else _journal(journal_path, env)
     try:
-        job = journal.get_job(job_id)
-        return JobSummary(job, journal.job_totals(job.id)), journal.files(job.id)
+        job, book = journal.get_job(job_id), _book(journal)
+        return JobSummary(job, book.job_totals(job.id)), book.files(job.id)
     finally:
         journal.close()
 
@@ -447,7 +455,7 @@ def set_job_cap(job_id: str, cap_mbps: float, journal_path: Path | None = None,
         if not job.options.get("cap_mbps"):
             raise UsageError(f"job {job.id} runs without --cap-mbps, so it has no cap to change",
                              hint="start it with --cap-mbps to be able to change the cap while it runs")
-        journal.set_job_cap(job.id, cap_mbps)
+        _book(journal).set_job_cap(job.id, cap_mbps)
         return journal.get_job(job.id)
     finally:
         journal.close()
@@ -464,7 +472,7 @@ def clean_jobs(
     journal = _journal(journal_path, env)
     try:
         seconds = None if older_than_days is None else older_than_days * 86400
-        return journal.delete_jobs(seconds, include_unfinished)
+        return _book(journal).delete_jobs(seconds, include_unfinished)
     finally:
         journal.close()
 

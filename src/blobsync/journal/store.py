@@ -14,13 +14,10 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from blobsync.errors import JobBusyError, UsageError
 from blobsync.journal.states import FileState, JobKind, JobState
-
-if TYPE_CHECKING:
-    import sqlite_utils
 
 SCHEMA_VERSION = 1
 _FLUSH_OPS = 2000
@@ -153,7 +150,6 @@ class Journal:
             raise UsageError(f"cannot open the journal at {path}: not writable", hint="pass --journal PATH")
         self.path = path
         self._conn: sqlite3.Connection | None = None
-        self._db: sqlite_utils.Database | None = None
         self._pending: list[tuple[str, tuple[Any, ...]]] = []
         self._commits_in: dict[str, bool] = {}  # container -> whether committed_blobs may hold a record of it
         self._last_flush = time.monotonic()
@@ -163,8 +159,8 @@ class Journal:
     def conn(self) -> sqlite3.Connection:
         """The connection, opened on first use: a run with nothing to do (a no-op sync) never opens it.
 
-        A transfer's own reads and writes use it directly; sqlite-utils (`db`) serves the `jobs` commands only,
-        as its import costs ~45 ms, a fifth of the start-up of a `blobsync cp` of one small file."""
+        A transfer's reads and writes use it directly; the `jobs` commands reach it through sqlite-utils
+        (journal/jobs.py), whose import costs ~45 ms, a fifth of the start-up of a `blobsync cp` of one file."""
         if self._conn is None:
             global _last_path
             _last_path = self.path
@@ -179,15 +175,6 @@ class Journal:
                 raise damaged(exc) from exc
             self._conn = conn
         return self._conn
-
-    @property
-    def db(self) -> sqlite_utils.Database:
-        """The same connection through sqlite-utils, for the job management queries."""
-        if self._db is None:
-            import sqlite_utils
-
-            self._db = sqlite_utils.Database(self.conn)
-        return self._db
 
     def _dicts(self, sql: str, params: Iterable[Any] = ()) -> list[dict[str, Any]]:
         cursor = self.conn.execute(sql, tuple(params))
@@ -214,7 +201,7 @@ class Journal:
         conn.execute("COMMIT")
 
     @contextmanager
-    def _tx(self) -> Iterator[None]:
+    def transaction(self) -> Iterator[None]:
         """One explicit transaction (the connection runs in autocommit mode otherwise)."""
         conn = self.conn
         conn.execute("begin immediate")
@@ -228,7 +215,7 @@ class Journal:
     # --- jobs ---------------------------------------------------------------------------------------------
 
     @staticmethod
-    def _job(row: Mapping[str, Any]) -> JobRow:
+    def job_row(row: Mapping[str, Any]) -> JobRow:
         return JobRow(row["id"], JobKind(row["kind"]), row["source"], row["dest"],
                       json.loads(row["options"] or "{}"), JobState(row["state"]), row["created"], row["updated"],
                       row["pid"])
@@ -236,14 +223,14 @@ class Journal:
     def find_unfinished_job(self, kind: JobKind, source: str, dest: str) -> JobRow | None:
         rows = self._dicts("select * from jobs where kind = ? and source = ? and dest = ? and state != 'done' "
                            "order by created desc limit 1", [kind, source, dest])
-        return self._job(rows[0]) if rows else None
+        return self.job_row(rows[0]) if rows else None
 
     def get_job(self, job_id: str) -> JobRow:
         rows = self._dicts("select * from jobs where id = ? or id like ? limit 2", [job_id, f"{job_id}%"])
         if len(rows) != 1:
             raise UsageError(f"no job {job_id!r} in {self.path}" if not rows else f"job id {job_id!r} is ambiguous",
                              hint="see 'blobsync jobs list'")
-        return self._job(rows[0])
+        return self.job_row(rows[0])
 
     def create_job(self, kind: JobKind, source: str, dest: str, options: Mapping[str, Any]) -> JobRow:
         now = time.time()
@@ -271,63 +258,22 @@ class Journal:
 
     def set_job_state(self, job_id: str, state: JobState) -> None:
         self.flush()
-        with self._tx():
+        with self.transaction():
             self.conn.execute("update jobs set state = ?, updated = ?, pid = ? where id = ?",
                               (state, time.time(), os.getpid(), job_id))
-
-    def set_job_cap(self, job_id: str, cap_mbps: float) -> None:
-        """Ask a running job to change its bandwidth cap; also kept in its options for a later resume."""
-        job = self.get_job(job_id)
-        options = dict(job.options, cap_mbps=cap_mbps)
-        self.flush()
-        with self._tx():
-            self.db.execute("insert or replace into job_controls (job_id, cap_mbps, updated) values (?, ?, ?)",
-                            [job.id, cap_mbps, time.time()])
-            self.db.execute("update jobs set options = ? where id = ?", [json.dumps(options, sort_keys=True), job.id])
 
     def job_cap(self, job_id: str) -> tuple[float, float] | None:
         """The latest cap asked of a job by `set_job_cap`, and when: (megabits per second, time.time())."""
         row = self.conn.execute("select cap_mbps, updated from job_controls where job_id = ?", (job_id,)).fetchone()
         return (float(row[0]), float(row[1])) if row is not None else None
 
-    def list_jobs(self) -> list[JobRow]:
-        return [self._job(r) for r in self.db.table("jobs").rows_where(order_by="created desc")]
-
-    def job_totals(self, job_id: str) -> dict[str, dict[str, int]]:
-        """Per file state: number of files, bytes and bytes sent."""
-        out: dict[str, dict[str, int]] = {}
-        for row in self.db.query(
-            "select state, count(*) n, coalesce(sum(size),0) bytes, coalesce(sum(bytes_sent),0) sent "
-            "from files where job_id = ? group by state", [job_id],
-        ):
-            out[row["state"]] = {"files": row["n"], "bytes": row["bytes"], "sent": row["sent"]}
-        return out
-
-    def delete_jobs(self, older_than_seconds: float | None, include_unfinished: bool) -> list[str]:
-        cutoff = time.time() - (older_than_seconds or 0)
-        where = "updated <= ?" + ("" if include_unfinished else " and state = 'done'")
-        ids = [r["id"] for r in self.db.table("jobs").rows_where(where, [cutoff])]
-        self.flush()
-        with self._tx():
-            for job_id in ids:
-                self.db.execute(
-                    "delete from blocks where file_id in (select id from files where job_id = ?)", [job_id]
-                )
-                self.db.execute("delete from files where job_id = ?", [job_id])
-                self.db.execute("delete from job_controls where job_id = ?", [job_id])
-                self.db.execute("delete from jobs where id = ?", [job_id])
-        return ids
-
     # --- files --------------------------------------------------------------------------------------------
 
     @staticmethod
-    def _file(row: Mapping[str, Any]) -> FileRow:
+    def file_row(row: Mapping[str, Any]) -> FileRow:
         return FileRow(row["id"], row["job_id"], row["rel"], row["blob"], row["size"], row["mtime_ns"],
                        row["inode"], FileState(row["state"]), row["nonce"], row["block_size"], row["n_blocks"],
                        row["md5"], row["etag"], row["bytes_sent"] or 0, row["error"], row["ctime_ns"])
-
-    def files(self, job_id: str) -> list[FileRow]:
-        return [self._file(r) for r in self.db.table("files").rows_where("job_id = ?", [job_id], order_by="rel")]
 
     def add_files(self, job_id: str, entries: Iterable[tuple[str, str, int, int, int]]) -> dict[str, FileRow]:
         """Insert (rel, blob, size, mtime_ns, inode) rows not yet known; return the rows of these files by rel
@@ -335,7 +281,7 @@ class Journal:
         now = time.time()
         batch = list(entries)
         self.flush()
-        with self._tx():
+        with self.transaction():
             self.conn.executemany(
                 "insert or ignore into files (job_id, rel, blob, size, mtime_ns, inode, state, bytes_sent, "
                 "updated) values (?, ?, ?, ?, ?, ?, 'pending', 0, ?)",
@@ -346,7 +292,7 @@ class Journal:
             rels = [entry[0] for entry in batch[start:start + 500]]
             for found in self._dicts(
                     f"select * from files where job_id = ? and rel in ({','.join('?' * len(rels))})", [job_id, *rels]):
-                file = self._file(found)
+                file = self.file_row(found)
                 rows[file.rel] = file
         return rows
 
@@ -454,7 +400,7 @@ class Journal:
         if not self._pending:
             return
         pending, self._pending = self._pending, []
-        with self._tx():
+        with self.transaction():
             for sql, params in pending:
                 self.conn.execute(sql, params)
 
@@ -467,4 +413,3 @@ class Journal:
         self.flush()
         self._conn.close()
         self._conn = None
-        self._db = None
