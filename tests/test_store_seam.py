@@ -259,3 +259,20 @@ def test_a_store_from_outside_plans_its_own_part_sizes(tmp_path: Path, toy_box: 
     assert choose_block_size(10 * MiB, MiB, toystore.ToyStore.capabilities) == 4 * MiB
     with pytest.raises(blobsync.SourceError, match="3 parts"):
         choose_block_size(3 * toystore.ToyStore.capabilities.max_part_size + 1, MiB, toystore.ToyStore.capabilities)
+
+
+@pytest.mark.parametrize(("options", "words"), [
+    ({"tier": "Cool"}, "--block-blob-tier Cool: toy://"), ({"properties": {"cache_control": "no-cache"}},
+                                                          "--cache-control: toy://"),
+    ({"blob_tags": {"team": "ml"}}, "--blob-tags: toy://")])
+def test_a_write_option_the_store_cannot_keep_is_refused_before_anything_moves(
+        tmp_path: Path, toy_box: tuple[str, Path], options: dict[str, object], words: str) -> None:
+    """A store's write options are its own (the toy keeps no tier, header property or tag): asking for one is a
+    usage error before any file moves, never an option dropped in silence."""
+    name, root = toy_box
+    random_file(tmp_path / "src" / "a.bin", 1000, seed=1)
+    with pytest.raises(blobsync.UsageError, match=words.replace(".", r"\.")):
+        blobsync.sync(tmp_path / "src", f"toy://{name}/x", _config(tmp_path, **options))
+    assert not list(root.iterdir())  # nothing written
+    plain = blobsync.sync(tmp_path / "src", f"toy://{name}/x", _config(tmp_path))
+    assert plain.ok and plain.files_transferred == 1

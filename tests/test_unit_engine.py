@@ -10,8 +10,9 @@ from hypothesis import given, strategies as st
 
 from blobsync.backends.azure.errors import error_from_response, parse_retry_after
 from blobsync.backends.azure.location import BlobLocation, parse_location
+from blobsync.backends.azure.rules import MAX_BLOCKS
 from blobsync.backends.azure.writer import BLOCK_ID_LENGTH, block_id
-from blobsync.config import MAX_BLOCKS, MiB, TransferConfig, parse_metadata
+from blobsync.config import MiB, TransferConfig, parse_metadata
 from blobsync.engine.budget import MemoryBudget
 from blobsync.engine.mtime import format_mtime, parse_mtime
 from blobsync.engine.plan import block_count, block_ranges, choose_block_size, new_nonce

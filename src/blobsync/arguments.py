@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from enum import Enum
@@ -141,3 +142,20 @@ def stop_signal(value: object) -> object:
     if value is None or callable(value) or isinstance(value, threading.Event | asyncio.Event):
         return value
     raise UsageError(f"invalid stop={_shown(value)}: expected a threading.Event, asyncio.Event, function or None")
+
+
+# Control characters, CR and LF above all, would end a header line early: what follows would be read as more
+# headers, or as a second request on the same connection. HTAB is the one control character a header may hold.
+HEADER_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+
+
+def check_header_text(value: str, what: str, *, ascii_only: bool = False) -> None:
+    """Refuse text that cannot be one HTTP header value (UsageError naming `what`), before any request."""
+    if HEADER_CONTROL.search(value):
+        raise UsageError(f"invalid {what} {value[:60]!r}: line breaks and other control characters cannot be part "
+                         "of an HTTP header")
+    try:
+        value.encode("ascii" if ascii_only else "latin-1")
+    except UnicodeEncodeError as exc:
+        allowed = "ASCII" if ascii_only else "Latin-1"
+        raise UsageError(f"invalid {what} {value[:60]!r}: an HTTP header holds {allowed} text only") from exc

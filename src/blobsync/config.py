@@ -14,18 +14,15 @@ from types import MappingProxyType
 from typing import Any, Literal, Self
 from urllib.parse import quote
 
-from blobsync.arguments import boolean, choice, number, optional_path
+from blobsync.arguments import HEADER_CONTROL, boolean, check_header_text, choice, number, optional_path
+from blobsync.backends.azure import rules
 from blobsync.errors import UsageError
 from blobsync.redact import register_secret
 
 MiB = 1024 * 1024
-MAX_BLOCK_SIZE = 4000 * MiB
-MAX_PUT_BLOB_SIZE = 5000 * MiB
-MAX_BLOCKS = 50_000
 MIN_BLOCK_SIZE = 1024
 MAX_MEMORY = 1 << 40
-TIERS = ("Hot", "Cool", "Cold", "Archive")
-_RESERVED_METADATA = ("mtime",)
+_RESERVED_METADATA = ("mtime",)  # blobsync keeps the source's mtime there
 AUTO: Literal["auto"] = "auto"
 AUTO_START = 16  # --concurrency auto starts here: the old fixed default (a start at 8 cost short jobs)
 AUTO_CEILING = 64  # and never goes above this; a number given instead is both the start and the ceiling
@@ -86,29 +83,6 @@ class CheckMd5(FlagEnum):
         return "--check-md5"
 
 
-# Control characters, CR and LF above all, would end a header line early: what follows would be read as more
-# headers, or as a second request on the same connection. HTAB is the one control character a header may hold.
-_HEADER_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
-_META_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # a C# identifier (ASCII), as Azure requires
-
-
-def is_metadata_name(key: str) -> bool:
-    """The one metadata name rule (a C# identifier), for user input here and for what a store sends."""
-    return _META_NAME.match(key) is not None
-
-
-def check_header_text(value: str, what: str, *, ascii_only: bool = False) -> None:
-    """Refuse text that cannot be one HTTP header value (UsageError naming `what`), before any request."""
-    if _HEADER_CONTROL.search(value):
-        raise UsageError(f"invalid {what} {value[:60]!r}: line breaks and other control characters cannot be part "
-                         "of an HTTP header")
-    try:
-        value.encode("ascii" if ascii_only else "latin-1")
-    except UnicodeEncodeError as exc:
-        allowed = "ASCII" if ascii_only else "Latin-1"
-        raise UsageError(f"invalid {what} {value[:60]!r}: an HTTP header holds {allowed} text only") from exc
-
-
 def check_proxy_url(url: str) -> None:
     """A proxy URL as --proxy takes it: http(s)://[user:password@]host[:port], nothing else."""
     from urllib.parse import urlsplit
@@ -120,7 +94,7 @@ def check_proxy_url(url: str) -> None:
         raise UsageError(f"invalid --proxy: {exc}") from exc
     if parts.password:
         register_secret(parts.password)  # redacted wherever it could show: messages, logs
-    if _HEADER_CONTROL.search(url):
+    if HEADER_CONTROL.search(url):
         raise UsageError("invalid --proxy: line breaks and other control characters cannot be part of a URL")
     if parts.scheme not in ("http", "https") or not parts.hostname or (parts.path not in ("", "/")) or parts.query:
         shown = parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
@@ -129,17 +103,10 @@ def check_proxy_url(url: str) -> None:
 
 
 def check_metadata(key: str, value: str, what: str = "metadata") -> None:
-    """Azure's rules for one metadata pair: the name a C# identifier, the value ASCII header text."""
-    if not is_metadata_name(key):
-        raise UsageError(f"invalid {what} name {key!r}: letters, digits and '_', not starting with a digit")
+    """One metadata pair as the user gives it: Azure's rules, and not a name blobsync keeps for itself."""
+    rules.check_metadata(key, value, what)
     if key.lower() in _RESERVED_METADATA:
         raise UsageError(f"{what} name {key!r} is reserved: blobsync stores the source mtime there")
-    check_header_text(value, f"{what} value for {key!r}", ascii_only=True)
-
-
-# Properties a blob is stored with and returned on download, by AzCopy's flag names (--cache-control, ...).
-BLOB_PROPERTIES = ("cache_control", "content_disposition", "content_encoding", "content_language")
-_TAG_TEXT = re.compile(r"^[A-Za-z0-9 +\-./:=_]*$")  # what Azure allows in blob index tag names and values
 
 
 def parse_blob_tags(text: str | None) -> dict[str, str]:
@@ -153,12 +120,10 @@ def parse_blob_tags(text: str | None) -> dict[str, str]:
         key, sep, value = (unquote(part) for part in item.partition("="))
         if not sep or not key:
             raise UsageError(f"invalid --blob-tags item {item!r}: expected key=value, items joined by '&'")
-        if not (len(key) <= 128 and len(value) <= 256 and _TAG_TEXT.match(key) and _TAG_TEXT.match(value)):
-            raise UsageError(f"invalid --blob-tags item {item!r}: names up to 128 and values up to 256 characters, "
-                             "from letters, digits, space and + - . / : = _")
+        rules.check_tag(key, value, item)
         tags[key] = value
-    if len(tags) > 10:
-        raise UsageError(f"--blob-tags has {len(tags)} tags: a blob holds at most 10")
+    if len(tags) > rules.MAX_TAGS:
+        raise UsageError(f"--blob-tags has {len(tags)} tags: a blob holds at most {rules.MAX_TAGS}")
     return tags
 
 
@@ -250,10 +215,6 @@ def _flag(decl: str | None, help: str = "", **kwargs: Any) -> dict[str, Flag]:
     return {"flag": Flag(decl, help, **kwargs)}
 
 
-def _tier(text: str | None) -> str | None:
-    return next((t for t in TIERS if text and t.lower() == text.lower()), None)
-
-
 _TYPED: dict[type, tuple[tuple[str, type], ...]] = {}
 
 
@@ -279,11 +240,11 @@ class TransferConfig:
         "--block-size-mb", "Block (upload) or range (download) size; raised automatically so no blob needs more than "
                            "50,000 blocks (max 4000).", shown="F",
         kind=float, default=8, show_default=True, parse=lambda v: _mib(v, "--block-size-mb", MIN_BLOCK_SIZE,
-                                                                        MAX_BLOCK_SIZE)))
+                                                                        rules.MAX_BLOCK_SIZE)))
     put_blob_size: int | None = field(default=None, metadata=_flag(  # None: same as block_size (AzCopy's rule)
         "--put-blob-size-mb", "Files up to this size go in one request (Put Blob, or one GET) (max 5000).",
         shown="F", default_text="the block size", kind=float,
-        parse=lambda v: None if v is None else _mib(v, "--put-blob-size-mb", 0, MAX_PUT_BLOB_SIZE)))
+        parse=lambda v: None if v is None else _mib(v, "--put-blob-size-mb", 0, rules.MAX_PUT_BLOB_SIZE)))
     concurrency: Concurrency = field(default=AUTO, metadata=_flag(
         "--concurrency", "Requests in flight, one budget shared by all files: `auto` tunes the level to the link (16 "
                          "up to 64), a number is a fixed ceiling; while the service throttles (429, 503, 500 "
@@ -321,8 +282,8 @@ class TransferConfig:
         shown="\"k=v;k2=v2\"", parse=parse_metadata))
     tier: str | None = field(default=None, metadata=_flag(
         "--block-blob-tier", "Access tier.",
-        shown="Hot|Cool|Cold|Archive|None", default_text="account default", kind=(*TIERS, "None"),
-        parse=_tier))
+        shown="Hot|Cool|Cold|Archive|None", default_text="account default", kind=(*rules.TIERS, "None"),
+        parse=rules.tier_named))
     create_container: bool = field(default=False, metadata=_flag(
         "--create-container", "Create the container if it does not exist.", kind=bool, default=False,
         journal=False))
@@ -369,7 +330,7 @@ class TransferConfig:
         "--proxy", "Proxy for every request, http://[user:password@]host:port.", metavar="URL", journal=False,
         shown="URL", default_text="HTTPS_PROXY, HTTP_PROXY, ALL_PROXY, minus NO_PROXY"))
     properties: Mapping[str, str] = field(default_factory=dict, metadata=_flag(  # uploads: cache_control, ...
-        None, "Uploads: the blob's {title} header (returned on download).", group=BLOB_PROPERTIES,
+        None, "Uploads: the blob's {title} header (returned on download).", group=rules.BLOB_PROPERTIES,
         parse=lambda values: {k: v for k, v in values.items() if v is not None}))
     blob_tags: Mapping[str, str] = field(default_factory=dict, metadata=_flag(
         "--blob-tags", "Blob index tags (at most 10; URL-encode `&` and `=` inside values).",
@@ -397,9 +358,9 @@ class TransferConfig:
             elif kind is bool:
                 set_(name, boolean(getattr(self, name), name))
         set_("concurrency", _concurrency_value(self.concurrency))
-        _bytes_in(self.block_size, "block_size (--block-size-mb)", MIN_BLOCK_SIZE, MAX_BLOCK_SIZE)
+        _bytes_in(self.block_size, "block_size (--block-size-mb)", MIN_BLOCK_SIZE, rules.MAX_BLOCK_SIZE)
         if self.put_blob_size is not None:
-            _bytes_in(self.put_blob_size, "put_blob_size (--put-blob-size-mb)", 0, MAX_PUT_BLOB_SIZE)
+            _bytes_in(self.put_blob_size, "put_blob_size (--put-blob-size-mb)", 0, rules.MAX_PUT_BLOB_SIZE)
         _bytes_in(self.memory, "memory (--memory-mb)", MiB, MAX_MEMORY)
         if self.memory < self.block_size:
             raise UsageError(f"memory (--memory-mb) {_size_text(self.memory)} must hold at least one block "
@@ -423,8 +384,8 @@ class TransferConfig:
 
     def _check_text(self) -> None:
         """Every text that reaches a request header: checked here, before anything is sent."""
-        if self.tier is not None and self.tier not in TIERS:
-            raise UsageError(f"invalid --block-blob-tier {self.tier!r}: use one of {', '.join(TIERS)}")
+        if self.tier is not None and self.tier not in rules.TIERS:
+            raise UsageError(f"invalid --block-blob-tier {self.tier!r}: use one of {', '.join(rules.TIERS)}")
         if self.content_type is not None:
             check_header_text(self.content_type, "--content-type")
         if self.proxy is not None:
@@ -434,8 +395,8 @@ class TransferConfig:
                 raise UsageError(f"invalid metadata {key!r}: names and values are text")
             check_metadata(key, value)
         for key, value in self.properties.items():
-            if key not in BLOB_PROPERTIES:
-                raise UsageError(f"unknown blob property {key!r}: use one of {', '.join(BLOB_PROPERTIES)}")
+            if key not in rules.BLOB_PROPERTIES:
+                raise UsageError(f"unknown blob property {key!r}: use one of {', '.join(rules.BLOB_PROPERTIES)}")
             check_header_text(value, "--" + key.replace("_", "-"))
 
     @property
@@ -467,9 +428,9 @@ class TransferConfig:
         **kwargs: object,
     ) -> TransferConfig:
         return cls(
-            block_size=_mib(block_size_mb, "--block-size-mb", MIN_BLOCK_SIZE, MAX_BLOCK_SIZE),
+            block_size=_mib(block_size_mb, "--block-size-mb", MIN_BLOCK_SIZE, rules.MAX_BLOCK_SIZE),
             put_blob_size=None if put_blob_size_mb is None
-            else _mib(put_blob_size_mb, "--put-blob-size-mb", 0, MAX_PUT_BLOB_SIZE),
+            else _mib(put_blob_size_mb, "--put-blob-size-mb", 0, rules.MAX_PUT_BLOB_SIZE),
             memory=_mib(memory_mb, "--memory-mb", MiB, MAX_MEMORY),
             **kwargs,  # type: ignore[arg-type]
         )

@@ -28,7 +28,7 @@ class BlobProperties:
     blob_type: str | None = None
     tier: str | None = None
     range_md5: bytes | None = None  # the MD5 the store computed of the range just read, when asked for
-    # Headers a reader gets back (config.BLOB_PROPERTIES names: cache_control, content_encoding, ...), when set.
+    # Headers a reader gets back (Capabilities.properties names: cache_control, content_encoding, ...), when set.
     properties: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -47,7 +47,7 @@ class BlobHeaders:
     content_md5: bytes | None
     metadata: Mapping[str, str]
     tier: str | None = None
-    properties: Mapping[str, str] = field(default_factory=dict)  # config.BLOB_PROPERTIES name -> value
+    properties: Mapping[str, str] = field(default_factory=dict)  # Capabilities.properties name -> value
     tags: Mapping[str, str] = field(default_factory=dict)  # blob index tags
 
 
@@ -107,6 +107,11 @@ class Capabilities:
     copy_sources: bool = False  # copy_source(): this store's objects can be read by another store's service
     writes: bool = True  # False: a source only (put, writer, delete and the copies refuse)
     tags: bool = False  # tags(): the store keeps tags of its own on an object (Azure's blob index tags)
+    # What a write may set beyond content type, MD5 and metadata: the store's own write options, each checked
+    # against the job's options before anything moves (a flag the destination cannot keep is refused, not dropped).
+    tiers: tuple[str, ...] = ()  # the access tiers a write may name
+    properties: tuple[str, ...] = ()  # BlobHeaders.properties names it stores and returns (cache_control, ...)
+    metadata_name: Callable[[str], bool] | None = None  # the metadata names it keeps (None: any)
 
 
 class Location(Protocol):

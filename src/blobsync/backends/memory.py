@@ -52,6 +52,9 @@ if TYPE_CHECKING:
     from blobsync.config import TransferConfig
 
 RANGE_MD5_MAX = 4 * 1024 * 1024
+# The write options it keeps: those of the blob service it stands in for (its tests' stand-in for Azure).
+_TIERS = ("Hot", "Cool", "Cold", "Archive")
+_PROPERTIES = ("cache_control", "content_disposition", "content_encoding", "content_language")
 
 
 @dataclass(frozen=True)
@@ -186,7 +189,7 @@ class MemoryStore:
     capabilities = Capabilities(range_md5_max=RANGE_MD5_MAX, batch_delete_max=256, keeps_parts=True,
                                 lists_levels=True, part_checks=(CheckKind.CRC64, CheckKind.MD5),
                                 copy_max=256 * 1024 * 1024, stage_copy_max=4000 * 1024 * 1024, copy_sources=True,
-                                tags=True)
+                                tags=True, tiers=_TIERS, properties=_PROPERTIES)
     page_size = 5000
 
     def __init__(self, location: MemoryLocation) -> None:

@@ -91,7 +91,8 @@ async def commit_copy(ctx: EngineContext, spec: RangeSpec, source: Store) -> Non
     writer = ctx.store.writer(f.blob, f.nonce)
     tokens = [writer.token(i) for i in range(block_count(f.size, spec.block_size))]
     expected = {tokens[i]: length for i, _, length in block_ranges(f.size, spec.block_size)}
-    headers = replace(copy_headers(ctx.config, props), tags=await source_tags(ctx.config, source, ctx, f.source))
+    tags = await source_tags(ctx.config, source, ctx, f.source)
+    headers = replace(copy_headers(ctx.config, props, ctx.store.capabilities), tags=tags)
     try:
         await ctx.request(lambda: writer.commit([(t, False) for t in tokens], headers))
     except InvalidBlockListError:

@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import PurePosixPath
 
 from blobsync.backends.base import BlobHeaders, BlobProperties, Capabilities, Conditions, PutResult, Store
-from blobsync.config import TIERS, TransferConfig, is_metadata_name
+from blobsync.config import TransferConfig
 from blobsync.engine.context import EngineContext
 from blobsync.engine.mtime import destination_mtime_ns
 from blobsync.engine.overwrite import created_meanwhile, created_only, write_conditions
@@ -35,19 +35,20 @@ from blobsync.report import FileResult, FileStatus, blob_url
 log = logging.getLogger("blobsync")
 
 
-def copy_headers(cfg: TransferConfig, props: BlobProperties) -> BlobHeaders:
+def copy_headers(cfg: TransferConfig, props: BlobProperties, caps: Capabilities) -> BlobHeaders:
     """The properties a copy of `props` gets: the source's (--s2s-preserve-properties) with what the flags set
     (--content-type, --metadata, --cache-control, ..., --blob-tags) over them; the tier the flag names or, with
-    --s2s-preserve-access-tier, the source's."""
-    keep = cfg.s2s_preserve_properties
-    kept = {k: v for k, v in props.metadata.items() if is_metadata_name(k)} if keep else {}
+    --s2s-preserve-access-tier, the source's. What the destination (`caps`) cannot keep of the source's is left out."""
+    keep, valid = cfg.s2s_preserve_properties, caps.metadata_name or bool
+    kept = {k: v for k, v in props.metadata.items() if valid(k)} if keep else {}
     if keep and len(kept) < len(props.metadata):  # another cloud's names ('x-owner'): AzCopy's ExcludeIfInvalid
         log.info("%s: metadata %s left out (not valid names here)", props.name,
                  ", ".join(sorted(set(props.metadata) - set(kept))))
     metadata = {**kept, **cfg.metadata}
-    properties = {**(props.properties if keep else {}), **cfg.properties}
+    properties = {**({k: v for k, v in props.properties.items() if k in caps.properties} if keep else {}),
+                  **cfg.properties}
     content_type = cfg.content_type or (props.content_type if keep and props.content_type else OCTET_STREAM)
-    source_tier = props.tier if cfg.s2s_preserve_access_tier and props.tier in TIERS else None
+    source_tier = props.tier if cfg.s2s_preserve_access_tier and props.tier in caps.tiers else None
     return BlobHeaders(content_type, props.content_md5 if keep else None, metadata, cfg.tier or source_tier,
                        properties, cfg.blob_tags)
 
@@ -134,7 +135,8 @@ class BlobCopier:
     async def _copy_whole(self, row: FileRow, listed: BlobProperties, conditions: Conditions) -> FileResult:
         ctx, cfg = self.ctx, self.ctx.config
         source = await self.source.copy_source(listed.name, listed.etag or None)
-        tier = cfg.tier or (listed.tier if cfg.s2s_preserve_access_tier and listed.tier in TIERS else None)
+        tier = cfg.tier or (listed.tier if cfg.s2s_preserve_access_tier and listed.tier in ctx.store.capabilities.tiers
+                                else None)
         copy_tags = cfg.s2s_preserve_blob_tags
         try:
             result = await ctx.request(lambda: ctx.store.copy_from(row.blob, source, conditions, tier, copy_tags))
@@ -176,8 +178,8 @@ class BlobCopier:
         todo = [r for r in ranges if tokens[r[0]] not in held]
         ctx.progress.advanced(row.rel, props.size - sum(length for _, _, length in todo), 0)
         await for_each(todo, stage, ctx.config.max_concurrency)
-        headers = replace(copy_headers(ctx.config, props), tags=await source_tags(ctx.config, self.source, ctx,
-                                                                                   props.name))
+        tags = await source_tags(ctx.config, self.source, ctx, props.name)
+        headers = replace(copy_headers(ctx.config, props, ctx.store.capabilities), tags=tags)
         result = await ctx.request(lambda: writer.commit([(t, False) for t in tokens], headers, conditions))
         await verify_commit(ctx, writer, row.blob, tokens, expected, props.size, headers.content_md5)
         copied = sum(length for _, _, length in todo)
@@ -205,7 +207,7 @@ class BlobCopier:
         source's, resumable like a file."""
         props = await self._stat_source(listed)
         src = BlobSource(self.ctx, self.source, props, asyncio.get_running_loop())
-        headers = replace(copy_headers(self.ctx.config, props),
+        headers = replace(copy_headers(self.ctx.config, props, self.ctx.store.capabilities),
                           tags=await source_tags(self.ctx.config, self.source, self.ctx, props.name))
         result = await FileUploader(self.ctx).upload_source(row, src, headers=headers,
                                                             conditions=conditions, expected_md5=props.content_md5)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from blobsync.backends.base import Location
+from blobsync.backends.base import Capabilities, Location
 from blobsync.config import Overwrite, TransferConfig
 from blobsync.engine.prompt import OverwritePrompt
 from blobsync.engine.session import Session
@@ -20,15 +20,33 @@ from blobsync.report import Report
 __all__ = ["CopySpec", "DownloadSpec", "Hooks", "JobSpec", "PutSpec", "RemoveSpec", "SyncSpec", "UploadSpec", "run_job"]
 
 
+def check_writes(config: TransferConfig, caps: Capabilities, where: str) -> None:
+    """Refuse, before anything moves, a write option the destination store cannot keep (a flag is never dropped
+    in silence): its access tiers, header properties, tags and metadata names are its own."""
+    if not caps.writes:
+        raise UsageError(f"{where}: this kind of URL is a source only: blobsync writes to Azure Blob Storage (or "
+                         "memory://)")
+    if config.tier is not None and config.tier not in caps.tiers:
+        offered = f"it takes {', '.join(caps.tiers)}" if caps.tiers else "it has no access tiers"
+        raise UsageError(f"--block-blob-tier {config.tier}: {where} cannot keep it ({offered})")
+    for name in config.properties:
+        if name not in caps.properties:
+            raise UsageError(f"--{name.replace('_', '-')}: {where} does not keep that property")
+    if config.blob_tags and not caps.tags:
+        raise UsageError(f"--blob-tags: {where} does not keep tags")
+    bad = [k for k in config.metadata if caps.metadata_name is not None and not caps.metadata_name(k)]
+    if bad:
+        raise UsageError(f"--metadata: {where} does not take the name {bad[0]!r}")
+
+
 async def run_job(spec: JobSpec, session: Session, config: TransferConfig, *, progress: Progress,
                   hooks: Hooks | None = None, job: JobRow | None = None) -> Report:
     """Run the job `spec` describes with `config`, in `session` (its stores, journal and budgets); `job` is the
     journal's record of the run to resume (None: the journal finds an unfinished one for the same folders)."""
     hooks = hooks or Hooks()
     written = _written(spec)
-    if written is not None and not session.store(written).capabilities.writes:
-        raise UsageError(f"{written.display}: this kind of URL is a source only: blobsync writes to Azure Blob "
-                         "Storage (or memory://)")
+    if written is not None:
+        check_writes(config, session.store(written).capabilities, written.display)
     # Each job's code is imported with its first run: a no-op sync never loads the upload or download code.
     if isinstance(spec, RemoveSpec):
         from blobsync.jobs.remove import RemoveJob

@@ -85,7 +85,7 @@ def properties_from_headers(name: str, h: Mapping[str, str]) -> BlobProperties:
     )
 
 
-# The properties a reader gets back as headers (config.BLOB_PROPERTIES), as HTTP and List Blobs name them.
+# The properties a reader gets back as headers (rules.BLOB_PROPERTIES), as HTTP and List Blobs name them.
 _PROPERTY_NAMES = (("cache_control", "Cache-Control"), ("content_disposition", "Content-Disposition"),
                    ("content_encoding", "Content-Encoding"), ("content_language", "Content-Language"))
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import quote, urlencode, urlsplit
 
 from blobsync._version import __version__
+from blobsync.backends.azure import rules
 from blobsync.backends.azure.auth import Credential, Request, read_grant, warn_if_plain_http
 from blobsync.backends.azure.batch import SubRequest, batch_body, parse_batch
 from blobsync.backends.azure.errors import error_from_response
@@ -28,6 +29,7 @@ from blobsync.backends.azure.listing import (
     properties_from_headers,
 )
 from blobsync.backends.azure.location import BlobLocation, check_blob_name
+from blobsync.backends.azure.rules import is_metadata_name
 from blobsync.backends.azure.writer import BlockBlobWriter
 from blobsync.backends.base import (
     NO_CONDITIONS,
@@ -46,7 +48,6 @@ from blobsync.backends.base import (
     direct,
 )
 from blobsync.backends.http import HttpClient, HttpError
-from blobsync.config import is_metadata_name
 from blobsync.errors import (
     AuthError,
     BatchUnsupported,
@@ -162,10 +163,12 @@ class AzureContainerStore:
     """Store over the Blob REST API, signed with a SAS, Shared Key or Azure AD token."""
 
     page_size = 5000  # blobs per List Blobs page: the service's maximum
-    capabilities = Capabilities(max_parts=50_000, max_part_size=4000 * 1024 * 1024, range_md5_max=RANGE_MD5_MAX,
-                                batch_delete_max=BATCH_MAX, keeps_parts=True, lists_levels=True,
-                                part_checks=(CheckKind.CRC64, CheckKind.MD5), copy_max=256 * 1024 * 1024,
-                                stage_copy_max=4000 * 1024 * 1024, copy_sources=True, tags=True)
+    capabilities = Capabilities(max_parts=rules.MAX_BLOCKS, max_part_size=rules.MAX_BLOCK_SIZE,
+                                range_md5_max=RANGE_MD5_MAX, batch_delete_max=BATCH_MAX, keeps_parts=True,
+                                lists_levels=True, part_checks=(CheckKind.CRC64, CheckKind.MD5),
+                                copy_max=rules.MAX_COPY_SIZE, stage_copy_max=rules.MAX_BLOCK_SIZE, copy_sources=True,
+                                tags=True, tiers=rules.TIERS, properties=rules.BLOB_PROPERTIES,
+                                metadata_name=rules.is_metadata_name)
     # The emulator (Azurite) computes CRC64s in JavaScript, ~20 s of its CPU per GiB against ~1 s for MD5s.
     _emulator = dataclasses.replace(capabilities, part_checks=(CheckKind.MD5, CheckKind.CRC64))
 
