@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from blobsync import checksums
-from blobsync.backends.base import CheckKind, PartCheck
+from blobsync.backends.base import BlockCheck, PartCheck
 from blobsync.backends.registry import open_store
 from blobsync.checksums import choose_check, crc64_of, part_check
 from blobsync.config import TransferConfig
@@ -30,26 +30,27 @@ def test_storage_crc64_is_crc64_nvme_as_the_header_carries_it() -> None:
     assert base64.b64encode(crc64_of(b"Hello World")) == b"YeJLfssylmU="
     data = os.urandom(100_000)
     assert crc64_of(memoryview(bytearray(data))[10:]) == crc64_of(data[10:])  # any buffer, no copy needed
-    assert part_check(b"x", CheckKind.MD5) == PartCheck(CheckKind.MD5, hashlib.md5(b"x").digest())
-    assert part_check(b"x", CheckKind.CRC64) == PartCheck(CheckKind.CRC64, crc64_of(b"x"))
+    assert part_check(b"x", BlockCheck.MD5) == PartCheck(BlockCheck.MD5, hashlib.md5(b"x").digest())
+    assert part_check(b"x", BlockCheck.CRC64) == PartCheck(BlockCheck.CRC64, crc64_of(b"x"))
 
 
 def test_azure_gets_crc64_and_the_emulator_md5_unless_asked() -> None:
     config = TransferConfig()
     azure = open_store(f"https://acct.blob.core.windows.net/cont?{SAS}", config, {})
     emulator = open_store(f"http://127.0.0.1:10000/devstoreaccount1/cont?{SAS}", config, {})
-    assert choose_check(azure.capabilities.part_checks) is CheckKind.CRC64
-    assert choose_check(emulator.capabilities.part_checks) is CheckKind.MD5
-    assert choose_check(emulator.capabilities.part_checks, "crc64") is CheckKind.CRC64
-    assert choose_check(azure.capabilities.part_checks, "md5") is CheckKind.MD5
-    assert choose_check((), "auto") is None and choose_check((), "md5") is None  # a store that verifies none
+    assert choose_check(azure.capabilities.part_checks) is BlockCheck.CRC64
+    assert choose_check(emulator.capabilities.part_checks) is BlockCheck.MD5
+    assert choose_check(emulator.capabilities.part_checks, BlockCheck.CRC64) is BlockCheck.CRC64
+    assert choose_check(azure.capabilities.part_checks, BlockCheck.MD5) is BlockCheck.MD5
+    assert choose_check((), BlockCheck.AUTO) is None  # a store that verifies none
+    assert choose_check((), BlockCheck.MD5) is None
 
 
 def test_without_awscrt_auto_falls_back_to_md5_and_crc64_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(checksums, "_crc64", lambda: None)
-    assert choose_check((CheckKind.CRC64, CheckKind.MD5)) is CheckKind.MD5
+    assert choose_check((BlockCheck.CRC64, BlockCheck.MD5)) is BlockCheck.MD5
     with pytest.raises(UsageError, match="awscrt"):
-        choose_check((CheckKind.CRC64, CheckKind.MD5), "crc64")
+        choose_check((BlockCheck.CRC64, BlockCheck.MD5), BlockCheck.CRC64)
 
 
 @pytest.mark.parametrize("how", ["not installed", "installed but broken"])

@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from enum import Enum
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 from blobsync.errors import UsageError
 
@@ -159,3 +159,19 @@ def check_header_text(value: str, what: str, *, ascii_only: bool = False) -> Non
     except UnicodeEncodeError as exc:
         allowed = "ASCII" if ascii_only else "Latin-1"
         raise UsageError(f"invalid {what} {value[:60]!r}: an HTTP header holds {allowed} text only") from exc
+
+
+class FlagEnum(Enum):
+    """An enum whose values are a flag's accepted words, matched case-insensitively."""
+
+    @classmethod
+    def flag(cls) -> str:
+        return "--" + re.sub(r"(?<!^)(?=[A-Z])", "-", cls.__name__).lower()
+
+    @classmethod
+    def parse(cls, text: str) -> Self:
+        for member in cls:
+            if str(member.value).lower() == text.lower():
+                return member
+        words = ", ".join(str(m.value) for m in cls)
+        raise UsageError(f"invalid {cls.flag()} {text!r}: use one of {words}")

@@ -9,25 +9,27 @@ import importlib.util
 import logging
 import struct
 from collections.abc import Callable
-from enum import StrEnum
 from typing import NamedTuple
 
+from blobsync.arguments import FlagEnum
 from blobsync.errors import UsageError
 
 Buffer = bytes | bytearray | memoryview
 
 
-class CheckKind(StrEnum):
-    """A checksum a store verifies on a part as it arrives (and refuses the part if the body differs)."""
+class BlockCheck(FlagEnum):
+    """A checksum a store verifies on a part as it arrives (and refuses the part if the body differs); as
+    --block-check, AUTO asks for the store's cheapest (a store's `part_checks` never name AUTO)."""
 
-    MD5 = "md5"
+    AUTO = "auto"
     CRC64 = "crc64"  # Azure's Storage CRC64: the CRC-64/NVME polynomial, ~35x cheaper than MD5 with SIMD
+    MD5 = "md5"
 
 
 class PartCheck(NamedTuple):
     """The check one part is sent with: which checksum, and its value as the store's header carries it."""
 
-    kind: CheckKind
+    kind: BlockCheck
     value: bytes
 
 _NO_CRC64 = "--block-check crc64 needs the awscrt package (pip install awscrt), which did not load"
@@ -57,16 +59,15 @@ def require_crc64() -> None:
         raise UsageError(_NO_CRC64)
 
 
-def choose_check(accepted: tuple[CheckKind, ...], wanted: str = "auto") -> CheckKind | None:
-    """The part check to send: `wanted` ('auto': the first of the store's `accepted`, in its order of preference,
+def choose_check(accepted: tuple[BlockCheck, ...], wanted: BlockCheck = BlockCheck.AUTO) -> BlockCheck | None:
+    """The part check to send: `wanted` (AUTO: the first of the store's `accepted`, in its order of preference,
     that this machine computes); None if the store verifies none. A CRC64 asked for without awscrt is a
     UsageError."""
-    if wanted != "auto":
-        kind = CheckKind(wanted)
-        if kind is CheckKind.CRC64 and _crc64() is None:
+    if wanted is not BlockCheck.AUTO:
+        if wanted is BlockCheck.CRC64 and _crc64() is None:
             raise UsageError(_NO_CRC64)
-        return kind if kind in accepted else None
-    return next((k for k in accepted if k is not CheckKind.CRC64 or _crc64() is not None), None)
+        return wanted if wanted in accepted else None
+    return next((k for k in accepted if k is not BlockCheck.CRC64 or _crc64() is not None), None)
 
 
 def crc64_of(data: Buffer) -> bytes:
@@ -76,5 +77,5 @@ def crc64_of(data: Buffer) -> bytes:
     return struct.pack("<Q", crc(data, 0))
 
 
-def part_check(data: Buffer, kind: CheckKind) -> PartCheck:
-    return PartCheck(kind, crc64_of(data) if kind is CheckKind.CRC64 else hashlib.md5(data).digest())
+def part_check(data: Buffer, kind: BlockCheck) -> PartCheck:
+    return PartCheck(kind, crc64_of(data) if kind is BlockCheck.CRC64 else hashlib.md5(data).digest())

@@ -14,8 +14,9 @@ from types import MappingProxyType
 from typing import Any, Literal, Self
 from urllib.parse import quote
 
-from blobsync.arguments import HEADER_CONTROL, boolean, check_header_text, choice, number, optional_path
+from blobsync.arguments import HEADER_CONTROL, FlagEnum, boolean, check_header_text, choice, number, optional_path
 from blobsync.backends.azure import rules
+from blobsync.checksums import BlockCheck as BlockCheck
 from blobsync.errors import UsageError
 from blobsync.redact import register_secret
 
@@ -39,35 +40,11 @@ def parse_concurrency(text: str | int) -> Concurrency:
     return AUTO
 
 
-class FlagEnum(Enum):
-    """An enum whose values are a flag's accepted words, matched case-insensitively."""
-
-    @classmethod
-    def flag(cls) -> str:
-        return "--" + re.sub(r"(?<!^)(?=[A-Z])", "-", cls.__name__).lower()
-
-    @classmethod
-    def parse(cls, text: str) -> Self:
-        for member in cls:
-            if str(member.value).lower() == text.lower():
-                return member
-        words = ", ".join(str(m.value) for m in cls)
-        raise UsageError(f"invalid {cls.flag()} {text!r}: use one of {words}")
-
-
 class Overwrite(FlagEnum):
     TRUE = "true"
     FALSE = "false"
     IF_SOURCE_NEWER = "ifSourceNewer"
     PROMPT = "prompt"  # ask for each file that exists (yes, no, all, none); needs someone to answer
-
-
-class BlockCheck(FlagEnum):
-    """The check each uploaded block carries for the service to verify on arrival."""
-
-    AUTO = "auto"  # the store's cheapest (Azure: a Storage CRC64; the emulator: an MD5)
-    CRC64 = "crc64"
-    MD5 = "md5"
 
 
 class CheckMd5(FlagEnum):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from blobsync.config import FlagEnum
+from blobsync.arguments import FlagEnum
 
 
 class DeleteMode(FlagEnum):

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Protocol, Self, TypeVar
 
-from blobsync.checksums import Buffer as Buffer, CheckKind as CheckKind, PartCheck as PartCheck
+from blobsync.checksums import BlockCheck as BlockCheck, Buffer as Buffer, PartCheck as PartCheck
 
 if TYPE_CHECKING:
     from blobsync.errors import ServiceError
@@ -101,7 +101,7 @@ class Capabilities:
     batch_delete_max: int = 0  # deletes one delete_many request takes (0: delete_many is not offered)
     keeps_parts: bool = False  # a commit may name parts of the current version (delta uploads)
     lists_levels: bool = False  # list_level: one level at a time (a huge listing then runs one prefix per task)
-    part_checks: tuple[CheckKind, ...] = ()  # checks stage() verifies on arrival, the store's preferred first
+    part_checks: tuple[BlockCheck, ...] = ()  # checks stage() verifies on arrival, the store's preferred first
     copy_max: int = 0  # the largest object copy_from() copies from another store's URL in one request (0: none)
     stage_copy_max: int = 0  # the largest part a writer's stage_from() stages from a URL (0: none)
     copy_sources: bool = False  # copy_source(): this store's objects can be read by another store's service

@@ -19,9 +19,9 @@ from blobsync.backends.base import (
     NO_CONDITIONS,
     BlobHeaders,
     BlobProperties,
+    BlockCheck,
     Buffer,
     Capabilities,
-    CheckKind,
     Conditions,
     CopySource,
     Part,
@@ -187,7 +187,7 @@ class MemoryStore:
     """Store over one in-process container."""
 
     capabilities = Capabilities(range_md5_max=RANGE_MD5_MAX, batch_delete_max=256, keeps_parts=True,
-                                lists_levels=True, part_checks=(CheckKind.CRC64, CheckKind.MD5),
+                                lists_levels=True, part_checks=(BlockCheck.CRC64, BlockCheck.MD5),
                                 copy_max=256 * 1024 * 1024, stage_copy_max=4000 * 1024 * 1024, copy_sources=True,
                                 tags=True, tiers=_TIERS, properties=_PROPERTIES)
     page_size = 5000
@@ -374,7 +374,7 @@ class MemoryWriter:
         box = await self.store._enter("stage", self.name)
         body = bytes(data)
         if check is not None and part_check(body, check.kind) != check:
-            code = "Crc64Mismatch" if check.kind is CheckKind.CRC64 else "Md5Mismatch"
+            code = "Crc64Mismatch" if check.kind is BlockCheck.CRC64 else "Md5Mismatch"
             raise CorruptedInTransitError(f"put block of {self.name!r}: HTTP 400 {code}", status=400, code=code)
         token = self.token(index)
         pending = box.staged.setdefault(self.name, {})

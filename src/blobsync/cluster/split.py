@@ -76,7 +76,7 @@ async def _stage_range(spec: RangeSpec, publish: Publish | None, worker: str) ->
 async def _stage_blocks(ctx: EngineContext, spec: RangeSpec, stage: Callable[[int, memoryview, PartCheck | None],
                         Awaitable[None]], tokens: list[str], present: set[str]) -> int:
     f, path, size = spec.file, _path(spec), spec.block_size
-    kind = choose_check(ctx.store.capabilities.part_checks, ctx.config.block_check.value)
+    kind = choose_check(ctx.store.capabilities.part_checks, ctx.config.block_check)
     src = OpenFile(path)
     sent = 0
 

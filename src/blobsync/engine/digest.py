@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import xxhash
 
-from blobsync.backends.base import CheckKind, PartCheck
+from blobsync.backends.base import BlockCheck, PartCheck
 from blobsync.checksums import part_check
 
 if TYPE_CHECKING:
@@ -29,7 +29,7 @@ def md5_of(data: Buffer) -> bytes:
     return hashlib.md5(data).digest()
 
 
-def block_digests(data: Buffer, unchanged: bytes | None = None, check: CheckKind | None = CheckKind.MD5
+def block_digests(data: Buffer, unchanged: bytes | None = None, check: BlockCheck | None = BlockCheck.MD5
                   ) -> tuple[PartCheck | None, bytes]:
     """(the part's check, xxh3-128) of one block, in the worker thread that read it.
 

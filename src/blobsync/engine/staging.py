@@ -8,9 +8,8 @@ import functools
 import logging
 from dataclasses import dataclass, field, replace
 
-from blobsync.backends.base import BlobHeaders, CheckKind, ChunkedWriter, Conditions, PartCheck, PutResult
+from blobsync.backends.base import BlobHeaders, BlockCheck, ChunkedWriter, Conditions, PartCheck, PutResult
 from blobsync.checksums import choose_check, require_crc64
-from blobsync.config import BlockCheck
 from blobsync.engine.budget import BlockBuffer, Window
 from blobsync.engine.context import EngineContext
 from blobsync.engine.delta import DeltaBase, committed_record
@@ -75,7 +74,7 @@ class BlockWrite:
 
 
 def read_block(src: Source, view: memoryview, offset: int, unchanged: bytes | None = None,
-               check: CheckKind | None = CheckKind.MD5) -> tuple[PartCheck | None, bytes]:
+               check: BlockCheck | None = BlockCheck.MD5) -> tuple[PartCheck | None, bytes]:
     """Fill `view` from the file and return its digests (in a worker thread)."""
     src.read_into(view, offset)
     return block_digests(view, unchanged, check)
@@ -110,10 +109,10 @@ class BlockUploader:
             require_crc64()  # asked for by name: refused now, before anything moves, if it is not installed
 
     @functools.cached_property
-    def check(self) -> CheckKind | None:
+    def check(self) -> BlockCheck | None:
         """The check each block carries; chosen on first use, as a CRC64 loads awscrt (~75 ms), which a job of
         small files never needs."""
-        return choose_check(self.ctx.store.capabilities.part_checks, self.ctx.config.block_check.value)
+        return choose_check(self.ctx.store.capabilities.part_checks, self.ctx.config.block_check)
 
     async def run(self, w: BlockWrite, src: Source, resume: bool) -> FileResult:
         if resume:

@@ -37,7 +37,7 @@ class StreamWriter:
         self._tokens: list[str] = []
         self._lengths: dict[str, int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        self._check = choose_check(ctx.store.capabilities.part_checks, ctx.config.block_check.value)
+        self._check = choose_check(ctx.store.capabilities.part_checks, ctx.config.block_check)
         self.closed = False
 
     async def write(self, data: Buffer) -> int:

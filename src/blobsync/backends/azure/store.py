@@ -35,9 +35,9 @@ from blobsync.backends.base import (
     NO_CONDITIONS,
     BlobHeaders,
     BlobProperties,
+    BlockCheck,
     Buffer,
     Capabilities,
-    CheckKind,
     Conditions,
     CopySource,
     Part,
@@ -165,12 +165,12 @@ class AzureContainerStore:
     page_size = 5000  # blobs per List Blobs page: the service's maximum
     capabilities = Capabilities(max_parts=rules.MAX_BLOCKS, max_part_size=rules.MAX_BLOCK_SIZE,
                                 range_md5_max=RANGE_MD5_MAX, batch_delete_max=BATCH_MAX, keeps_parts=True,
-                                lists_levels=True, part_checks=(CheckKind.CRC64, CheckKind.MD5),
+                                lists_levels=True, part_checks=(BlockCheck.CRC64, BlockCheck.MD5),
                                 copy_max=rules.MAX_COPY_SIZE, stage_copy_max=rules.MAX_BLOCK_SIZE, copy_sources=True,
                                 tags=True, tiers=rules.TIERS, properties=rules.BLOB_PROPERTIES,
                                 metadata_name=rules.is_metadata_name)
     # The emulator (Azurite) computes CRC64s in JavaScript, ~20 s of its CPU per GiB against ~1 s for MD5s.
-    _emulator = dataclasses.replace(capabilities, part_checks=(CheckKind.MD5, CheckKind.CRC64))
+    _emulator = dataclasses.replace(capabilities, part_checks=(BlockCheck.MD5, BlockCheck.CRC64))
 
     def __init__(
         self,
@@ -397,7 +397,7 @@ class AzureContainerStore:
         req: dict[str, str] = {}
         if check is not None:
             # The service computes the named checksum of the body and refuses the block if it differs.
-            req["x-ms-content-crc64" if check.kind is CheckKind.CRC64 else "Content-MD5"] = _b64(check.value)
+            req["x-ms-content-crc64" if check.kind is BlockCheck.CRC64 else "Content-MD5"] = _b64(check.value)
         await self._call(
             "PUT", name, [("comp", "block"), ("blockid", block_id)], req, data, f"put block of {name!r}",
             (201,),
