@@ -5,7 +5,8 @@
 Workloads: upload-large (1 GiB up), upload-small (2,000 x 16 KiB up), download-large (1 GiB down), noop-sync
 (no-op re-sync of 10,000 files), resume (1 GiB up, SIGKILL at 50%, run again), slow-link (64 MiB up over a
 rate-limited veth between two network namespaces plus per-request latency; needs root), slow-small (1,000 x 16 KiB
-over the same link), sparse-rss (blobsync's peak RSS uploading sparse files of 1 and 20 GiB), all.
+over the same link), sparse-rss (blobsync's peak RSS uploading sparse files of 1 and 20 GiB), throttled (1 GiB up
+with 10% of Put Blocks answered 503 through the fault proxy), delta (1 GiB re-synced after 2 blocks changed), all.
 
 Each run starts Azurite, runs ONE tool in a child process (wall time, its CPU and peak RSS from wait4 rusage,
 Azurite's CPU), checks the result independently (listing count + bytes; downloads: size + SHA-256), and stops
@@ -34,6 +35,7 @@ from harness.report import derived, fmt, report, src_state
 from harness.tools import REFERENCE_TOOLS, UPLOAD_TOOLS, VENV_PYTHON, Settings, available
 from harness.workloads import (
     DEFAULT_CACHE,
+    Delta,
     Download,
     NoopSync,
     NullDownload,
@@ -41,6 +43,7 @@ from harness.workloads import (
     Run,
     SlowLinkUpload,
     SparseRss,
+    Throttled,
     Upload,
     Workload,
     large_file,
@@ -49,7 +52,8 @@ from harness.workloads import (
 )
 
 WORKLOADS = ("upload-large", "upload-small", "download-large", "noop-sync", "resume", "slow-link", "slow-small",
-             "sparse-rss", "null-upload-large", "null-upload-small", "null-download-large", "cluster")  # fmt: skip
+             "sparse-rss", "null-upload-large", "null-upload-small", "null-download-large", "cluster", "throttled",
+             "delta")  # fmt: skip
 ORIG_ARGV_ENV = "BLOBSYNC_BENCH_ORIG_ARGV"  # survives the re-exec under the venv so the report shows what was typed
 
 
@@ -67,6 +71,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                    help="no noise guard (no waiting for a quiet machine, no re-runs): smoke tests only")  # fmt: skip
     g = p.add_argument_group("sizes")
     g.add_argument("--large-mib", type=int, default=1024, help="upload-large/download-large file (default 1024)")
+    g.add_argument("--throttle-pct", type=float, default=10.0, help="throttled: share of Put Blocks answered 503")
+    g.add_argument("--retry-after", type=float, default=1.0, help="throttled: the 503s' Retry-After (s)")
+    g.add_argument("--changed-blocks", type=int, default=2, help="delta: blocks changed before the re-sync")
     g.add_argument("--small-files", type=int, default=2000, help="upload-small file count (default 2000)")
     g.add_argument("--small-kib", type=int, default=16, help="upload-small file size (default 16)")
     g.add_argument("--noop-files", type=int, default=10_000, help="noop-sync tree (default 10000)")
@@ -150,6 +157,11 @@ def make_workload(name: str, a: argparse.Namespace) -> Workload:
                       f"one {size_label(a.large_mib)} file up with `--cluster local:1` and `local:2` (split into "
                       "block ranges over the workers) against the plain engine",
                       tools=("blobsync", "blobsync-cluster1", "blobsync-cluster2"))  # fmt: skip
+    if name == "throttled":
+        return Throttled(lambda: large_file(cache, a.large_mib), a.throttle_pct, a.retry_after,
+                         size_label(a.large_mib))
+    if name == "delta":
+        return Delta(cache, a.large_mib, a.changed_blocks)
     if name == "sparse-rss":
         return SparseRss(cache, [int(float(x) * 1024) for x in a.sparse_gib.split(",")])
     raise ValueError(name)

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.skipif(
 def test_harness_smoke_run(tmp_path: Path) -> None:
     report, raw = tmp_path / "report.md", tmp_path / "runs.json"
     cmd = [
-        sys.executable, str(RUN), "upload-large", "upload-small", "noop-sync",
+        sys.executable, str(RUN), "upload-large", "upload-small", "noop-sync", "throttled", "delta",
         "--large-mib", "4", "--small-files", "20", "--noop-files", "50", "--repeat", "1",
         "--tools", "blobsync,sdk,minimal", "--quick", "--markdown",
         "--cache-dir", str(tmp_path / "cache"), "--out", str(report), "--json", str(raw), "--timeout", "120",
@@ -39,10 +39,12 @@ def test_harness_smoke_run(tmp_path: Path) -> None:
     assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
 
     runs = json.loads(raw.read_text())
-    assert set(runs) == {"upload-large", "upload-small", "noop-sync"}
+    assert set(runs) == {"upload-large", "upload-small", "noop-sync", "throttled", "delta"}
     assert runs["upload-large"]["tools"] == ["blobsync", "sdk", "minimal"]  # the reference: one file up only
     assert runs["upload-small"]["tools"] == ["blobsync", "sdk"]
-    assert runs["noop-sync"]["tools"] == ["blobsync"]  # the SDK has no sync: not a tool of that workload
+    assert runs["noop-sync"]["tools"] == runs["delta"]["tools"] == ["blobsync"]  # the SDK has no sync
+    assert runs["throttled"]["tools"] == ["blobsync", "sdk"]
+    assert all(r["extra"]["requests"] >= 2 for r in runs["throttled"]["runs"])  # it went through the proxy
     for name, data in runs.items():
         assert data["runs"], name
         for r in data["runs"]:

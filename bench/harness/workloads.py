@@ -323,6 +323,110 @@ class Upload(Workload):
         return self.files, self.total_bytes
 
 
+class Throttled(Upload):
+    """One large file up through the fault proxy, which answers a share of Put Blocks 503 ServerBusy with a
+    Retry-After: how each tool backs off and what it sends again."""
+
+    def __init__(self, src_fn: Callable[[], Path], pct: float, retry_after: float, label: str) -> None:
+        super().__init__("throttled", src_fn, False, f"one {label} file up, {pct:g}% of Put Blocks answered 503 "
+                         f"ServerBusy (Retry-After {retry_after:g} s)", tools=UPLOAD_TOOLS)
+        self.pct, self.retry_after = pct, retry_after
+
+    def one(self, rnd: int, tool: str, st: Settings) -> Run:
+        from support.proxy import FaultProxy, Rule, respond
+
+        run = Run(rnd, tool)
+        with run_dir(tool, st) as tmp, recorded(run), self.server(tmp) as azurite, \
+                FaultProxy(azurite.base_url) as proxy:
+            proxy.add_rule(Rule("put_block", respond(503, "ServerBusy", retry_after=self.retry_after),
+                                probability=self.pct / 100, seed=rnd))
+            target = Target(proxy.endpoint())
+            mkcontainer(target, self.container, st)
+            cmd = upload_cmd(tool, self.src, False, self.container, target, tmp, st)
+            res = measure(run, cmd, env_for(target, tmp), tmp, azurite, st)
+            stats = proxy.stats
+            run.extra |= {"faults": float(sum(stats.faults.values())), "put_blocks": float(stats.requests["put_block"]),
+                          "requests": float(sum(stats.requests.values())),
+                          "resent_mib": max(0, stats.bytes_in["put_block"] - self.total_bytes) / MiB}
+            finish(run, exit_problems(res, st) + check_listing(target, self.container, st, self.expect(tool)), tmp)
+        return run
+
+    def notes(self) -> list[str]:
+        return ["Each run: a fresh Azurite behind the suite's fault proxy (tests/support/proxy.py, in the benchmark "
+                "process: its CPU is the harness's), which answers the chosen share of Put Block requests 503 "
+                "ServerBusy with a Retry-After, seeded per round so every tool meets the same pattern. `resent_mib`: "
+                "Put Block bodies sent beyond the file's size (the refused ones)."]
+
+
+class Delta(Workload):
+    """A large file synced, a few of its blocks changed, synced again (timed): what a tool sends for a small edit."""
+
+    tools = SYNC_TOOLS
+
+    def __init__(self, cache: Path, size_mib: int, changed_blocks: int) -> None:
+        self.cache, self.size_mib, self.changed = cache, size_mib, changed_blocks
+        self.name = "delta"
+        self.description = (f"one {size_label(size_mib)} file re-synced after {changed_blocks} of its "
+                            f"{BLOBSYNC_BLOCK_MIB} MiB blocks changed")
+        self.src = Path()
+
+    def prepare(self) -> None:
+        self.src = large_file(self.cache, self.size_mib)
+        self.total_bytes = self.src.stat().st_size
+        warm(self.src)
+
+    def one(self, rnd: int, tool: str, st: Settings) -> Run:
+        run = Run(rnd, tool)
+        with run_dir(tool, st) as tmp, recorded(run), Azurite(tmp) as azurite:
+            target = Target(azurite.blob_endpoint)
+            tree = tmp / "tree"
+            tree.mkdir()
+            shutil.copyfile(self.src, tree / self.src.name)
+            mkcontainer(target, "delta", st)
+            seed = measure(Run(rnd, tool), sync_cmd(tool, tree, "delta", target, tmp, st), env_for(target, tmp), tmp,
+                           azurite, st, log_name="seed.log", quiet_check=False)
+            problems = exit_problems(seed, st)
+            digest = self._edit(tree / self.src.name, rnd)
+            res = measure(run, sync_cmd(tool, tree, "delta", target, tmp, st), env_for(target, tmp), tmp, azurite, st)
+            problems += exit_problems(res, st) + check_listing(target, "delta", st, (1, self.total_bytes))
+            problems += self._check_bytes(target, digest)
+            finish(run, problems, tmp)
+        return run
+
+    def _edit(self, path: Path, rnd: int) -> str:
+        """Overwrite 4 KiB inside `changed` blocks spread over the file (mtime moves on); the new SHA-256."""
+        block, count = BLOBSYNC_BLOCK_MIB * MiB, max(1, self.total_bytes // (BLOBSYNC_BLOCK_MIB * MiB))
+        with path.open("r+b") as f:
+            for i in range(self.changed):
+                f.seek(((i * count // self.changed + rnd) % count) * block + 1000)
+                f.write(os.urandom(4096))
+        os.utime(path, ns=(time.time_ns(), time.time_ns() + 2_000_000_000))  # newer than the seed, whatever the fs
+        return _sha256(path)
+
+    def _check_bytes(self, target: Target, digest: str) -> list[str]:
+        from azure.storage.blob import BlobServiceClient
+
+        client = BlobServiceClient.from_connection_string(target.connection_string)
+        h = hashlib.sha256()
+        for chunk in client.get_blob_client("delta", self.src.name).download_blob(max_concurrency=4).chunks():
+            h.update(chunk)
+        return [] if h.hexdigest() == digest else ["the blob's bytes differ from the edited file's"]
+
+    def notes(self) -> list[str]:
+        return ["Each run: a fresh Azurite; the tool syncs a copy of the file (not timed), 4 KiB inside each of "
+                "the chosen blocks is overwritten, and the tool syncs again (timed). Checked by an SDK download "
+                "whose SHA-256 must equal the edited file's. rclone and AzCopy send the whole file again; blobsync "
+                "stages the changed blocks and commits a block list that reuses the others."]
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(8 * MiB):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def check_listing(target: Target, container: str, st: Settings, expect: tuple[int, int]) -> list[str]:
     try:
         got = listing(target, container, st)

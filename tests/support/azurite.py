@@ -1,4 +1,4 @@
-"""Start, stop and restart a throw-away, in-memory Azurite blob service for tests."""
+"""Start, stop and restart a throw-away Azurite blob service: the one launcher of the tests and of bench/."""
 
 from __future__ import annotations
 
@@ -63,19 +63,27 @@ class AzuriteError(RuntimeError):
 
 
 class Azurite:
-    """One Azurite blob-service process listening on 127.0.0.1, with all data held in memory."""
+    """One Azurite blob-service process listening on 127.0.0.1, with all data held in memory.
+
+    The benchmark's options: `workdir` (its log and data stay there; else a private temp dir removed at stop),
+    `in_memory=False` (the data on disk under `workdir`, for more than memory holds), `netns` (run inside that
+    network namespace, on port 10001, reached through the namespace's own link)."""
 
     host = "127.0.0.1"
     account = DEV_ACCOUNT
     key = DEV_KEY
 
     def __init__(self, port: int | None = None, *, startup_timeout: float = 30.0,
-                 tls: tuple[Path, Path] | None = None) -> None:
-        self._port = port
+                 tls: tuple[Path, Path] | None = None, workdir: Path | None = None, in_memory: bool = True,
+                 netns: str | None = None) -> None:
+        self._port = 10001 if netns and port is None else port  # a fresh namespace has every port free
         self._tls = tls  # (certificate, key) PEM files: serve HTTPS
         self._startup_timeout = startup_timeout
         self._proc: subprocess.Popen[bytes] | None = None
         self._workdir: Path | None = None
+        self._given_workdir = workdir
+        self._in_memory = in_memory
+        self.netns = netns
         self._finalizer: weakref.finalize[..., Azurite] | None = None
 
     # -- addresses ---------------------------------------------------------------------------------
@@ -112,32 +120,56 @@ class Azurite:
         return self._proc is not None and self._proc.poll() is None
 
     # -- lifecycle -----------------------------------------------------------------------------------
-    def start(self) -> None:
-        if self._proc is not None:
-            raise AzuriteError("Azurite is already running")
+    @property
+    def pid(self) -> int:
+        """The process (and process group) id of the running service."""
+        if self._proc is None:
+            raise AzuriteError("Azurite is not running")
+        return self._proc.pid
+
+    @property
+    def log(self) -> Path:
+        assert self._workdir is not None, "started"
+        return self._workdir / "azurite.log"
+
+    def command(self) -> list[str]:
+        """The service's command line (a subclass may start another server in its place)."""
         if not os.access(AZURITE_BIN, os.X_OK):
             raise AzuriteError(
                 f"Azurite not found at {AZURITE_BIN}; run scripts/setup.sh to install it project-locally"
             )
+        cmd = [
+            str(AZURITE_BIN),
+            "--blobHost", self.host,
+            "--blobPort", str(self.port),
+            "--skipApiVersionCheck",  # the SDK may be newer than this Azurite release
+            "--loose",  # ignore headers/params Azurite does not implement instead of failing
+            "--silent",  # an access log line per request would cost Azurite CPU
+            "--disableTelemetry",  # telemetry would try to reach the internet
+        ]  # fmt: skip
+        if self._in_memory:
+            cmd.append("--inMemoryPersistence")  # nothing touches the disk, so the disk is never the bottleneck
+        else:
+            assert self._workdir is not None
+            (self._workdir / "azurite-data").mkdir(exist_ok=True)
+            cmd += ["--location", str(self._workdir / "azurite-data")]
+        if self._tls:
+            cmd += ["--cert", str(self._tls[0]), "--key", str(self._tls[1])]
+        return cmd
+
+    def start(self) -> None:
+        if self._proc is not None:
+            raise AzuriteError("Azurite is already running")
         if self._port is None:
             self._port = free_port(self.host)
         # Azurite refuses --location together with --inMemoryPersistence, so instead its cwd (the default
         # location) is a private temp dir: if it writes anything (its log does) stop() removes it.
-        self._workdir = Path(tempfile.mkdtemp(prefix="blobsync-azurite-"))
-        cmd = [
-            str(AZURITE_BIN),
-            "--blobHost", self.host,
-            "--blobPort", str(self._port),
-            "--inMemoryPersistence",
-            "--skipApiVersionCheck",  # the SDK may be newer than this Azurite release
-            "--loose",  # ignore headers/params Azurite does not implement instead of failing
-            "--silent",
-            "--disableTelemetry",  # telemetry would try to reach the internet
-        ]  # fmt: skip
-        if self._tls:
-            cmd += ["--cert", str(self._tls[0]), "--key", str(self._tls[1])]
+        self._workdir = self._given_workdir or Path(tempfile.mkdtemp(prefix="blobsync-azurite-"))
+        cmd = self.command()
+        if self.netns:
+            cmd = ["ip", "netns", "exec", self.netns, *cmd]  # ip execs the server: the pid stays the server's
         on_main_thread = threading.current_thread() is threading.main_thread()
-        log = (self._workdir / "azurite.log").open("wb")
+        log = self.log.open("wb")
         env = {**os.environ, "AZURITE_ACCOUNTS": f"{DEV_ACCOUNT}:{DEV_KEY};{SECOND_ACCOUNT}:{SECOND_KEY}"}
         try:
             self._proc = subprocess.Popen(
@@ -163,16 +195,23 @@ class Azurite:
             self.stop()
             raise
 
+    ready_line = "successfully listens"  # what the log says once it serves (seen from outside a namespace)
+
+    def listening(self) -> bool:
+        if self.netns:  # not reachable from here: the log says it
+            return self.ready_line in self._log_tail()
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.settimeout(1.0)
+            return s.connect_ex((self.host, self.port)) == 0
+
     def _wait_until_listening(self) -> None:
         assert self._proc is not None and self._workdir is not None
         deadline = time.monotonic() + self._startup_timeout
         while True:
             if self._proc.poll() is not None:
                 raise AzuriteError(f"Azurite exited with code {self._proc.returncode}:\n{self._log_tail()}")
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                s.settimeout(1.0)
-                if s.connect_ex((self.host, self.port)) == 0:
-                    return
+            if self.listening():
+                return
             if time.monotonic() > deadline:
                 raise AzuriteError(
                     f"Azurite did not listen on {self.host}:{self.port} within {self._startup_timeout}s:\n"
@@ -184,7 +223,7 @@ class Azurite:
         if self._workdir is None:
             return ""
         try:
-            return (self._workdir / "azurite.log").read_text(errors="replace")[-4000:]
+            return self.log.read_text(errors="replace")[-4000:]
         except OSError:
             return ""
 
@@ -202,9 +241,9 @@ class Azurite:
         if self._finalizer is not None:
             self._finalizer.detach()
             self._finalizer = None
-        if self._workdir is not None:
+        if self._workdir is not None and self._given_workdir is None:
             shutil.rmtree(self._workdir, ignore_errors=True)
-            self._workdir = None
+        self._workdir = None
 
     def kill(self) -> None:
         """Stop abruptly (SIGKILL, no graceful shutdown), like a crashed service."""

@@ -1,4 +1,5 @@
-"""Sync comparison at scale: N local vs N remote synthetic entries through the real index and decide(); RSS."""
+"""The sync comparison alone (no server, no peer): N local vs N remote synthetic entries through the real index
+and decide(); time and peak RSS."""
 
 from __future__ import annotations
 
