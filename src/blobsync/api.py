@@ -181,7 +181,8 @@ async def copy_async(
     time) about each file that exists at the destination and answers an `Answer` (yes, no, all, none).
 
     `cluster` runs the transfers on Dask workers (a `distributed.Client`, 'tcp://scheduler:8786', or 'local:N'
-    for N worker processes here); the local side must be the same path on every worker.
+    for N worker processes here); the local side must be the same path on every worker. 'processes:N' (or
+    'processes:auto') runs them in N worker processes of blobsync's own here, without Dask (`--processes`).
 
     Files that fail are listed in the returned Report (`report.failures`); with `raise_on_error=True` they
     raise TransferFailedError instead. Errors that stop the whole job (credentials, a missing container, bad
@@ -198,7 +199,7 @@ async def copy_async(
                                    "list_of_files": str(list_of_files)})
         config = replace(config, recursive=True)
     spec, config, hooks = _copy_spec(source, dest, config, as_subdir, filters, dry_run,
-                                     Hooks(on_action, confirm_overwrite, cluster=cluster))
+                                     Hooks(on_action, confirm_overwrite, cluster=_cluster_arg(cluster)))
     async with _session_for(config, env, progress) as session:
         report = await run_job(spec, session, config, progress=progress, hooks=hooks)
     return _finish(report, raise_on_error)
@@ -259,9 +260,10 @@ async def sync_async(
     sides, config = _sync_sides(src_text, dst_text, config)
     spec = SyncSpec(*sides[:3], filters or Filters(), compare, delete, max_delete, dry_run, ready, batch_enabled(env),
                     source=sides[3])
+    cluster = _cluster_arg(cluster)
     if spec.source is not None and cluster is not None:
         raise UsageError("a sync between two URLs runs on this machine (the service moves the bytes): drop "
-                         "--cluster, or use cp -r with it")
+                         "--cluster or --processes, or use cp -r with them")
     hooks = Hooks(on_action, confirm_delete=confirm, cluster=cluster, cluster_url=dst_text if spec.upload else src_text)
     async with _session_for(config, env, progress) as session:
         report = await run_job(spec, session, config, progress=progress, hooks=hooks)
@@ -408,6 +410,12 @@ async def resume_async(
 
 
 resume = blocking_form(resume_async)
+
+
+def _cluster_arg(cluster: Cluster) -> Cluster:
+    from blobsync.cluster.processes import processes_target  # checks 'processes:N'; loads no job code
+
+    return processes_target(cluster)
 
 
 def _book(journal: Journal) -> JobBook:

@@ -40,6 +40,7 @@ from blobsync.errors import BlobsyncError, ExitCode, UsageError
 from blobsync.events import Progress
 from blobsync.filters import Filters
 from blobsync.jobs.compare import CompareMode
+from blobsync.jobs.spec import PROCESSES
 from blobsync.jobs.sync import DeleteMode, parse_max_delete
 from blobsync.journal import FileState
 from blobsync.redact import printable, redact, strip_query
@@ -60,8 +61,21 @@ _cluster_option = click.option(
          "Needs pip install 'blobsync[dask]'.")
 
 
-def _cluster(address: str | None) -> str | None:
-    """--cluster's address (None: this machine only); the extra must be installed."""
+_processes_option = click.option(
+    "--processes", default=None, metavar="N|auto",
+    help="Run the transfers in N worker processes of blobsync's own on this machine (no Dask), for jobs of many "
+         "small files that one process's CPU bounds; auto: one per core where there are at least 4, else 1.")
+
+
+def _cluster(address: str | None, processes: str | None = None) -> str | None:
+    """--cluster's address or --processes' count as the job's cluster (None: this process only); --cluster
+    needs the extra installed."""
+    if processes is not None:
+        if address is not None:
+            raise UsageError("choose one of --cluster and --processes")
+        from blobsync.cluster.processes import processes_target
+
+        return processes_target(PROCESSES + processes)  # type: ignore[return-value]
     if address is None:
         return None
     if not address:
@@ -112,6 +126,7 @@ def _echo_action(out: OutputMode, json_out: JsonLines | None, dry_run: bool) -> 
 @click.option("--preserve-last-modified-time", is_flag=True,
               help="Downloads: set the file's mtime to the source's (stored by blobsync, else Last-Modified).")
 @_cluster_option
+@_processes_option
 @click.option("--dry-run", is_flag=True, help="Print what would be copied, and where; copy nothing.")
 @click.option("--list-of-files", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="A file of paths relative to the source, one per line (files, or folders with all below them): "
@@ -121,7 +136,8 @@ def _echo_action(out: OutputMode, json_out: JsonLines | None, dry_run: bool) -> 
 @azcopy_flags("copy")
 @output_options
 def cp(source: str, destination: str, as_subdir: bool, dry_run: bool, filters: Filters, cluster: str | None,
-       list_of_files: Path | None, out: OutputMode, log_level: str, log_file: Path | None, **options: Any) -> None:
+       processes: str | None, list_of_files: Path | None, out: OutputMode, log_level: str, log_file: Path | None,
+       **options: Any) -> None:
     """Copy SOURCE to DESTINATION: a local path and a blob URL, either way, or two blob URLs.
 
     Upload a file (or a folder with -r) to a container or blob URL, download a blob (or everything under a
@@ -131,7 +147,7 @@ def cp(source: str, destination: str, as_subdir: bool, dry_run: bool, filters: F
     """
     setup_logging(log_level, log_file)
     config = config_from(options)
-    address = _cluster(cluster)
+    address = _cluster(cluster, processes)
     prompt = config.overwrite is Overwrite.PROMPT and not dry_run
     if prompt and not sys.stdin.isatty():
         raise UsageError("--overwrite prompt needs a terminal to ask on: use true, false or ifSourceNewer")
@@ -160,6 +176,7 @@ def cp(source: str, destination: str, as_subdir: bool, dry_run: bool, filters: F
               help="Delete destination files the source no longer has (never ones the filters exclude).")
 @click.option("--max-delete", default=None, help="Delete nothing if more than N (or N%) would be deleted.")
 @_cluster_option
+@_processes_option
 @click.option("--dry-run", is_flag=True, help="Print what would be done, and why; change nothing.")
 @click.option("--watch", is_flag=True,
               help="Uploads: after the first sync, keep syncing files as they change, until Ctrl-C.")
@@ -170,8 +187,8 @@ def cp(source: str, destination: str, as_subdir: bool, dry_run: bool, filters: F
 @output_options
 def sync(source: str, destination: str, recursive: bool, filters: Filters, compare_hash: str, size_only: bool,
          mirror_mode: bool, delete_destination: str, max_delete: str | None, dry_run: bool, watch: bool,
-         settle: float, cluster: str | None, out: OutputMode, log_level: str, log_file: Path | None,
-         **options: Any) -> None:
+         settle: float, cluster: str | None, processes: str | None, out: OutputMode, log_level: str,
+         log_file: Path | None, **options: Any) -> None:
     """Make DESTINATION match SOURCE: a local folder and a container URL (with an optional prefix), either way.
 
     Files that are new, differ in size, or are newer at the source are transferred; with --delete-destination,
@@ -188,9 +205,10 @@ def sync(source: str, destination: str, recursive: bool, filters: Filters, compa
     delete = DeleteMode.parse(delete_destination)
     parse_max_delete(max_delete)  # a bad value is a usage error before any work
     config = config_from(options, recursive=True)
-    address = _cluster(cluster)
+    address = _cluster(cluster, processes)
     if watch and address is not None:
-        raise UsageError("--cluster cannot be used with --watch: a watch sends each file as it settles, here")
+        raise UsageError("--cluster and --processes cannot be used with --watch: a watch sends each file as it "
+                         "settles, here")
     json_out = start_output("sync", out, source=source, destination=destination, dry_run=dry_run,
                             watch=watch)
     if watch:

@@ -28,8 +28,8 @@ from blobsync.report import FileResult, FileStatus, Report, ShardRow
 log = logging.getLogger("blobsync")
 WATCH = 2.0  # seconds between looks at the cluster while no result comes back
 GRACE = 60.0  # seconds with no worker at all before the job stops
-LOST_SCHEDULER = ("lost the Dask scheduler: the job stops; run the same command again (with --cluster, or without "
-                  "it on this machine) to finish it")
+LOST_SCHEDULER = ("lost the Dask scheduler or a worker process: the job stops; run the same command again (with "
+                  "--cluster or --processes, or without them) to finish it")
 
 
 class Executor(Protocol):
@@ -117,6 +117,8 @@ class ClusterTransfer:
         options = ctx.config.worker_options()
         if ctx.config.cap_mbps:
             options["cap_mbps"] = ctx.config.cap_mbps / workers  # the job's cap, shared by the workers
+        if getattr(self.executor, "shares_machine", False):  # one machine's memory budget, shared by its workers
+            options["memory"] = max(ctx.config.memory // workers, ctx.config.block_size)
         return JobSpec(job_id, self.upload, str(self.local_root), self.url, options, ctx.config.proxy, topic,
                        self.source_url)
 
@@ -280,4 +282,5 @@ class ClusterTransfer:
 def _lost_cluster(error: BaseException) -> bool:
     """The scheduler (or the connection to it) is gone: no other shard can run either."""
     names = {type(e).__name__ for e in (error, error.__cause__, error.__context__) if e is not None}
-    return bool(names & {"CommClosedError", "StreamClosedError", "CancelledError", "FutureCancelledError"})
+    return bool(names & {"CommClosedError", "StreamClosedError", "CancelledError", "FutureCancelledError",
+                         "BrokenProcessPool"})

@@ -13,7 +13,17 @@ from blobsync.engine.session import Session
 from blobsync.errors import UsageError
 from blobsync.events import Progress
 from blobsync.jobs.runner import RemoteRunner
-from blobsync.jobs.spec import CopySpec, DownloadSpec, Hooks, JobSpec, PutSpec, RemoveSpec, SyncSpec, UploadSpec
+from blobsync.jobs.spec import (
+    PROCESSES,
+    CopySpec,
+    DownloadSpec,
+    Hooks,
+    JobSpec,
+    PutSpec,
+    RemoveSpec,
+    SyncSpec,
+    UploadSpec,
+)
 from blobsync.journal import JobRow
 from blobsync.report import Report
 
@@ -110,11 +120,19 @@ async def _cluster(hooks: Hooks, upload: bool, config: TransferConfig, dry_run: 
         yield None
         return
     if config.overwrite is Overwrite.PROMPT:
-        raise UsageError("--overwrite prompt cannot be used with --cluster: use true, false or ifSourceNewer")
-    from blobsync.cluster.client import ClusterTransfer
-    from blobsync.cluster.dask_adapter import DaskExecutor
+        raise UsageError("--overwrite prompt cannot be used with --cluster or --processes: use true, false or "
+                         "ifSourceNewer")
+    from blobsync.cluster.client import ClusterTransfer, Executor
 
-    executor = await DaskExecutor.open(hooks.cluster)
+    executor: Executor
+    if isinstance(hooks.cluster, str) and hooks.cluster.startswith(PROCESSES):
+        from blobsync.cluster.processes import ProcessExecutor
+
+        executor = await ProcessExecutor.open(int(hooks.cluster.removeprefix(PROCESSES)))
+    else:
+        from blobsync.cluster.dask_adapter import DaskExecutor
+
+        executor = await DaskExecutor.open(hooks.cluster)
     try:
         yield ClusterTransfer(executor, hooks.cluster_url, upload, source_url=hooks.source_url)
     finally:

@@ -16,7 +16,8 @@ if TYPE_CHECKING:
     from blobsync.local.files import Source
     from blobsync.report import Action
 
-Cluster = Any  # None, a distributed.Client, 'tcp://host:8786' or 'local:N'
+Cluster = Any  # None, a distributed.Client, 'tcp://host:8786', 'local:N', or PROCESSES + 'N'
+PROCESSES = "processes:"  # worker processes of blobsync's own on this machine (--processes N), no Dask
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,6 @@ class Hooks:
     on_action: Callable[[Action], None] | None = None  # each decision (a dry run's listing)
     confirm_overwrite: Callable[[str], Answer] | None = None  # --overwrite prompt, asked per file
     confirm_delete: Callable[[int], bool] | None = None  # --delete-destination prompt, asked once
-    cluster: Cluster = None  # run the transfers on Dask workers
+    cluster: Cluster = None  # run the transfers on Dask workers, or on local worker processes
     cluster_url: str = ""  # the remote side as the user gave it, SAS included: what the workers open
     source_url: str = ""  # blob to blob on a cluster: the source as the user gave it, SAS included

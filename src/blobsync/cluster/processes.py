@@ -1,0 +1,200 @@
+"""Worker processes of blobsync's own on this machine (--processes N): the cluster path's Executor over a process
+pool, no Dask. A job of many small files is bound by one process's CPU (~0.5 ms a file); N processes each run
+an engine of their own on shards of the job, while the client plans, journals and reports as with a cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import multiprocessing
+import os
+import signal
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from blobsync.cluster.plan import SplitFile
+from blobsync.cluster.spec import RangeSpec, ShardReport, ShardSpec
+from blobsync.errors import UsageError
+from blobsync.jobs.spec import PROCESSES
+
+TASK_RETRIES = 2  # as on Dask: a task that raised runs at most three times in all
+MAX_PROCESSES = 256
+AUTO_MIN_CORES = 4  # below this, `auto` keeps the one process: the service or the peers need the other cores
+
+_events: Any = None  # in a worker process: the queue its progress goes to (set by _start)
+
+
+def parse_processes(text: str | int) -> int:
+    """--processes: a number of worker processes, or 'auto' (one per usable core where there are at least
+    AUTO_MIN_CORES, else 1: the plain engine in this process)."""
+    if str(text).strip().lower() == "auto":
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        return cores if cores >= AUTO_MIN_CORES else 1
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= MAX_PROCESSES:
+        raise UsageError(f"invalid --processes {text!r}: 'auto' or a number of worker processes from 1 to "
+                         f"{MAX_PROCESSES}")
+    return n
+
+
+def processes_target(cluster: object) -> object:
+    """A `cluster` argument with 'processes:N' (or 'processes:auto') checked: None where that means one process
+    (the plain engine), else 'processes:N'; any other value is passed on as it is."""
+    if not isinstance(cluster, str) or not cluster.startswith(PROCESSES):
+        return cluster
+    n = parse_processes(cluster.removeprefix(PROCESSES))
+    return None if n == 1 else f"{PROCESSES}{n}"
+
+
+class ProcessExecutor:
+    """Runs the client's units in a pool of local worker processes (spawned: no state of the client's event loop
+    or threads is forked into them); their progress comes back through one queue."""
+
+    shares_machine = True  # the workers share this machine's memory: the job's memory budget is split among them
+
+    def __init__(self, count: int) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.count = count
+        self._queue: Any = context.SimpleQueue()
+        self._pool = concurrent.futures.ProcessPoolExecutor(count, mp_context=context, initializer=_start,
+                                                            initargs=(self._queue,))
+        self._handler: Callable[[dict[str, Any]], None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._broken = False
+        self._reader = threading.Thread(target=self._relay, name="blobsync-process-events", daemon=True)
+        self._reader.start()
+
+    @classmethod
+    async def open(cls, count: int) -> ProcessExecutor:
+        executor = cls(count)
+        executor._loop = asyncio.get_running_loop()
+        return executor
+
+    async def workers(self) -> list[str]:
+        return [] if self._broken else [f"process {i + 1}" for i in range(self.count)]
+
+    def worker_count(self) -> int:
+        return 0 if self._broken else self.count
+
+    def connected(self) -> bool:
+        return not self._broken
+
+    async def blind_workers(self, path: str, marker: str) -> list[str]:
+        return []  # the same machine, the same file system
+
+    def run_shard(self, spec: ShardSpec) -> asyncio.Future[ShardReport]:
+        return asyncio.ensure_future(self._call(_run_shard, spec))
+
+    async def run_split(self, split: SplitFile, upload: bool) -> list[ShardReport]:
+        first = split.ranges[0]
+        whole = RangeSpec(first.job, first.file, first.block_size, 0, split.ranges[-1].last)
+        work = _stage_range if upload else _fetch_range
+        parts = [asyncio.ensure_future(self._call(work, r)) for r in split.ranges]
+        # A copy's MD5 is the source's: only a file read here is hashed beside its ranges.
+        md5 = asyncio.ensure_future(self._call(_hash_file, whole)) if upload and not first.job.source_url else None
+        try:
+            staged = [await part for part in parts]
+            if upload:
+                last = await self._call(_commit, whole, await md5 if md5 is not None else "", *staged)
+            else:
+                last = await self._call(_finish, whole, *staged)
+        finally:
+            for task in (*parts, *([md5] if md5 is not None else [])):
+                task.cancel()
+        return [*staged, last]
+
+    async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """One task in the pool, tried again where it raised (not where the pool itself broke)."""
+        for attempt in range(TASK_RETRIES + 1):
+            try:
+                return await asyncio.wrap_future(self._pool.submit(fn, *args))
+            except concurrent.futures.process.BrokenProcessPool:
+                self._broken = True  # a worker died (killed, out of memory): the job stops, resumable
+                raise
+            except Exception:
+                if attempt == TASK_RETRIES:
+                    raise
+        raise AssertionError("unreachable")
+
+    def follow(self, topic: str, handler: Callable[[dict[str, Any]], None]) -> None:
+        self._handler = handler
+
+    def _relay(self) -> None:
+        """Worker progress events into the client's loop, until close() sends None."""
+        while (event := self._queue.get()) is not None:
+            loop, handler = self._loop, self._handler
+            if loop is not None and handler is not None:
+                with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                    loop.call_soon_threadsafe(handler, event)
+
+    async def close(self) -> None:
+        """Stops the workers at once (a stopped job resumes from what its journal and the store hold)."""
+        processes = list(getattr(self._pool, "_processes", {}).values())
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        for process in processes:
+            with contextlib.suppress(Exception):
+                process.terminate()
+        await asyncio.to_thread(_join, processes)
+        self._queue.put(None)
+        await asyncio.to_thread(self._reader.join, 5)
+
+
+def _join(processes: list[Any]) -> None:
+    for process in processes:
+        with contextlib.suppress(Exception):
+            process.join(5)
+
+
+# --- what runs in a worker process (module level: the pool pickles these by reference) ----------------------
+
+
+def _start(queue: Any) -> None:
+    global _events
+    _events = queue
+    # Ctrl-C reaches the whole process group: the client alone handles it and stops the workers.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _publish(event: dict[str, Any]) -> None:
+    _events.put(event)
+
+
+def _run_shard(spec: ShardSpec) -> ShardReport:
+    from blobsync.cluster.work import run_shard
+
+    return run_shard(spec, _publish)
+
+
+def _stage_range(spec: RangeSpec) -> ShardReport:
+    from blobsync.cluster.split import stage_range
+
+    return stage_range(spec, _publish)
+
+
+def _fetch_range(spec: RangeSpec) -> ShardReport:
+    from blobsync.cluster.split import fetch_range
+
+    return fetch_range(spec, _publish)
+
+
+def _hash_file(spec: RangeSpec) -> str:
+    from blobsync.cluster.split import hash_file
+
+    return hash_file(spec)
+
+
+def _commit(spec: RangeSpec, md5_hex: str, *staged: ShardReport) -> ShardReport:
+    from blobsync.cluster.split import commit_split
+
+    return commit_split(spec, md5_hex, *staged, publish=_publish)
+
+
+def _finish(spec: RangeSpec, *fetched: ShardReport) -> ShardReport:
+    from blobsync.cluster.split import finish_download
+
+    return finish_download(spec, *fetched, publish=_publish)

@@ -1,0 +1,127 @@
+"""One job over worker processes of blobsync's own (--processes N, no Dask), against Azurite: real spawned
+processes, a real SIGKILL of one of them, every byte checked with the SDK."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+import blobsync
+from blobsync import TransferConfig
+from blobsync.config import MiB
+from conftest import ContainerHandle
+from support.azurite import Azurite
+from support.cli import clean_env, random_file, run
+from support.processes import kill_tree
+from support.proxy import FaultProxy
+
+BIG = 66 * MiB + 4321  # over a shard's 64 MiB: its ranges go to both processes, committed once
+
+
+def _tree(root: Path, small: int, *, big: bool) -> dict[str, bytes]:
+    files = {f"small/{i // 40:02d}/f{i:03d}.bin": random_file(root / f"small/{i // 40:02d}/f{i:03d}.bin",
+                                                             700 + 31 * i, seed=i) for i in range(small)}
+    if big:
+        files["big/model.pt"] = random_file(root / "big/model.pt", BIG, seed=77)
+    return files
+
+
+def _same_bytes(container: ContainerHandle, files: dict[str, bytes]) -> None:
+    assert container.blob_names() == sorted(files)
+    for rel, data in files.items():
+        assert container.download(rel) == data, rel
+
+
+def test_a_sync_runs_in_two_processes_and_a_big_file_is_staged_by_both(container: ContainerHandle,
+                                                                      tmp_path: Path, azurite_env: str) -> None:
+    files = _tree(tmp_path / "src", 120, big=True)
+    config = TransferConfig.from_mib(journal_path=tmp_path / "j.db")
+    report = blobsync.sync(tmp_path / "src", container.url, config, cluster="processes:2")
+    assert report.ok and report.files_transferred == len(files), report.failures[:3]
+    workers = {s.worker for s in report.shards}
+    assert len(workers) == 2 and f":{os.getpid()}" not in "".join(workers)  # two processes, neither this one
+    big = [s for s in report.shards if s.label.startswith("big/model.pt blocks")]
+    assert len(big) >= 2 and len({s.worker for s in big}) == 2
+    _same_bytes(container, files)
+    committed, _ = container.client.get_blob_client("big/model.pt").get_block_list("committed")
+    assert [int(b.id.rsplit("-", 1)[1]) for b in committed] == list(range(-(-BIG // (8 * MiB))))
+
+    again = blobsync.sync(tmp_path / "src", container.url, config, cluster="processes:2")
+    assert again.ok and again.files_transferred == 0 and again.files_in_sync == len(files)
+    down = blobsync.copy(container.url + "/small", tmp_path / "down", replace(config, recursive=True),
+                         cluster="processes:2")  # AzCopy's layout: down/small/...
+    assert down.ok and down.files_transferred == len(files) - 1
+    for rel, data in files.items():
+        if rel.startswith("small/"):
+            assert (tmp_path / "down" / rel).read_bytes() == data, rel
+
+
+def _workers_of(pid: int) -> list[int]:
+    """The spawned pool workers among a process's children (not multiprocessing's resource tracker)."""
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if int(stat[1]) == pid and "spawn_main" in cmdline and "resource_tracker" not in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def test_a_worker_process_killed_mid_job_stops_it_with_one_line_and_it_resumes(
+        container: ContainerHandle, tmp_path: Path, proxy: FaultProxy, azurite: Azurite) -> None:
+    files = _tree(tmp_path / "src", 200, big=False)
+    env = {"AZURE_STORAGE_CONNECTION_STRING": azurite.connection_string_via(proxy.endpoint())}
+    args = ["cp", str(tmp_path / "src"), f"{proxy.endpoint()}/{container.name}", "-r", "--journal",
+            str(tmp_path / "j.db")]
+    proxy.hold_after("put_blob", 20)
+    proc = subprocess.Popen([sys.executable, "-m", "blobsync", *args, "--processes", "2"], env=clean_env(env),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        proxy.wait_for_held(1, timeout=120)
+        workers = _workers_of(proc.pid)
+        assert len(workers) == 2, workers
+        os.kill(workers[0], signal.SIGKILL)  # killed as the OOM killer would
+        proxy.release_holds()
+        _, err = proc.communicate(timeout=120)
+    finally:
+        kill_tree(proc.pid)
+        proxy.release_holds()
+    assert proc.returncode not in (0, 2), err  # neither success nor a usage error: a run to repeat
+    last = err.strip().splitlines()[-1]
+    assert "worker process" in last and "run the same command again" in last, err
+    assert "Traceback" not in err
+    assert not [w for w in workers if Path(f"/proc/{w}").exists()]  # no worker outlives the job
+
+    done = run(args, env=env, timeout=180)
+    assert done.returncode == 0, done.stderr
+    _same_bytes(container, {f"src/{rel}": data for rel, data in files.items()})
+
+
+@pytest.mark.parametrize(("extra", "words"), [
+    (["--processes", "0"], "invalid --processes '0'"),
+    (["--processes", "many"], "invalid --processes 'many'"),
+    (["--processes", "2", "--cluster", "local:2"], "choose one of --cluster and --processes"),
+])
+def test_bad_processes_flags_are_one_line_and_exit_2(tmp_path: Path, extra: list[str], words: str) -> None:
+    random_file(tmp_path / "src" / "a.bin", 10)
+    result = run(["cp", str(tmp_path / "src"), "http://127.0.0.1:9/devstoreaccount1/cont", "-r", *extra,
+                  "--journal", str(tmp_path / "j.db")])
+    assert result.returncode == 2 and words in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) <= 2  # the error and at most a hint
+
+
+def test_processes_with_watch_and_in_the_library_are_checked(tmp_path: Path) -> None:
+    result = run(["sync", str(tmp_path), "http://127.0.0.1:9/devstoreaccount1/cont", "--watch", "--processes", "2",
+                  "--journal", str(tmp_path / "j.db")])
+    assert result.returncode == 2 and "--watch" in result.stderr and "Traceback" not in result.stderr
+    with pytest.raises(blobsync.UsageError, match="invalid --processes '-1'"):
+        blobsync.copy(tmp_path, "http://127.0.0.1:9/devstoreaccount1/cont", cluster="processes:-1")
