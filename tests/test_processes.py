@@ -95,7 +95,7 @@ def test_a_worker_process_killed_mid_job_stops_it_with_one_line_and_it_resumes(
     finally:
         kill_tree(proc.pid)
         proxy.release_holds()
-    assert proc.returncode not in (0, 2), err  # neither success nor a usage error: a run to repeat
+    assert proc.returncode == 1, err  # a run to repeat: neither success nor a usage error
     last = err.strip().splitlines()[-1]
     assert "worker process" in last and "run the same command again" in last, err
     assert "Traceback" not in err
