@@ -112,16 +112,44 @@ def main() -> int:
         workers = med["workers_cpu"] * per if n > 1 else 0.0
         print(f"| {server} | {n} | {med['wall']:.2f} | {med['files_per_s']:.0f} | {med['parent_cpu'] * per:.3f} | "
               f"{workers:.3f} | {med['server_cpu']:.2f} |")
-    print("\nModel (client only, the service not counted), from the null server's runs with the most processes:")
     null = [(n, med) for server, n, med in rows if server == "null" and n > 1]
     if null:
-        n, med = null[-1]
-        parent, workers = med["parent_cpu"] / med["files"], med["workers_cpu"] / med["files"]
-        for cores in (2, 16, 64):
-            rate = min(1 / parent, (cores - 1) / workers)
-            bound = "the parent process" if 1 / parent < (cores - 1) / workers else "the workers' CPU"
-            print(f"- {cores} cores: ~{rate:,.0f} files/s (bounded by {bound})")
+        _model(*null[-1], _fixed_cost(null[-1][0], a.repeat))
     return 0
+
+
+def _fixed_cost(n: int, repeat: int) -> dict[str, float]:
+    """What starting N workers costs: a job of two tiny files with N processes against one (null server)."""
+    with tempfile.TemporaryDirectory(prefix="blobsync-procs-tiny-") as tiny:
+        tree = Path(tiny) / "tree"
+        for i in range(2):
+            (tree / f"d{i}").mkdir(parents=True)
+            (tree / f"d{i}" / "f.bin").write_bytes(b"x" * 100)
+        runs: dict[int, list[dict[str, float]]] = {1: [], n: []}
+        for _ in range(repeat):
+            for count in (1, n):
+                with tempfile.TemporaryDirectory(prefix="blobsync-procs-") as tmp:
+                    runs[count].append(one_run("null", tree, count, Path(tmp)))
+    one = {k: statistics.median(r[k] for r in runs[1]) for k in runs[1][0]}
+    many = {k: statistics.median(r[k] for r in runs[n]) for k in runs[n][0]}
+    return {"wall": many["wall"] - one["wall"], "workers_cpu": many["workers_cpu"],
+            "parent_cpu": many["parent_cpu"] - one["parent_cpu"]}
+
+
+def _model(n: int, med: dict[str, float], fixed: dict[str, float]) -> None:
+    print(f"\nFixed cost of {n} worker processes (two tiny files, against 1 process): +{fixed['wall']:.2f} s wall, "
+          f"{fixed['workers_cpu']:.2f} s of the workers' CPU (start-up and imports), parent "
+          f"{fixed['parent_cpu']:+.2f} s.\n")
+    parent = med["parent_cpu"] / med["files"]
+    workers = max(1e-9, med["workers_cpu"] - fixed["workers_cpu"]) / med["files"]
+    print(f"Model (the client alone; the service and its share of the cores not counted): parent {parent * 1000:.3f} "
+          f"ms/file, workers {workers * 1000:.3f} ms/file once started, from the null server's {n}-process runs.\n")
+    print("| Cores | Workers | files/s (model) | bounded by |\n|---|---|---|---|")
+    for cores in (2, 4, 16, 64):
+        by_workers, by_parent = (cores - 1) / workers, 1 / parent
+        bound = "the parent process (listing, plan, journal, report)" if by_parent < by_workers \
+            else "the workers' CPU"
+        print(f"| {cores} | {cores - 1} | {min(by_parent, by_workers):,.0f} | {bound} |")
 
 
 if __name__ == "__main__":
