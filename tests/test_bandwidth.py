@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from blobsync.config import MiB
-from blobsync.engine.bandwidth import TokenBucket, mbps_to_bytes
+from blobsync.config import MiB, mbps_to_bytes
+from blobsync.engine.bandwidth import TokenBucket
 from conftest import ContainerHandle
 from support.cli import random_file, run, start
 

@@ -162,6 +162,11 @@ def _mib(value: float, flag: str, lo: float, hi: int) -> int:
     return int(value * MiB)
 
 
+def mbps_to_bytes(mbps: float) -> float:
+    """Megabits per second (--cap-mbps, as in AzCopy) as bytes per second: the one place the unit changes."""
+    return mbps * 1_000_000 / 8
+
+
 def _concurrency_value(value: object) -> Concurrency:
     if value == AUTO and isinstance(value, str):
         return AUTO
@@ -384,6 +389,11 @@ class TransferConfig:
     def max_concurrency(self) -> int:
         """The most requests ever in flight: the auto ceiling, or the number given."""
         return AUTO_CEILING if isinstance(self.concurrency, str) else self.concurrency
+
+    @property
+    def cap_bytes(self) -> float | None:
+        """The bandwidth cap in bytes per second (None: no cap)."""
+        return mbps_to_bytes(self.cap_mbps) if self.cap_mbps else None
 
     @property
     def start_concurrency(self) -> int:

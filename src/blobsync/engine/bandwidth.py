@@ -58,7 +58,3 @@ _NAP = 0.25
 def _default_burst(rate: float) -> float:
     return max(256 * 1024, rate / 10)
 
-
-def mbps_to_bytes(mbps: float) -> float:
-    """--cap-mbps is in megabits per second, as in AzCopy."""
-    return mbps * 1_000_000 / 8

@@ -14,7 +14,7 @@ from typing import TypeVar
 
 from blobsync.backends.base import Store
 from blobsync.config import TransferConfig
-from blobsync.engine.bandwidth import TokenBucket, mbps_to_bytes
+from blobsync.engine.bandwidth import TokenBucket
 from blobsync.engine.budget import MemoryBudget, RequestLimiter
 from blobsync.engine.prompt import OverwritePrompt
 from blobsync.engine.retry import Retrier, RetryPolicy
@@ -101,12 +101,12 @@ class EngineContext:
 
 def memory_budget(config: TransferConfig) -> int:
     """The bytes of buffers a job may hold: --memory-mb, less under a bandwidth cap."""
-    if not config.cap_mbps:
+    if not config.cap_bytes:
         return config.memory
     # Under a cap, bytes in flight share it: 16 blocks of 8 MiB at 20 Mbit/s took ~50 s to see the first
     # acknowledged (progress and resume move only then). About two seconds of the cap, and at least two blocks,
     # keep the link busy and each block short.
-    return min(config.memory, max(2 * config.block_size, int(mbps_to_bytes(config.cap_mbps) * 2)))
+    return min(config.memory, max(2 * config.block_size, int(config.cap_bytes * 2)))
 
 
 @asynccontextmanager

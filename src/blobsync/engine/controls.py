@@ -6,7 +6,8 @@ import asyncio
 import logging
 import time
 
-from blobsync.engine.bandwidth import TokenBucket, mbps_to_bytes
+from blobsync.config import mbps_to_bytes
+from blobsync.engine.bandwidth import TokenBucket
 from blobsync.journal import Journal
 
 log = logging.getLogger("blobsync")

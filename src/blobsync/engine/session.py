@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 from blobsync.backends.base import Location, Store
 from blobsync.backends.registry import Wire, open_store, parse_location
 from blobsync.config import TransferConfig
-from blobsync.engine.bandwidth import TokenBucket, mbps_to_bytes
+from blobsync.engine.bandwidth import TokenBucket
 from blobsync.engine.budget import MemoryBudget, RequestLimiter
 from blobsync.engine.context import EngineContext, RequestPath, job_retrier, memory_budget, open_engine
 from blobsync.engine.prompt import OverwritePrompt
@@ -34,7 +34,7 @@ class Session:
         # Opened when a call first needs it: ls, rm and make never create the journal's folder.
         self._journal: Journal | None = journal if isinstance(journal, Journal) else None
         self._open_journal: Callable[[], Journal] | None = None if isinstance(journal, Journal) else journal
-        self.bucket = TokenBucket(mbps_to_bytes(config.cap_mbps)) if config.cap_mbps else None
+        self.bucket = TokenBucket(config.cap_bytes) if config.cap_bytes else None
         # Bytes on the wire as they move (a display figure): the one call's, or the Client's for all its calls.
         self.progress = wire_progress or Progress()
         self.memory = MemoryBudget(memory_budget(config))
@@ -96,7 +96,7 @@ async def open_session(location: str | Location, config: TransferConfig, env: Ma
     """One job on its own: the store for `location`, its wire obeying the job's bandwidth cap and feeding its
     progress, and the engine context around it (the journal stays the caller's to close)."""
     progress = progress or Progress()
-    bucket = TokenBucket(mbps_to_bytes(config.cap_mbps)) if config.cap_mbps else None
+    bucket = TokenBucket(config.cap_bytes) if config.cap_bytes else None
     store = open_store(location, config, env, Wire(bucket.take if bucket else None, progress.on_wire))
     try:
         async with open_engine(config, store, journal, progress=progress, bandwidth=bucket,
