@@ -94,7 +94,8 @@ def test_cp_r_up_and_down_on_a_cluster_keeps_azcopys_layout(container: Container
 @pytest.fixture
 def local_cluster(proxy_env: str) -> Iterator[object]:
     """A LocalCluster whose workers talk to Azurite through the fault proxy (they inherit its environment)."""
-    cluster = distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None)
+    cluster = distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None,
+                                       scheduler_kwargs={"dashboard_address": ":0"})
     client = distributed.Client(cluster)
     try:
         client.wait_for_workers(2, timeout=60)

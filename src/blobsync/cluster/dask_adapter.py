@@ -58,8 +58,11 @@ class DaskExecutor:
             where = where.scheduler.address
         if where.startswith("local:"):
             local_type: Any = distributed.LocalCluster
+            # No dashboard, and the scheduler's HTTP routes on a free port: a second local cluster (another job
+            # here) must not find 8787 taken and warn about it.
             cluster = await local_type(n_workers=_local_workers(where), processes=True, threads_per_worker=1,
-                                         asynchronous=True, dashboard_address=None, silence_logs=logging.ERROR)
+                                         asynchronous=True, dashboard_address=None, silence_logs=logging.ERROR,
+                                         scheduler_kwargs={"dashboard_address": ":0"})
             return cls(await client_type(cluster, asynchronous=True), cluster)
         try:
             client = await client_type(where, asynchronous=True, timeout=10)
