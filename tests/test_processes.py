@@ -125,3 +125,29 @@ def test_processes_with_watch_and_in_the_library_are_checked(tmp_path: Path) -> 
     assert result.returncode == 2 and "--watch" in result.stderr and "Traceback" not in result.stderr
     with pytest.raises(blobsync.UsageError, match="invalid --processes '-1'"):
         blobsync.copy(tmp_path, "http://127.0.0.1:9/devstoreaccount1/cont", cluster="processes:-1")
+
+
+def test_sigterm_stops_a_job_and_its_worker_processes_with_one_line_and_it_resumes(
+        container: ContainerHandle, tmp_path: Path, proxy: FaultProxy, azurite: Azurite) -> None:
+    """What a pipeline does to a job it stops: SIGTERM. The workers go with it, nothing is left running, and the
+    same command finishes the job."""
+    files = _tree(tmp_path / "src", 120, big=False)
+    env = {"AZURE_STORAGE_CONNECTION_STRING": azurite.connection_string_via(proxy.endpoint())}
+    args = ["sync", str(tmp_path / "src"), f"{proxy.endpoint()}/{container.name}", "--journal", str(tmp_path / "j.db")]
+    proxy.hold_after("put_blob", 10)
+    proc = subprocess.Popen([sys.executable, "-m", "blobsync", *args, "--processes", "2"], env=clean_env(env),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        proxy.wait_for_held(1, timeout=120)
+        workers = _workers_of(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        kill_tree(proc.pid)
+        proxy.release_holds()
+    assert proc.returncode == 130, err
+    assert "interrupted" in err.strip().splitlines()[-1] and "Traceback" not in err
+    assert workers and not [w for w in workers if Path(f"/proc/{w}").exists()]
+    done = run(args, env=env, timeout=180)
+    assert done.returncode == 0, done.stderr
+    _same_bytes(container, files)
