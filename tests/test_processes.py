@@ -3,10 +3,12 @@ processes, a real SIGKILL of one of them, every byte checked with the SDK."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -76,25 +78,33 @@ def _workers_of(pid: int) -> list[int]:
     return found
 
 
+@contextlib.contextmanager
+def _held_job(args: list[str], env: dict[str, str], proxy: FaultProxy, puts: int
+              ) -> Iterator[tuple[subprocess.Popen[str], list[int]]]:
+    """`blobsync ARGS --processes 2` started, with `puts` Put Blobs let through and the rest held by the proxy;
+    yields the process and its two workers once a request is held. Killed (with its group) afterwards."""
+    proxy.hold_after("put_blob", puts)
+    proc = subprocess.Popen([sys.executable, "-m", "blobsync", *args, "--processes", "2"], env=clean_env(env),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        proxy.wait_for_held(1, timeout=120)
+        yield proc, _workers_of(proc.pid)
+    finally:
+        kill_tree(proc.pid)
+        proxy.release_holds()
+
+
 def test_a_worker_process_killed_mid_job_stops_it_with_one_line_and_it_resumes(
         container: ContainerHandle, tmp_path: Path, proxy: FaultProxy, azurite: Azurite) -> None:
     files = _tree(tmp_path / "src", 200, big=False)
     env = {"AZURE_STORAGE_CONNECTION_STRING": azurite.connection_string_via(proxy.endpoint())}
     args = ["cp", str(tmp_path / "src"), f"{proxy.endpoint()}/{container.name}", "-r", "--journal",
             str(tmp_path / "j.db")]
-    proxy.hold_after("put_blob", 20)
-    proc = subprocess.Popen([sys.executable, "-m", "blobsync", *args, "--processes", "2"], env=clean_env(env),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        proxy.wait_for_held(1, timeout=120)
-        workers = _workers_of(proc.pid)
+    with _held_job(args, env, proxy, 20) as (proc, workers):
         assert len(workers) == 2, workers
         os.kill(workers[0], signal.SIGKILL)  # killed as the OOM killer would
         proxy.release_holds()
         _, err = proc.communicate(timeout=120)
-    finally:
-        kill_tree(proc.pid)
-        proxy.release_holds()
     assert proc.returncode == 1, err  # a run to repeat: neither success nor a usage error
     last = err.strip().splitlines()[-1]
     assert "worker process" in last and "run the same command again" in last, err
@@ -134,17 +144,9 @@ def test_sigterm_stops_a_job_and_its_worker_processes_with_one_line_and_it_resum
     files = _tree(tmp_path / "src", 120, big=False)
     env = {"AZURE_STORAGE_CONNECTION_STRING": azurite.connection_string_via(proxy.endpoint())}
     args = ["sync", str(tmp_path / "src"), f"{proxy.endpoint()}/{container.name}", "--journal", str(tmp_path / "j.db")]
-    proxy.hold_after("put_blob", 10)
-    proc = subprocess.Popen([sys.executable, "-m", "blobsync", *args, "--processes", "2"], env=clean_env(env),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        proxy.wait_for_held(1, timeout=120)
-        workers = _workers_of(proc.pid)
+    with _held_job(args, env, proxy, 10) as (proc, workers):
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
-    finally:
-        kill_tree(proc.pid)
-        proxy.release_holds()
     assert proc.returncode == 130, err
     assert "interrupted" in err.strip().splitlines()[-1] and "Traceback" not in err
     assert workers and not [w for w in workers if Path(f"/proc/{w}").exists()]
