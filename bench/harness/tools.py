@@ -36,6 +36,8 @@ DESCRIPTIONS = {
     "without awscrt)",
     "blobsync-nocheck": "`blobsync cp --check-md5 NoCheck`",
     "blobsync-cap": "`blobsync cp --cap-mbps N`",
+    "blobsync-rcloneseeded": "`blobsync sync` (no-op workload) into a container rclone filled: rclone's blobs, its "
+    "mtime metadata (`mtime`, RFC 3339, which blobsync reads as its own)",
     "blobsync-base": "blobsync, defaults, run from another checkout's `src/` (`--base-src`: A/B of two commits)",
     "blobsync-cluster1": "`blobsync cp --cluster local:1`: a LocalCluster of one worker process started by the command",
     "blobsync-cluster2": "`blobsync cp --cluster local:2`: two worker processes on this machine (the same two cores)",

@@ -515,10 +515,11 @@ class Download(Workload):
 
 
 class NoopSync(Workload):
-    """A no-op re-sync: each tool syncs the tree into its own container once (not timed), then again (timed)."""
+    """A no-op re-sync: each tool syncs the tree into its own container once (not timed), then again (timed);
+    blobsync also over a container rclone filled (a migration from rclone must be as quiet)."""
 
     kind = "files"
-    tools = SYNC_TOOLS
+    tools = (*SYNC_TOOLS, "blobsync-rcloneseeded")
 
     def __init__(self, cache: Path, files: int) -> None:
         self.cache, self.files = cache, files
@@ -548,7 +549,8 @@ class NoopSync(Workload):
                     container = f"noop-{tool}"
                     mkcontainer(target, container, st)
                     seed = Run(0, tool)
-                    res = measure(seed, sync_cmd(tool, self.tree, container, target, tmp, st), env_for(target, tmp),
+                    seeder = "rclone" if tool == "blobsync-rcloneseeded" else tool  # blobsync over rclone's blobs
+                    res = measure(seed, sync_cmd(seeder, self.tree, container, target, tmp, st), env_for(target, tmp),
                                   tmp, azurite, st, log_name=f"seed-{tool}.log", quiet_check=False)  # fmt: skip
                     expect = (self.files, self.total_bytes)
                     problems = exit_problems(res, st) + check_listing(target, container, st, expect)
