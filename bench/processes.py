@@ -49,7 +49,7 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def one_run(server_kind: str, tree: Path, processes: int, tmp: Path) -> dict[str, float]:
+def one_run(server_kind: str, tree: Path, processes: int, tmp: Path, src: str = "") -> dict[str, float]:
     server = NullServer(tmp) if server_kind == "null" else Azurite(tmp)
     with server:
         target = Target(server.blob_endpoint, like_azure=server_kind == "null")
@@ -59,7 +59,8 @@ def one_run(server_kind: str, tree: Path, processes: int, tmp: Path) -> dict[str
                *(["--processes", str(processes)] if processes > 1 else [])]
         server0 = server.cpu_seconds()
         started = time.perf_counter()
-        proc = subprocess.Popen(cmd, env=env_for(target, tmp), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        env = env_for(target, tmp) | ({"PYTHONPATH": src} if src else {})  # --src: another checkout's code
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         seen: dict[int, float] = {}
         while proc.poll() is None:
             for pid in (proc.pid, *_children(proc.pid)):
@@ -88,6 +89,7 @@ def main() -> int:
     p.add_argument("--processes", default="1,2")
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--server", default="null,azurite")
+    p.add_argument("--src", default="", help="run blobsync from this src/ folder (an A/B against another commit)")
     a = p.parse_args()
     tree = small_tree(DEFAULT_CACHE, a.files, a.size_kib * 1024)
     warm(tree)
@@ -98,7 +100,7 @@ def main() -> int:
         for rnd in range(a.repeat):
             for n in counts if rnd % 2 == 0 else reversed(counts):
                 with tempfile.TemporaryDirectory(prefix="blobsync-procs-") as tmp:
-                    results[n].append(one_run(server, tree, n, Path(tmp)))
+                    results[n].append(one_run(server, tree, n, Path(tmp), a.src))
                 print(f"bench: {server} round {rnd + 1} processes {n}: {results[n][-1]}", file=sys.stderr)
         for n in counts:
             med = {k: statistics.median(r[k] for r in results[n]) for k in results[n][0]}

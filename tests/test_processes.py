@@ -17,6 +17,7 @@ import pytest
 import blobsync
 from blobsync import TransferConfig
 from blobsync.config import MiB
+from blobsync.events import BaseSubscriber
 from conftest import ContainerHandle
 from support.azurite import Azurite
 from support.cli import clean_env, random_file, run
@@ -44,8 +45,15 @@ def test_a_sync_runs_in_two_processes_and_a_big_file_is_staged_by_both(container
                                                                       tmp_path: Path, azurite_env: str) -> None:
     files = _tree(tmp_path / "src", 120, big=True)
     config = TransferConfig.from_mib(journal_path=tmp_path / "j.db")
-    report = blobsync.sync(tmp_path / "src", container.url, config, cluster="processes:2")
+    moved: list[int] = []
+
+    class Bytes(BaseSubscriber):
+        def on_progress(self, rel: str, nbytes: int) -> None:
+            moved.append(nbytes)
+
+    report = blobsync.sync(tmp_path / "src", container.url, config, cluster="processes:2", subscribers=[Bytes()])
     assert report.ok and report.files_transferred == len(files), report.failures[:3]
+    assert sum(moved) == sum(map(len, files.values()))  # the workers' progress reached the caller, every byte
     workers = {s.worker for s in report.shards}
     assert len(workers) == 2 and f":{os.getpid()}" not in "".join(workers)  # two processes, neither this one
     big = [s for s in report.shards if s.label.startswith("big/model.pt blocks")]

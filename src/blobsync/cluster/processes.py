@@ -125,12 +125,18 @@ class ProcessExecutor:
         self._handler = handler
 
     def _relay(self) -> None:
-        """Worker progress events into the client's loop, until close() sends None."""
-        while (event := self._queue.get()) is not None:
+        """Worker progress events into the client's loop, those waiting taken together (one wake-up of the loop
+        for them all), until close() sends None."""
+        while True:
+            events = [self._queue.get()]
+            while events[-1] is not None and not self._queue.empty():
+                events.append(self._queue.get())
             loop, handler = self._loop, self._handler
             if loop is not None and handler is not None:
                 with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                    loop.call_soon_threadsafe(handler, event)
+                    loop.call_soon_threadsafe(_each, handler, [e for e in events if e is not None])
+            if events[-1] is None:
+                return
 
     async def close(self) -> None:
         """Stops the workers at once (a stopped job resumes from what its journal and the store hold)."""
@@ -142,6 +148,11 @@ class ProcessExecutor:
         await asyncio.to_thread(_join, processes)
         self._queue.put(None)
         await asyncio.to_thread(self._reader.join, 5)
+
+
+def _each(handler: Callable[[dict[str, Any]], None], events: list[dict[str, Any]]) -> None:
+    for event in events:
+        handler(event)
 
 
 def _join(processes: list[Any]) -> None:

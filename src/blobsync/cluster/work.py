@@ -69,8 +69,13 @@ class _Relay(BaseSubscriber):
 
     def on_progress(self, rel: str, nbytes: int) -> None:
         self._bytes += nbytes
+        self._tick()
+
+    def _tick(self) -> None:
+        # A few events a second at most, whatever the number of files: each costs the client a wake-up (a shard
+        # of 2,000 small files sent one event per file: ~10% of the client's CPU). Outcomes come in the report.
         now = time.monotonic()
-        if self.publish is not None and now - self._last >= 0.25:
+        if self.publish is not None and self._bytes and now - self._last >= 0.25:
             self._last = now
             self.publish({"shard": self.label, "bytes": self._bytes})
             self._bytes = 0
@@ -82,9 +87,7 @@ class _Relay(BaseSubscriber):
 
     def on_done_outcome(self, outcome: FileOutcome) -> None:
         self.outcomes.append(outcome)
-        if self.publish is not None:
-            self.publish({"shard": self.label, "bytes": self._bytes, "file": outcome.rel, "ok": outcome.ok})
-            self._bytes = 0
+        self._tick()
 
     def flush(self) -> None:
         if self.publish is not None and self._bytes:
