@@ -112,7 +112,7 @@ class ProcessExecutor:
         """One task in the pool, tried again where it raised (not where the pool itself broke)."""
         for attempt in range(TASK_RETRIES + 1):
             try:
-                return await asyncio.wrap_future(self._pool.submit(fn, *args))
+                return await _unlinked(self._pool.submit(fn, *args))
             except concurrent.futures.process.BrokenProcessPool:
                 self._broken = True  # a worker died (killed, out of memory): the job stops, resumable
                 raise
@@ -141,13 +141,40 @@ class ProcessExecutor:
     async def close(self) -> None:
         """Stops the workers at once (a stopped job resumes from what its journal and the store hold)."""
         processes = list(getattr(self._pool, "_processes", {}).values())
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        # Pending tasks are not cancelled here: the pool fails them itself once its workers are gone (Python 3.11's
+        # pool raises InvalidStateError in its own thread, with a traceback on stderr, when it fails a task that
+        # was cancelled meanwhile).
+        self._pool.shutdown(wait=False)
         for process in processes:
             with contextlib.suppress(Exception):
                 process.terminate()
         await asyncio.to_thread(_join, processes)
         self._queue.put(None)
         await asyncio.to_thread(self._reader.join, 5)
+
+
+def _unlinked(task: concurrent.futures.Future[Any]) -> asyncio.Future[Any]:
+    """An asyncio future that takes the pool task's outcome; cancelling it leaves the task to the pool (see
+    close()), unlike asyncio.wrap_future, which cancels the task too."""
+    loop = asyncio.get_running_loop()
+    out: asyncio.Future[Any] = loop.create_future()
+
+    def settle(done: concurrent.futures.Future[Any]) -> None:
+        if out.done():
+            return
+        if done.cancelled():
+            out.cancel()
+        elif (error := done.exception()) is not None:
+            out.set_exception(error)
+        else:
+            out.set_result(done.result())
+
+    def handed_back(done: concurrent.futures.Future[Any]) -> None:
+        with contextlib.suppress(RuntimeError):  # the client's loop is closed: nobody waits for it any more
+            loop.call_soon_threadsafe(settle, done)
+
+    task.add_done_callback(handed_back)
+    return out
 
 
 def _each(handler: Callable[[dict[str, Any]], None], events: list[dict[str, Any]]) -> None:
