@@ -22,7 +22,7 @@ from conftest import ContainerHandle
 from support.azurite import Azurite
 from support.cli import clean_env, random_file, run
 from support.processes import kill_tree
-from support.proxy import FaultProxy
+from support.proxy import FaultProxy, Rule, reset_before, respond
 
 BIG = 66 * MiB + 4321  # over a shard's 64 MiB: its ranges go to both processes, committed once
 
@@ -143,6 +143,8 @@ def test_processes_with_watch_and_in_the_library_are_checked(tmp_path: Path) -> 
     assert result.returncode == 2 and "--watch" in result.stderr and "Traceback" not in result.stderr
     with pytest.raises(blobsync.UsageError, match="invalid --processes '-1'"):
         blobsync.copy(tmp_path, "http://127.0.0.1:9/devstoreaccount1/cont", cluster="processes:-1")
+    with pytest.raises(blobsync.UsageError, match="invalid cluster=2"):
+        blobsync.sync(tmp_path, "http://127.0.0.1:9/devstoreaccount1/cont", cluster=2)
 
 
 def test_sigterm_stops_a_job_and_its_worker_processes_with_one_line_and_it_resumes(
@@ -160,4 +162,20 @@ def test_sigterm_stops_a_job_and_its_worker_processes_with_one_line_and_it_resum
     assert workers and not [w for w in workers if Path(f"/proc/{w}").exists()]
     done = run(args, env=env, timeout=180)
     assert done.returncode == 0, done.stderr
+    _same_bytes(container, files)
+
+
+def test_throttled_and_reset_requests_in_the_workers_are_retried_to_the_right_bytes(
+        container: ContainerHandle, tmp_path: Path, proxy: FaultProxy, proxy_env: str) -> None:
+    """Faults reach the workers' own engines: 503s with a Retry-After on Put Blob and Put Block, and a connection
+    reset mid-job, are retried there; the job ends ok only with every byte in place."""
+    files = _tree(tmp_path / "src", 80, big=True)
+    proxy.add_rule(Rule("put_blob", respond(503, "ServerBusy", retry_after=0.1), probability=0.2, seed=3))
+    proxy.add_rule(Rule("put_block", respond(503, "ServerBusy", retry_after=0.1), probability=0.2, seed=4))
+    proxy.add_rule(Rule("put_blob", reset_before(), nth=5))
+    config = TransferConfig.from_mib(journal_path=tmp_path / "j.db", max_retries=8)
+    report = blobsync.sync(tmp_path / "src", f"{proxy.endpoint()}/{container.name}", config,
+                           cluster="processes:2")
+    assert report.ok and report.files_transferred == len(files), report.failures[:3]
+    assert sum(proxy.stats.faults.values()) >= 5  # the faults did happen, and were ridden out
     _same_bytes(container, files)

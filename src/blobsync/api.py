@@ -415,6 +415,9 @@ resume = blocking_form(resume_async)
 def _cluster_arg(cluster: Cluster) -> Cluster:
     from blobsync.cluster.processes import processes_target  # checks 'processes:N'; loads no job code
 
+    if cluster is not None and not isinstance(cluster, str) and not hasattr(cluster, "scheduler"):
+        raise UsageError(f"invalid cluster={cluster!r}: a distributed.Client, 'tcp://host:8786', 'local:N' or "
+                         "'processes:N'")
     return processes_target(cluster)
 
 
