@@ -1,6 +1,6 @@
 """`python -m blobsync`: the same as the `blobsync` command."""
 
-from blobsync.cli.main import main
+from blobsync.cli.entry import main
 
 if __name__ == "__main__":
     main()

@@ -26,6 +26,7 @@ from blobsync.errors import BlobsyncError, TransferFailedError, UsageError
 from blobsync.events import Progress, Subscriber
 from blobsync.filters import Filters
 from blobsync.jobs import CopySpec, DownloadSpec, Hooks, JobSpec, RemoveSpec, SyncSpec, UploadSpec, run_job
+from blobsync.jobs.spec import processes_target
 from blobsync.journal import FileRow, JobKind, JobRow, JobState, Journal, default_journal_path
 from blobsync.options import CompareMode, DeleteMode
 from blobsync.report import Action, Report
@@ -413,8 +414,6 @@ resume = blocking_form(resume_async)
 
 
 def _cluster_arg(cluster: Cluster) -> Cluster:
-    from blobsync.cluster.processes import processes_target  # checks 'processes:N'; loads no job code
-
     if cluster is not None and not isinstance(cluster, str) and not hasattr(cluster, "scheduler"):
         raise UsageError(f"invalid cluster={cluster!r}: a distributed.Client, 'tcp://host:8786', 'local:N' or "
                          "'processes:N'")

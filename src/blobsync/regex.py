@@ -6,6 +6,7 @@ dialect is the one AzCopy's Go regexp speaks (no backreferences, no lookarounds)
 
 from __future__ import annotations
 
+import functools
 import importlib
 import re
 from typing import Any, Protocol
@@ -19,19 +20,26 @@ class Matcher(Protocol):
     def search(self, text: str) -> object: ...
 
 
-def _load_re2() -> Any:
+_DEFAULT = object()
+
+
+@functools.cache
+def re2() -> Any:
+    """The RE2 module, loaded by the first regex (a job without one never pays for it); None where it is missing."""
     try:
         return importlib.import_module("re2")
     except ImportError:  # no wheel for this platform: Python's re, with the risk docs/cli.md states
         return None
 
 
-_RE2 = _load_re2()
-ENGINE = "RE2" if _RE2 is not None else "Python re"
+def engine_name() -> str:
+    return "RE2" if re2() is not None else "Python re"
 
 
-def compile_regex(pattern: str, flag: str, *, engine: Any = _RE2) -> Matcher:
+def compile_regex(pattern: str, flag: str, *, engine: Any = _DEFAULT) -> Matcher:
     """`pattern` compiled by RE2 (or `re` where RE2 is missing); a pattern it refuses is a UsageError."""
+    if engine is _DEFAULT:
+        engine = re2()
     if engine is None:
         try:
             return re.compile(pattern)

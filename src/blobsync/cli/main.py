@@ -40,7 +40,7 @@ from blobsync.errors import BlobsyncError, ExitCode, UsageError
 from blobsync.events import Progress
 from blobsync.filters import Filters
 from blobsync.jobs.compare import CompareMode
-from blobsync.jobs.spec import PROCESSES
+from blobsync.jobs.spec import PROCESSES, processes_target
 from blobsync.jobs.sync import DeleteMode, parse_max_delete
 from blobsync.journal import FileState
 from blobsync.redact import printable, redact, strip_query
@@ -73,8 +73,6 @@ def _cluster(address: str | None, processes: str | None = None) -> str | None:
     if processes is not None:
         if address is not None:
             raise UsageError("choose one of --cluster and --processes")
-        from blobsync.cluster.processes import processes_target
-
         return processes_target(PROCESSES + processes)  # type: ignore[return-value]
     if address is None:
         return None
@@ -404,6 +402,7 @@ def main() -> None:
     # leaves its host's collector alone.
     gc.freeze()
     gc.set_threshold(20_000, 20, 20)
+    gc.enable()  # off while the modules loaded (cli.entry)
     azcopy_codes = _azcopy_exit_codes(sys.argv[1:], os.environ)
     try:
         try:

@@ -8,7 +8,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import multiprocessing
-import os
 import signal
 import threading
 from collections.abc import Callable
@@ -16,39 +15,10 @@ from typing import Any
 
 from blobsync.cluster.plan import SplitFile
 from blobsync.cluster.spec import RangeSpec, ShardReport, ShardSpec
-from blobsync.errors import UsageError
-from blobsync.jobs.spec import PROCESSES
 
 TASK_RETRIES = 2  # as on Dask: a task that raised runs at most three times in all
-MAX_PROCESSES = 256
-AUTO_MIN_CORES = 4  # below this, `auto` keeps the one process: the service or the peers need the other cores
 
 _events: Any = None  # in a worker process: the queue its progress goes to (set by _start)
-
-
-def parse_processes(text: str | int) -> int:
-    """--processes: a number of worker processes, or 'auto' (one per usable core where there are at least
-    AUTO_MIN_CORES, else 1: the plain engine in this process)."""
-    if str(text).strip().lower() == "auto":
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        return cores if cores >= AUTO_MIN_CORES else 1
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if not 1 <= n <= MAX_PROCESSES:
-        raise UsageError(f"invalid --processes {text!r}: 'auto' or a number of worker processes from 1 to "
-                         f"{MAX_PROCESSES}")
-    return n
-
-
-def processes_target(cluster: object) -> object:
-    """A `cluster` argument with 'processes:N' (or 'processes:auto') checked: None where that means one process
-    (the plain engine), else 'processes:N'; any other value is passed on as it is."""
-    if not isinstance(cluster, str) or not cluster.startswith(PROCESSES):
-        return cluster
-    n = parse_processes(cluster.removeprefix(PROCESSES))
-    return None if n == 1 else f"{PROCESSES}{n}"
 
 
 class ProcessExecutor:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from blobsync.backends.base import Location
+from blobsync.errors import UsageError
 from blobsync.filters import Filters
 from blobsync.options import CompareMode, DeleteMode
 
@@ -18,6 +20,33 @@ if TYPE_CHECKING:
 
 Cluster = Any  # None, a distributed.Client, 'tcp://host:8786', 'local:N', or PROCESSES + 'N'
 PROCESSES = "processes:"  # worker processes of blobsync's own on this machine (--processes N), no Dask
+MAX_PROCESSES = 256
+AUTO_MIN_CORES = 4  # below this, `auto` keeps the one process: the service or the peers need the other cores
+
+
+def parse_processes(text: str | int) -> int:
+    """--processes: a number of worker processes, or 'auto' (one per usable core where there are at least
+    AUTO_MIN_CORES, else 1: the plain engine in this process)."""
+    if str(text).strip().lower() == "auto":
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        return cores if cores >= AUTO_MIN_CORES else 1
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= MAX_PROCESSES:
+        raise UsageError(f"invalid --processes {text!r}: 'auto' or a number of worker processes from 1 to "
+                         f"{MAX_PROCESSES}")
+    return n
+
+
+def processes_target(cluster: object) -> object:
+    """A `cluster` argument with 'processes:N' (or 'processes:auto') checked: None where that means one process
+    (the plain engine), else 'processes:N'; any other value is passed on as it is."""
+    if not isinstance(cluster, str) or not cluster.startswith(PROCESSES):
+        return cluster
+    n = parse_processes(cluster.removeprefix(PROCESSES))
+    return None if n == 1 else f"{PROCESSES}{n}"
 
 
 @dataclass(frozen=True)
