@@ -79,6 +79,48 @@ def group_cpu_seconds(pgid: int) -> float:
     return total / _CLK_TCK
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """User+system CPU seconds of one process (all its threads), NaN once it is gone."""
+    try:
+        rest = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return float("nan")
+    fields = rest[rest.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+
+
+class ServerWatch:
+    """The server's CPU sampled while a tool runs: how long it sat idle at the start (the tool starting up) and at
+    the end (the tool finishing alone), and how busy it was in between. On two shared cores a tool's wall time is
+    roughly its idle start + the server's CPU for its requests + its idle tail; this says which part differs."""
+
+    MARGIN_S = 0.02  # two clock ticks: the server's own timers must not count as the tool's work
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.t0 = time.monotonic()
+        self.cpu0 = process_cpu_seconds(pid)
+        self.samples: list[tuple[float, float]] = []
+
+    def sample(self) -> None:
+        cpu = process_cpu_seconds(self.pid)
+        if cpu == cpu:
+            self.samples.append((time.monotonic() - self.t0, cpu - self.cpu0))
+
+    def summary(self, wall_s: float) -> dict[str, float]:
+        """server_start_s: until the server had spent MARGIN_S of CPU; server_tail_s: from when it had spent all
+        but MARGIN_S to the tool's exit; server_busy: its CPU over the time between, in cores."""
+        self.sample()
+        if not self.samples or self.samples[-1][1] < 3 * self.MARGIN_S or wall_s != wall_s:
+            return {}
+        total = self.samples[-1][1]
+        first = next(t for t, c in self.samples if c >= self.MARGIN_S)
+        last = next(t for t, c in self.samples if c >= total - self.MARGIN_S)
+        last = min(last, wall_s)
+        return {"server_start_s": first, "server_tail_s": max(0.0, wall_s - last),
+                "server_busy": (total - 2 * self.MARGIN_S) / (last - first) if last > first else float("nan")}
+
+
 def tail(path: Path, limit: int = 4000) -> str:
     try:
         return path.read_text(errors="replace")[-limit:].strip()
@@ -131,6 +173,7 @@ def run_measured(
     log: Path,
     timeout: float,
     kill_when: Callable[[], bool] | None = None,
+    on_poll: Callable[[], None] | None = None,
 ) -> ChildResult:
     """Run `cmd` under the tiny launcher, which reaps it with wait4 (exact CPU and peak RSS); kill it after `timeout`.
 
@@ -139,7 +182,8 @@ def run_measured(
     imported, listings done: 60-200 MiB) even /bin/true reports the benchmark's RSS. Forked from a ~10 MiB
     launcher, that floor sits far below any tool's own peak, so ru_maxrss is the tool's.
 
-    `kill_when`, polled every 20 ms, SIGKILLs the tool once it returns True (the resume workload's crash).
+    `kill_when`, polled every 20 ms, SIGKILLs the tool once it returns True (the resume workload's crash);
+    `on_poll` is called every 20 ms while the tool runs (a ServerWatch's sample).
     """
     result = log.with_suffix(".rusage.json")
     result.unlink(missing_ok=True)  # a stale file must never pass for this run's figures
@@ -167,8 +211,10 @@ def run_measured(
                     os.kill(int(pid_file.read_text()), signal.SIGKILL)  # the tool only: the launcher reports it
                     killed = True
                 kill_when = None
+            if on_poll is not None:
+                on_poll()
             with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(0.02 if kill_when is not None else 0.05)
+                proc.wait(0.02 if kill_when is not None or on_poll is not None else 0.05)
     finally:
         # Also on Ctrl-C/SIGTERM, and after a normal exit: grandchildren that outlived the tool must not
         # skew the next run or outlive the benchmark.

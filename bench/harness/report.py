@@ -65,6 +65,9 @@ COMMON_TAIL = [
     ("az_cpu_s", "Azurite CPU s", 2),
     ("az_pct", "Azurite CPU %", 0),
     ("other_pct", "Other CPU %", 0),
+    ("server_start_s", "Azurite idle at start s", 2),
+    ("server_tail_s", "Azurite idle at end s", 2),
+    ("server_busy", "Azurite busy between, cores", 2),
 ]
 
 

@@ -18,7 +18,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.azurite import Azurite, BenchError, NullServer
-from harness.measure import ChildResult, group_cpu_seconds, run_measured, system_busy_seconds, tail, wait_for_quiet
+from harness.measure import (
+    ChildResult,
+    ServerWatch,
+    group_cpu_seconds,
+    run_measured,
+    system_busy_seconds,
+    tail,
+    wait_for_quiet,
+)
 from harness.netns import SlowLink
 from harness.tcpproxy import DelayRelay
 from harness.tools import (
@@ -194,7 +202,8 @@ def measure(
         wait_for_quiet(st.max_background, st.idle_wait)
     helper0 = group_cpu_seconds(helper_pgid) if helper_pgid else 0.0
     az0, sys0, me0 = azurite.cpu_seconds(), system_busy_seconds(), _own_cpu()
-    res = run_measured(cmd, env, tmp, tmp / log_name, st.timeout, kill_when)
+    watch = ServerWatch(azurite.pid)
+    res = run_measured(cmd, env, tmp, tmp / log_name, st.timeout, kill_when, watch.sample)
     run.azurite_cpu_s = azurite.cpu_seconds() - az0
     # The harness itself (the resume workload's relay thread, the slow link's relay process) is not background noise.
     mine = _own_cpu() - me0 + (group_cpu_seconds(helper_pgid) - helper0 if helper_pgid else 0.0)
@@ -206,7 +215,7 @@ def measure(
     run.cpu_s = res.user_s + res.sys_s
     # Where the CPU went: a tool can spend much of it in the kernel (page faults of fresh buffers on this VM).
     run.extra |= {"kernel_s": res.sys_s, "page_faults_k": res.page_faults / 1000,
-                  "context_switches_k": res.context_switches / 1000}
+                  "context_switches_k": res.context_switches / 1000, **watch.summary(res.wall_s)}
     run.rss_mib = res.maxrss_kib / 1024 if res.maxrss_kib else float("nan")
     run.returncode = res.returncode
     return res
