@@ -236,7 +236,10 @@ def _blobsync(tool: str, st: Settings) -> list[str]:
     if tool == "blobsync-base":
         if st.base_src is None:
             raise ValueError("blobsync-base needs --base-src")
-        return ["env", f"PYTHONPATH={st.base_src}", str(BLOBSYNC_BIN)]  # env execs: rusage stays blobsync's
+        # env execs: rusage stays blobsync's. The entry point of the base's own version (cli.entry came later).
+        entry = ("import sys\ntry:\n    from blobsync.cli.entry import main\nexcept ImportError:\n"
+                 "    from blobsync.cli.main import main\nsys.exit(main())")
+        return ["env", f"PYTHONPATH={st.base_src}", str(st.python), "-c", entry]
     return [str(BLOBSYNC_BIN)]
 
 
