@@ -99,6 +99,8 @@ def keep(raw_path: Path) -> Path:
             "machine": _machine()}
     DATA.mkdir(exist_ok=True)
     out = DATA / f"{meta['date']}-{'-'.join(raw)}.json"
+    if out.exists():  # an earlier run of the same workloads that day stays; the time sorts this one after it
+        out = DATA / f"{meta['date']}T{time.strftime('%H%M')}-{'-'.join(raw)}.json"
     out.write_text(json.dumps({"meta": meta, "workloads": raw}, indent=1) + "\n")
     return out
 
