@@ -82,7 +82,7 @@ class AsyncClient:
         if self._session is None or self._session.closed:
             journal = Journal(self.config.journal_path or default_journal_path(self.env))
             self._session = Session(self.config, self.env, journal, wire_progress=self.progress,
-                                    credential=self.credential)
+                                    credential=self.credential, home=self.url)
         return self._session
 
     async def __aenter__(self) -> AsyncClient:

@@ -50,6 +50,19 @@ class BlobsyncError(Exception):
     def __str__(self) -> str:
         return f"{self.message} ({self.hint})" if self.hint else self.message
 
+    def __reduce__(self) -> tuple[object, ...]:
+        # Pickled as its class and fields (a worker process or a Dask worker sends it back to the client); the
+        # report of the job it stopped stays behind: it holds the job's live listeners.
+        state = {k: v for k, v in self.__dict__.items() if k != "report"}
+        return _restore, (type(self), self.args, state)
+
+
+def _restore(cls: type[BlobsyncError], args: tuple[object, ...], state: dict[str, object]) -> BlobsyncError:
+    err = cls.__new__(cls)
+    Exception.__init__(err, *args)
+    err.__dict__.update(state)
+    return err
+
 
 class UsageError(BlobsyncError):
     """Bad flags, URL or arguments: nothing was transferred."""

@@ -243,9 +243,10 @@ class Store(Protocol):
 
     def writer(self, name: str, nonce: str) -> ChunkedWriter: ...
 
-    async def copy_source(self, name: str, etag: str | None) -> CopySource:
-        """The object `name` (version `etag`) as another store's service may read it (capabilities.copy_sources):
-        its URL with a read authorization (the URL's SAS, a short read SAS signed with an account key, a token)."""
+    async def copy_source(self, name: str, etag: str | None, reader: Location) -> CopySource:
+        """The object `name` (version `etag`) as the service of the store at `reader` may read it
+        (capabilities.copy_sources): its URL with a read authorization (the URL's SAS, a short read SAS signed with
+        an account key, a token). A credential that may not go to the reader's host is a UsageError, not sent."""
         ...
 
     async def copy_from(self, name: str, source: CopySource, conditions: Conditions = NO_CONDITIONS,

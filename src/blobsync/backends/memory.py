@@ -24,6 +24,7 @@ from blobsync.backends.base import (
     Capabilities,
     Conditions,
     CopySource,
+    Location,
     Part,
     PartCheck,
     Parts,
@@ -303,7 +304,7 @@ class MemoryStore:
             raise BlobNotFoundError(f"get tags of {name!r}: HTTP 404 BlobNotFound", status=404, code="BlobNotFound")
         return dict(obj.headers.tags)
 
-    async def copy_source(self, name: str, etag: str | None) -> CopySource:
+    async def copy_source(self, name: str, etag: str | None, reader: Location) -> CopySource:
         url = f"{self._loc.container_url}/{quote(name)}"
         return CopySource(url, url, etag)
 

@@ -64,7 +64,7 @@ async def stage_from_url(ctx: EngineContext, spec: RangeSpec, source: Store, pre
     version listed), leaving those the store holds already; the bytes staged."""
     f = spec.file
     writer = ctx.store.writer(f.blob, f.nonce)
-    copy_source = await source.copy_source(f.source, f.etag or None)
+    copy_source = await source.copy_source(f.source, f.etag or None, ctx.store.location)
     staged = 0
 
     async def one(idx: int) -> None:

@@ -134,7 +134,7 @@ class BlobCopier:
 
     async def _copy_whole(self, row: FileRow, listed: BlobProperties, conditions: Conditions) -> FileResult:
         ctx, cfg = self.ctx, self.ctx.config
-        source = await self.source.copy_source(listed.name, listed.etag or None)
+        source = await self.source.copy_source(listed.name, listed.etag or None, ctx.store.location)
         tier = cfg.tier or (listed.tier if cfg.s2s_preserve_access_tier and listed.tier in ctx.store.capabilities.tiers
                                 else None)
         copy_tags = cfg.s2s_preserve_blob_tags
@@ -158,7 +158,7 @@ class BlobCopier:
     async def _copy_staged(self, row: FileRow, props: BlobProperties, conditions: Conditions, block: int
                            ) -> FileResult:
         ctx = self.ctx
-        source = await self.source.copy_source(props.name, props.etag or None)
+        source = await self.source.copy_source(props.name, props.etag or None, ctx.store.location)
         nonce, block = self._resume_or_start(row, props, block)
         writer = ctx.store.writer(row.blob, nonce)
         ranges = list(block_ranges(props.size, block))

@@ -27,9 +27,11 @@ class Session:
     a call's own config sets only what its job does (overwrite, block size, metadata, ...)."""
 
     def __init__(self, config: TransferConfig, env: Mapping[str, str], journal: Journal | Callable[[], Journal],
-                 wire_progress: Progress | None = None, credential: object = None) -> None:
+                 wire_progress: Progress | None = None, credential: object = None, home: str | None = None) -> None:
         self.config = config
-        self.credential = credential  # a Client's credential object (None: the URL's SAS or the environment)
+        # A Client's credential object (None: the URL's SAS or the environment), for its own account (`home`'s) only.
+        self.credential = credential
+        self._home = _account(parse_location(home)) if home is not None and credential is not None else None
         self.env = env
         # Opened when a call first needs it: ls, rm and make never create the journal's folder.
         self._journal: Journal | None = journal if isinstance(journal, Journal) else None
@@ -58,8 +60,15 @@ class Session:
         store = self._stores.get(key)
         if store is None:
             wire = Wire(self.bucket.take if self.bucket else None, self.progress.on_wire)
-            store = self._stores[key] = open_store(loc, self.config, self.env, wire, self.credential)
+            store = self._stores[key] = open_store(loc, self.config, self.env, wire, self._credential_for(loc))
         return store  # container-scoped: a job takes its path from its own location
+
+    def _credential_for(self, loc: Location) -> object:
+        """The Client's credential belongs to its account: another account's URL (another host) is signed by its own
+        SAS or the environment under the trusted-host rule, and a URL that carries a SAS of its own uses that."""
+        if self.credential is None or getattr(loc, "sas", None) or _account(loc) != self._home:
+            return None
+        return self.credential
 
     def context(self, location: str | Location, config: TransferConfig, *, progress: Progress,
                 overwrite_prompt: OverwritePrompt | None = None) -> EngineContext:
@@ -87,6 +96,12 @@ class Session:
             self.hash_pool.shutdown(wait=True)
             if self._journal is not None:
                 self._journal.close()
+
+
+def _account(loc: Location) -> str:
+    """The account a location belongs to: its container URL without the container (scheme, host, port, and the
+    account of an emulator's path-style URL)."""
+    return loc.container_url.rsplit("/", 1)[0].lower()
 
 
 @asynccontextmanager

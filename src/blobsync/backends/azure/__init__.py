@@ -32,7 +32,8 @@ class AzureBackend:
             credential_from(credential, location, env, config.trusted_suffixes)
         return AzureContainerStore(location, signer,
                                    connections=config.max_concurrency + 4, read_timeout=config.stall_timeout,
-                                   throttle=wire.throttle, on_wire=wire.on_wire, proxy=config.proxy, env=env)
+                                   throttle=wire.throttle, on_wire=wire.on_wire, proxy=config.proxy, env=env,
+                                   trusted=config.trusted_suffixes)
 
 
 AZURE = AzureBackend()

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import quote, urlencode
 
-from blobsync.backends.azure.location import BlobLocation
+from blobsync.backends.azure.location import BlobLocation, is_loopback_host
 from blobsync.errors import AuthError, UsageError
 from blobsync.redact import register_secret
 
@@ -77,6 +77,7 @@ class SasCredential(_NothingToClose):
     sas: str
     description: str = "SAS token from the URL"
     is_sas: bool = True
+    in_url: bool = False  # the user wrote it into the URL: theirs to send, a copy's destination included
 
     async def authorize(self, request: Request) -> None:
         request.sas = self.sas
@@ -298,6 +299,24 @@ class _SyncTokens:
         return await asyncio.to_thread(self._source.get_token, *scopes)
 
 
+def check_copy_reader(source: BlobLocation, credential: Credential, reader: str, trusted: tuple[str, ...]) -> None:
+    """Whether the source's credential may be handed to the service at `reader` (a copy's destination host), which
+    reads the source with it. A SAS the user wrote into the source URL goes wherever they copy it (AzCopy's rule);
+    what blobsync found or was given for the source's account (an environment SAS, a read SAS signed with a key, a
+    token, a Client's credential) goes only where a key or token may: the source's own host, loopback, a trusted
+    suffix. Else a usage error, before anything is sent."""
+    if isinstance(credential, AnonymousCredential) or (isinstance(credential, SasCredential) and credential.in_url):
+        return
+    host = reader.lower().rstrip(".")
+    if host == source.host or is_loopback_host(host) or is_trusted_host(host, trusted):
+        return
+    raise UsageError(
+        f"{host} is not an Azure Storage host: the copy's destination service would read the source with its "
+        f"credential ({credential.description}), so nothing was sent",
+        hint=f"if this host is yours, allow it with --trusted-microsoft-suffixes '{host}', copy through this "
+        "machine with --s2s-via-client, or put a read SAS in the source URL")
+
+
 async def read_grant(credential: Credential, account: str, container: str, blob: str
                      ) -> tuple[str | None, dict[str, str]]:
     """What lets another service read `blob` for a copy: a SAS for its URL, or headers (a bearer token goes in
@@ -431,7 +450,7 @@ def resolve_credential(loc: BlobLocation, env: Mapping[str, str], trusted: tuple
     """Pick credentials for `loc`: SAS in the URL, then the environment, then the emulator key, then Azure AD.
     Only a SAS in the URL goes to any host; keys and tokens go to trusted hosts (`trusted`: more suffixes)."""
     if loc.sas:
-        return SasCredential(loc.sas)
+        return SasCredential(loc.sas, in_url=True)
     conn = env.get("AZURE_STORAGE_CONNECTION_STRING")
     if conn:
         cred = _from_connection_string(loc, conn)

@@ -55,13 +55,7 @@ class BlobLocation:
 
     @property
     def is_loopback(self) -> bool:
-        host = self.host
-        if host == "localhost":
-            return True
-        try:
-            return ipaddress.ip_address(host).is_loopback
-        except ValueError:
-            return False
+        return is_loopback_host(self.host)
 
     @property
     def sas_token(self) -> Sas | None:
@@ -155,3 +149,13 @@ def check_blob_name(name: str) -> None:
         raise UnsafeNameError(f"{name!r}: a path segment ending in '.' is changed or refused by Azure")
     if _CONTROL.search(name):
         raise UnsafeNameError(f"{name!r}: control characters are not valid in blob names")
+
+
+def is_loopback_host(host: str) -> bool:
+    """'localhost' or a loopback address (127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

@@ -16,7 +16,7 @@ from urllib.parse import quote, urlencode, urlsplit
 
 from blobsync._version import __version__
 from blobsync.backends.azure import rules
-from blobsync.backends.azure.auth import Credential, Request, read_grant, warn_if_plain_http
+from blobsync.backends.azure.auth import Credential, Request, check_copy_reader, read_grant, warn_if_plain_http
 from blobsync.backends.azure.batch import SubRequest, batch_body, parse_batch
 from blobsync.backends.azure.errors import error_from_response
 from blobsync.backends.azure.listing import (
@@ -40,6 +40,7 @@ from blobsync.backends.base import (
     Capabilities,
     Conditions,
     CopySource,
+    Location,
     Part,
     PartCheck,
     Parts,
@@ -184,10 +185,13 @@ class AzureContainerStore:
         on_wire: Callable[[int], None] | None = None,
         proxy: str | None = None,
         env: Mapping[str, str] | None = None,
+        trusted: tuple[str, ...] = (),
     ) -> None:
-        """`proxy` overrides the proxies of `env` (HTTPS_PROXY, NO_PROXY...); `env` also names CA bundles."""
+        """`proxy` overrides the proxies of `env` (HTTPS_PROXY, NO_PROXY...); `env` also names CA bundles;
+        `trusted`: the hosts beyond Azure's own that may receive this store's credential (as a copy's reader)."""
         warn_if_plain_http(loc, credential)
         self._loc = loc
+        self._trusted = trusted
         if loc.path_style:
             self.capabilities = self._emulator
         self._cred = credential
@@ -455,7 +459,8 @@ class AzureContainerStore:
                                    content_md5=md5_header(h.get("x-ms-blob-content-md5")),
                                    range_md5=props.content_md5 if range_md5 else None)
 
-    async def copy_source(self, name: str, etag: str | None) -> CopySource:
+    async def copy_source(self, name: str, etag: str | None, reader: Location) -> CopySource:
+        check_copy_reader(self._loc, self._cred, urlsplit(reader.container_url).hostname or "", self._trusted)
         url = f"{self._base}/{quote(name, safe='/~')}"
         sas, headers = await read_grant(self._cred, self._loc.account, self._loc.container, name)
         return CopySource(f"{url}?{sas}" if sas else url, url, etag, headers)

@@ -19,6 +19,7 @@ from blobsync.backends.base import (
     ChunkedWriter,
     Conditions,
     CopySource,
+    Location,
     PutResult,
     Requester,
     direct,
@@ -242,7 +243,7 @@ class S3Store:
     def writer(self, name: str, nonce: str) -> ChunkedWriter:
         self._source_only()
 
-    async def copy_source(self, name: str, etag: str | None) -> CopySource:
+    async def copy_source(self, name: str, etag: str | None, reader: Location) -> CopySource:
         self._source_only()
 
     async def copy_from(self, name: str, source: CopySource, conditions: Conditions = NO_CONDITIONS,

@@ -1,0 +1,138 @@
+"""Safety on every path (issue 37): a credential goes only where it may, whoever copies (a plain job, --processes,
+--cluster, the Client). Each test runs against Azurite and a real listening socket on this machine's outside
+address, which must never see a credential meant for another host."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+import blobsync
+from blobsync.backends.registry import open_store, parse_location
+from blobsync.errors import UsageError
+from conftest import ContainerHandle, container_sas
+from support.azurite import Azurite
+from support.cli import run
+from support.recorder import Recorder, outside_address, recording
+
+PATHS = {"plain": [], "processes": ["--processes", "2"], "cluster": ["--cluster", "local:2"]}
+DEST_SIG = "DESTSIGdestsig0123456789"
+
+
+@pytest.fixture
+def evil() -> Iterator[Recorder]:
+    host = outside_address()
+    if host is None:
+        pytest.skip("this machine has no non-loopback address")
+    yield from recording(host)
+
+
+def _evil_dest(evil: Recorder, name: str = "x.bin") -> str:
+    return evil.url(f"acct/cont/{name}") + f"?sv=2022-11-02&sr=c&sp=rwc&sig={DEST_SIG}"
+
+
+def _source_env(azurite: Azurite, container: ContainerHandle, kind: str) -> tuple[dict[str, str], str]:
+    """The environment's credential for the source account, and the secret that must not travel."""
+    if kind == "sas":
+        sas = container_sas(azurite.account, azurite.key, container.name)
+        secret = next(p[4:] for p in sas.split("&") if p.startswith("sig="))
+        return {"AZURE_STORAGE_CONNECTION_STRING": f"BlobEndpoint={azurite.blob_endpoint};"
+                                                   f"SharedAccessSignature={sas}"}, secret
+    return {"AZURE_STORAGE_CONNECTION_STRING": azurite.connection_string}, "sig="
+
+
+def _leaked(evil: Recorder, secret: str) -> list[str]:
+    """What the destination host was sent of the source's credential (its own SAS is the user's to send)."""
+    out = []
+    for seen in evil.seen:
+        text = seen.text().replace(f"sig={DEST_SIG}", "")
+        if secret in text or "x-ms-copy-source-authorization" in text.lower() or "Bearer" in text:
+            out.append(text)
+    return out
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("kind", ["sas", "key"])
+def test_a_copy_never_hands_the_sources_credential_to_another_host(
+        container: ContainerHandle, azurite: Azurite, evil: Recorder, tmp_path: Path, kind: str, path: str) -> None:
+    container.client.upload_blob("x.bin", b"secret bytes" * 100)
+    env, secret = _source_env(azurite, container, kind)
+    src = f"{container.url}/x.bin" if path == "plain" else container.url
+    dst = _evil_dest(evil) if path == "plain" else evil.url("acct/cont") + f"?sv=2022-11-02&sig={DEST_SIG}"
+    args = ["cp", src, dst, "--journal", str(tmp_path / "j.db"), "--max-retries", "0", *PATHS[path]]
+    if path != "plain":
+        args.append("--recursive")
+    done = run(args, env=env, timeout=180)
+    assert done.returncode == 2, done.stderr
+    assert not _leaked(evil, secret), _leaked(evil, secret)
+    lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
+    assert "--trusted-microsoft-suffixes" in lines[-1] and "--s2s-via-client" in lines[-1], done.stderr
+    assert secret not in done.stderr + done.stdout
+
+
+def test_a_trusted_destination_gets_the_grant_and_via_client_sends_none(
+        container: ContainerHandle, azurite: Azurite, evil: Recorder, tmp_path: Path) -> None:
+    container.client.upload_blob("x.bin", b"abc" * 100)
+    env, secret = _source_env(azurite, container, "sas")
+    base = ["cp", f"{container.url}/x.bin", _evil_dest(evil), "--journal", str(tmp_path / "j.db"),
+            "--max-retries", "0"]
+    done = run([*base, "--s2s-via-client"], env=env, timeout=60)
+    assert not _leaked(evil, secret), done.stderr
+    assert any(s.method == "PUT" for s in evil.seen), done.stderr  # the bytes went up from here instead
+    done = run([*base, "--trusted-microsoft-suffixes", evil.host, "--overwrite", "true"], env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert _leaked(evil, secret)  # the user allowed it: the service there reads the source with it
+
+
+class _Tokens:
+    """An azure-identity style credential with a fixed token: the Client's Azure AD identity."""
+
+    def __init__(self) -> None:
+        self.token = "eyJ0eXAiOiJKV1QiLCJhbGciOi.TOKENtoken0123456789.sig"
+
+    async def get_token(self, *scopes: str) -> SimpleNamespace:
+        return SimpleNamespace(token=self.token, expires_on=2**40)
+
+
+def test_a_clients_credential_stays_with_its_account(container: ContainerHandle, azurite: Azurite,
+                                                     evil: Recorder, tmp_path: Path) -> None:
+    container.client.upload_blob("x.bin", b"abc" * 100)
+    sas = container_sas(azurite.account, azurite.key, container.name)
+    secret = next(p[4:] for p in sas.split("&") if p.startswith("sig="))
+    config = blobsync.TransferConfig(journal_path=tmp_path / "j.db", max_retries=0)
+    with blobsync.Client(container.url, config, credential=sas, env={}) as client:
+        with pytest.raises(UsageError, match="--trusted-microsoft-suffixes"):
+            client.copy(client.url_for("x.bin"), _evil_dest(evil))
+        # A put to a URL on another host is signed by that URL's own SAS, never by the Client's.
+        client.put(b"hello", _evil_dest(evil, "y.bin"))
+        assert client.get("x.bin") == b"abc" * 100  # its own account still gets it
+    assert not _leaked(evil, secret), evil.everything()
+    assert all(f"sig={DEST_SIG}" in s.target for s in evil.seen), evil.everything()
+
+
+def test_a_clients_token_goes_to_no_other_host(container: ContainerHandle, evil: Recorder) -> None:
+    """Azurite takes no bearer token over http: the rule is checked where the grant is made, before any request."""
+    tokens = _Tokens()
+
+    async def grants() -> None:
+        config = blobsync.TransferConfig()
+        store = open_store(container.url, config, {}, credential=tokens)
+        try:
+            with pytest.raises(UsageError, match="s2s-via-client"):
+                await store.copy_source("x.bin", None, parse_location(_evil_dest(evil)))
+            trusting = open_store(container.url, blobsync.TransferConfig(trusted_suffixes=(evil.host,)), {},
+                                  credential=tokens)
+            try:
+                granted = await trusting.copy_source("x.bin", None, parse_location(_evil_dest(evil)))
+            finally:
+                await trusting.close()
+            assert granted.headers["x-ms-copy-source-authorization"] == f"Bearer {tokens.token}"
+        finally:
+            await store.close()
+
+    asyncio.run(grants())
+    assert not evil.seen
