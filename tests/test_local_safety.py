@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -152,32 +151,6 @@ def test_two_blobs_one_local_name_fail_one_with_a_line_instead_of_overwriting(
     assert "are one file name here" in said.split("a.txt' and 'A.txt'")[1]  # the NFC/NFD pair too
     assert sorted(p.name for p in dl.iterdir()) == sorted(["A.txt", "cafe\u0301.txt"])
     assert (dl / "A.txt").read_bytes() == container.download("A.txt")
-
-
-def test_a_link_swapped_in_after_the_walk_is_not_followed_by_the_upload(
-        container: ContainerHandle, proxy: FaultProxy, tmp_path: Path) -> None:
-    secret = tmp_path / "secret"
-    secret.write_bytes(b"private key material")
-    secret.chmod(0o600)
-    src = tmp_path / "src"
-    random_file(src / "aa.txt", 100, seed=1)
-    random_file(src / "zz.txt", 200, seed=2)
-    proxy.add_rule(Rule("list_blobs", hold(), nth=1))  # the walk runs while the listing is held
-    proc = start(["sync", str(src), f"{proxy.endpoint()}/{container.name}", "--journal", str(tmp_path / "j.db")])
-    try:
-        proxy.wait_for_held(1, timeout=60)
-        time.sleep(1.0)  # the local walk (two files) is long done
-        (src / "zz.txt").unlink()
-        os.symlink(secret, src / "zz.txt")
-        proxy.release_holds()
-        out, err = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
-        proc.communicate()
-    assert proc.returncode == 1, err
-    assert "zz.txt: is a symbolic link now (a file when listed): not uploaded" in out + err
-    assert container.blob_names() == ["aa.txt"]
-    assert container.download("aa.txt") == (src / "aa.txt").read_bytes()
 
 
 def test_a_file_replaced_after_the_walk_is_refused(tmp_path: Path) -> None:

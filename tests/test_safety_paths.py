@@ -5,6 +5,9 @@ address, which must never see a credential meant for another host."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -16,7 +19,9 @@ from blobsync.backends.registry import open_store, parse_location
 from blobsync.errors import UsageError
 from conftest import ContainerHandle, container_sas
 from support.azurite import Azurite
-from support.cli import run
+from support.cli import random_file, run, start
+from support.processes import kill_tree
+from support.proxy import FaultProxy, Rule, hold
 from support.recorder import Recorder, outside_address, recording
 
 PATHS = {"plain": [], "processes": ["--processes", "2"], "cluster": ["--cluster", "local:2"]}
@@ -136,3 +141,62 @@ def test_a_clients_token_goes_to_no_other_host(container: ContainerHandle, evil:
 
     asyncio.run(grants())
     assert not evil.seen
+
+
+# --- uploads: a file is opened only as the walk listed it ------------------------------------------------------
+
+@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("swap", ["link", "file"])
+def test_a_file_swapped_after_the_walk_is_not_uploaded_on_any_path(
+        container: ContainerHandle, proxy: FaultProxy, tmp_path: Path, path: str, swap: str) -> None:
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"private key material")
+    secret.chmod(0o600)
+    src = tmp_path / "src"
+    random_file(src / "aa.txt", 100, seed=1)
+    random_file(src / "zz.txt", 200, seed=2)
+    proxy.add_rule(Rule("list_blobs", hold(), nth=1))  # the walk is done while the listing is held
+    proc = start(["sync", str(src), f"{proxy.endpoint()}/{container.name}", "--journal", str(tmp_path / "j.db"),
+                  *PATHS[path]], env={"AZURE_STORAGE_CONNECTION_STRING": "UseDevelopmentStorage=true"})
+    try:
+        proxy.wait_for_held(1, timeout=60)
+        time.sleep(1.0)  # the local walk (two files) is long done
+        if swap == "link":
+            (src / "zz.txt").unlink()
+            os.symlink(secret, src / "zz.txt")
+        else:  # made beside it first: another inode for sure (a freed one is often handed out again at once)
+            (tmp_path / "other").write_bytes(b"another file, same name, put there after the walk")
+            os.replace(tmp_path / "other", src / "zz.txt")
+        proxy.release_holds()
+        out, err = proc.communicate(timeout=180)
+    finally:
+        kill_tree(proc.pid)
+        proc.communicate()
+    assert proc.returncode == 1, err
+    said = "is a symbolic link now" if swap == "link" else "is another file than the one listed"
+    assert f"zz.txt: {said}" in out + err, out + err
+    assert container.blob_names() == ["aa.txt"]
+    assert container.download("aa.txt") == (src / "aa.txt").read_bytes()
+
+
+def test_a_range_task_stages_and_hashes_only_the_file_walked(tmp_path: Path) -> None:
+    """A file too big for one shard is staged by range tasks and hashed by another: each opens it as walked."""
+    from blobsync.cluster.spec import JobSpec, RangeSpec, ShardFile
+    from blobsync.cluster.split import hash_file
+    from blobsync.cluster.work import check_identity
+    from blobsync.errors import SourceChangedError
+
+    path = tmp_path / "big.bin"
+    path.write_bytes(b"x" * 1000)
+    st = path.stat()
+    f = ShardFile("big.bin", "big.bin", 1000, st.st_mtime_ns, "n", inode=st.st_ino)
+    spec = RangeSpec(JobSpec("j", True, str(tmp_path), "memory://m/c", {}), f, 1000, 0, 1)
+    assert hash_file(spec) == hashlib.md5(b"x" * 1000).hexdigest()
+    other = tmp_path / "other"
+    other.write_bytes(b"y" * 1000)
+    os.utime(other, ns=(st.st_atime_ns, st.st_mtime_ns))
+    os.replace(other, path)
+    with pytest.raises(SourceChangedError, match="another file than the one listed"):
+        check_identity(path, f)
+    with pytest.raises(SourceChangedError):
+        hash_file(spec)

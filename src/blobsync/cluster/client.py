@@ -133,7 +133,7 @@ class ClusterTransfer:
             if self.upload and not self.source_url and ref.size > ctx.config.single_put_limit:
                 self._journal_nonce(ctx, item.row, ref.rel, ref.size, nonce)
             yield ShardFile(ref.rel, ref.blob, ref.size, ref.mtime_ns, nonce, ref.etag or "",
-                            ref.md5.hex() if ref.md5 else None, ref.exact_mtime, ref.source)
+                            ref.md5.hex() if ref.md5 else None, ref.exact_mtime, ref.source, ref.inode)
 
     def _journal_nonce(self, ctx: EngineContext, row: FileRow, rel: str, size: int, nonce: str) -> None:
         """The client's journal keeps the nonce the workers stage under: the same command run later without a

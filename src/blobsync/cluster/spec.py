@@ -21,6 +21,7 @@ class ShardFile:
     md5: str | None = None  # downloads: the blob's Content-MD5, hex
     exact_mtime: bool = False  # downloads: mtime_ns is the source file's own (stored by blobsync)
     source: str = ""  # blob-to-blob copies: the source blob's name
+    inode: int = 0  # uploads of a walked folder: the file the walk listed (0: a file named by the user)
 
 
 @dataclass(frozen=True)

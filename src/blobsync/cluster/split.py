@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -18,7 +18,7 @@ from blobsync.checksums import choose_check
 from blobsync.cluster.spec import FileOutcome, RangeSpec, ShardReport
 from blobsync.cluster.work import Publish, check_identity, shard_engine, worker_name
 from blobsync.engine.context import EngineContext
-from blobsync.engine.digest import feed, md5_of_file, new_md5
+from blobsync.engine.digest import feed, new_md5
 from blobsync.engine.download import FileDownloader
 from blobsync.engine.listing import as_properties
 from blobsync.engine.mtime import destination_mtime_ns
@@ -77,7 +77,7 @@ async def _stage_blocks(ctx: EngineContext, spec: RangeSpec, stage: Callable[[in
                         Awaitable[None]], tokens: list[str], present: set[str]) -> int:
     f, path, size = spec.file, _path(spec), spec.block_size
     kind = choose_check(ctx.store.capabilities.part_checks, ctx.config.block_check)
-    src = OpenFile(path)
+    src = OpenFile(path, walked=f.inode or None, follow_symlinks=ctx.config.follow_symlinks)
     sent = 0
 
     async def one(idx: int) -> None:
@@ -109,9 +109,23 @@ def hash_file(spec: RangeSpec) -> str:
     the parts' MD5s."""
     path = _path(spec)
     check_identity(path, spec.file)
-    digest = md5_of_file(path)
+    src = OpenFile(path, walked=spec.file.inode or None,
+                   follow_symlinks=bool(spec.job.options.get("follow_symlinks", False)))
+    try:
+        digest = new_md5()
+        for offset, length in _steps(spec.file.size):
+            buf = bytearray(length)
+            src.read_into(memoryview(buf), offset)
+            digest.update(buf)
+    finally:
+        src.close()
     check_identity(path, spec.file)
-    return digest.hex()
+    return digest.digest().hex()
+
+
+def _steps(size: int, step: int = 8 * 1024 * 1024) -> Iterator[tuple[int, int]]:
+    for offset in range(0, size, step):
+        yield offset, min(step, size - offset)
 
 
 def commit_split(spec: RangeSpec, md5_hex: str | None, *staged: ShardReport, publish: Publish | None = None,

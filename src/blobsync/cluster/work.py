@@ -151,7 +151,8 @@ def _upload_items(ctx: EngineContext, spec: ShardSpec, rows: dict[str, FileRow])
             continue
         path = root / f.rel
         row = _with_nonce(ctx, row, f, path)
-        yield WorkItem(row, f.size, functools.partial(uploader.upload, row, path))
+        # Opened as the walk listed it (its inode; no link unless --follow-symlinks), as the plain job does.
+        yield WorkItem(row, f.size, functools.partial(uploader.upload, row, path, f.inode or None))
 
 
 def _with_nonce(ctx: EngineContext, row: FileRow, f: ShardFile, path: Path) -> FileRow:
@@ -189,11 +190,15 @@ def _download_items(ctx: EngineContext, spec: ShardSpec, rows: dict[str, FileRow
 
 
 def check_identity(path: Path, f: ShardFile) -> FileIdentity:
-    """The file as planned (size and mtime), or SourceChangedError: no part of another version may be staged."""
+    """The file as planned (size, mtime and the inode walked), or SourceChangedError: no part of another version
+    (or of another file swapped in under its name) may be staged."""
     try:
         ident = FileIdentity.of(os.stat(path))
     except OSError as exc:
         raise BlobsyncError(f"{path}: {exc.strerror or exc}") from exc
+    if f.inode and ident.inode != f.inode:
+        raise SourceChangedError(f"{path}: is another file than the one listed (replaced since the walk, or a link "
+                                 "now): not uploaded; run again to upload what is there now")
     if (ident.size, ident.mtime_ns) != (f.size, f.mtime_ns):
         raise SourceChangedError(f"{path}: file changed since the job was planned; nothing of it is committed")
     return ident

@@ -60,6 +60,7 @@ class FileRef:
     md5: bytes | None = None  # downloads: the blob's Content-MD5
     exact_mtime: bool = False  # downloads: mtime_ns is the source file's own (stored by blobsync)
     source: str = ""  # blob-to-blob copies: the source blob's name
+    inode: int = 0  # uploads of a walked folder: the inode the walk listed (the worker opens only that file)
 
 
 @dataclass(frozen=True)

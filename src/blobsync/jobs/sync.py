@@ -291,7 +291,7 @@ class SyncJob:
                 row = rows[entry.rel]
                 if uploader is not None:
                     self.on_action(Action("upload", entry.rel, reason, entry.size))
-                    ref = FileRef(entry.name or entry.rel, row.blob, entry.size, entry.mtime_ns)
+                    ref = FileRef(entry.name or entry.rel, row.blob, entry.size, entry.mtime_ns, inode=entry.inode or 0)
                     yield WorkItem(row, entry.size, functools.partial(uploader.upload, row, self._local_path(entry),
                                                                       entry.inode), ref)
                     continue

@@ -124,6 +124,6 @@ class UploadJob:
                 self.runner.settle(report, None, FileResult(e.rel, row.blob, e.size, FileStatus.SKIPPED,
                                                             reason="already uploaded by this job"))
                 continue
-            ref = FileRef(path.name if single else e.rel, row.blob, e.size, e.mtime_ns)
             walked = None if single else e.inode
+            ref = FileRef(path.name if single else e.rel, row.blob, e.size, e.mtime_ns, inode=walked or 0)
             yield WorkItem(row, e.size, functools.partial(uploader.upload, row, path, walked), ref)
