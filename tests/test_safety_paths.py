@@ -200,3 +200,46 @@ def test_a_range_task_stages_and_hashes_only_the_file_walked(tmp_path: Path) -> 
         check_identity(path, f)
     with pytest.raises(SourceChangedError):
         hash_file(spec)
+
+
+# --- sync down with --delete-destination: nothing outside the target is deleted ----------------------------------
+
+@pytest.mark.parametrize("path", list(PATHS))
+def test_a_delete_never_goes_through_a_folder_swapped_for_a_link(
+        container: ContainerHandle, proxy: FaultProxy, tmp_path: Path, path: str) -> None:
+    container.client.upload_blob("d/keep.pt", b"keep")
+    container.client.upload_blob("z.bin", b"new bytes")
+    down, outside = tmp_path / "down", tmp_path / "outside"
+    (down / "d").mkdir(parents=True)
+    (down / "d" / "keep.pt").write_bytes(b"keep")
+    (down / "d" / "stale.pt").write_bytes(b"orphan")
+    outside.mkdir()
+    (outside / "stale.pt").write_bytes(b"not the sync's to delete")
+    proxy.add_rule(Rule("get_blob", hold(), blob="z.bin", nth=1))  # both sides listed, the deletes still to come
+    proc = start(["sync", f"{proxy.endpoint()}/{container.name}", str(down), "--delete-destination", "true",
+                  "--journal", str(tmp_path / "j.db"), *PATHS[path]])
+    try:
+        proxy.wait_for_held(1, timeout=60)
+        os.rename(down / "d", tmp_path / "d.old")
+        os.symlink("../outside", down / "d")
+        proxy.release_holds()
+        out, err = proc.communicate(timeout=180)
+    finally:
+        kill_tree(proc.pid)
+        proc.communicate()
+    assert (outside / "stale.pt").read_bytes() == b"not the sync's to delete"
+    assert proc.returncode == 1, out + err
+    assert "d: is a symbolic link or not a folder; refusing to delete through it" in out + err
+    assert (down / "z.bin").read_bytes() == container.download("z.bin")
+
+
+def test_remove_below_unlinks_a_link_itself_and_never_its_target(tmp_path: Path) -> None:
+    from blobsync.local.target import remove_below
+
+    (tmp_path / "root" / "d").mkdir(parents=True)
+    (tmp_path / "victim").write_bytes(b"v")
+    os.symlink(tmp_path / "victim", tmp_path / "root" / "d" / "f.pt")
+    for at in (True, False):
+        assert remove_below(tmp_path / "root", "d/f.pt", at=at) is (at is True)
+    assert (tmp_path / "victim").read_bytes() == b"v"
+    assert remove_below(tmp_path / "root", "gone/f.pt") is False

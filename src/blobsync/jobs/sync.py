@@ -399,16 +399,16 @@ class SyncJob:
         await deleter.run(announced(self._doomed(index)))
 
     def _delete_files(self, index: SyncIndex, report: Report) -> None:
-        from blobsync.local.target import safe_join
+        from blobsync.local.target import remove_below
 
         for item in self._doomed(index):
             self.on_action(Action("delete", item.rel, "not in source", item.size))
             row = item.key
             assert isinstance(row, FileRow)
             try:
-                safe_join(self.local, item.rel).unlink(missing_ok=True)
-            except (OSError, UnsafeNameError) as exc:
-                message = str(exc) if isinstance(exc, UnsafeNameError) else f"cannot delete: {exc.strerror or exc}"
+                remove_below(self.local, item.rel)  # no link below the target is followed, a folder's included
+            except (OSError, BlobsyncError) as exc:
+                message = str(exc) if isinstance(exc, BlobsyncError) else f"cannot delete: {exc.strerror or exc}"
                 self.runner.settle(report, row, FileResult(item.rel, item.name, item.size, FileStatus.FAILED,
                                                            reason=message, exit_code=ExitCode.PARTIAL))
                 continue

@@ -123,8 +123,8 @@ _AT_FUNCTIONS = (os.open in os.supports_dir_fd and os.mkdir in os.supports_dir_f
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
-def _link_error(path: Path, what: str = "a symbolic link") -> LocalWriteError:
-    return UnsafeTargetError(f"{path}: is {what}; refusing to write through it (remove it, then run again)")
+def _link_error(path: Path, what: str = "a symbolic link", verb: str = "write") -> LocalWriteError:
+    return UnsafeTargetError(f"{path}: is {what}; refusing to {verb} through it (remove it, then run again)")
 
 
 def open_folder(root: Path, folders: tuple[str, ...], *, at: bool = _AT_FUNCTIONS) -> int | None:
@@ -159,6 +159,53 @@ def open_folder(root: Path, folders: tuple[str, ...], *, at: bool = _AT_FUNCTION
         os.close(fd)
         raise
     return fd
+
+
+def remove_below(root: Path, rel: str, *, at: bool = _AT_FUNCTIONS) -> bool:
+    """Delete the file `root/rel` (a sync's --delete-destination) without following a link below `root`: each
+    folder is entered O_NOFOLLOW from the root and the name unlinked in the last (a link there is removed itself,
+    never what it points to). False if it was gone already; UnsafeTargetError if a folder on the way is a link."""
+    path = safe_join(root, rel)
+    folders = path.relative_to(root).parts[:-1]
+    if not at:
+        here = root
+        for name in folders:
+            here = here / name
+            try:
+                if not stat.S_ISDIR(os.lstat(extended_path(str(here))).st_mode):
+                    raise _link_error(here, "a symbolic link or not a folder", "delete")
+            except FileNotFoundError:
+                return False
+        return _unlink(extended_path(str(path)), None)
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        here = root
+        for name in folders:
+            here = here / name
+            try:
+                child = os.open(name, os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW, dir_fd=fd)
+            except FileNotFoundError:
+                return False
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise _link_error(here, "a symbolic link or not a folder", "delete") from None
+                raise
+            os.close(fd)
+            fd = child
+        return _unlink(path.name, fd)
+    finally:
+        os.close(fd)
+
+
+def _unlink(name: str, folder_fd: int | None) -> bool:
+    try:
+        if folder_fd is None:
+            os.unlink(name)
+        else:
+            os.unlink(name, dir_fd=folder_fd)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def _open_part(name: str, path: Path, folder_fd: int | None) -> int:
