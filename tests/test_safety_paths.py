@@ -243,3 +243,26 @@ def test_remove_below_unlinks_a_link_itself_and_never_its_target(tmp_path: Path)
         assert remove_below(tmp_path / "root", "d/f.pt", at=at) is (at is True)
     assert (tmp_path / "victim").read_bytes() == b"v"
     assert remove_below(tmp_path / "root", "gone/f.pt") is False
+
+
+# --- a partial file planted by another user is never adopted ------------------------------------------------------
+
+@pytest.mark.parametrize("path", list(PATHS))
+def test_a_part_file_of_another_user_is_refused(container: ContainerHandle, tmp_path: Path, path: str) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to make a file owned by another user")
+    container.client.upload_blob("m.pt", b"model bytes" * 1000)
+    container.client.upload_blob("ok.pt", b"fine")
+    dl = tmp_path / "dl"
+    dl.mkdir()
+    planted = dl / "m.pt.blobsync-part"
+    planted.write_bytes(b"model bytes" * 10)
+    planted.chmod(0o666)
+    os.chown(planted, 65534, 65534)
+    done = run(["cp", "-r", f"{container.url}/*", str(dl), "--journal", str(tmp_path / "j.db"), *PATHS[path]],
+               env={"AZURE_STORAGE_CONNECTION_STRING": "UseDevelopmentStorage=true"}, timeout=180)
+    assert done.returncode == 1, done.stderr
+    assert "m.pt.blobsync-part: belongs to another user (uid 65534); refusing to resume from it" in \
+        done.stdout + done.stderr
+    assert not (dl / "m.pt").exists() and planted.stat().st_uid == 65534
+    assert (dl / "ok.pt").read_bytes() == container.download("ok.pt")

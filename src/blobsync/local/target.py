@@ -121,6 +121,7 @@ def _write_error(path: Path, exc: OSError) -> LocalWriteError:
 _AT_FUNCTIONS = (os.open in os.supports_dir_fd and os.mkdir in os.supports_dir_fd
                  and hasattr(os, "O_NOFOLLOW") and hasattr(os, "O_DIRECTORY"))
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_OWNER = os.geteuid() if hasattr(os, "geteuid") else None  # Windows: the folder's ACL decides
 
 
 def _link_error(path: Path, what: str = "a symbolic link", verb: str = "write") -> LocalWriteError:
@@ -230,6 +231,11 @@ def _open_part(name: str, path: Path, folder_fd: int | None) -> int:
         if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
             os.close(fd)
             raise _link_error(path, "not a plain file (a device, a folder or a file with other hard links)")
+        if _OWNER is not None and st.st_uid != _OWNER:
+            # Adopted, it would become the verified file: owned, and writable, by whoever planted it.
+            os.close(fd)
+            raise UnsafeTargetError(f"{path}: belongs to another user (uid {st.st_uid}); refusing to resume from it "
+                                    "(remove it, then run again)")
         return fd
     raise LocalWriteError(f"{path}: created and removed again by another program while opening it")
 
