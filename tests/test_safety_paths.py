@@ -266,3 +266,43 @@ def test_a_part_file_of_another_user_is_refused(container: ContainerHandle, tmp_
         done.stdout + done.stderr
     assert not (dl / "m.pt").exists() and planted.stat().st_uid == 65534
     assert (dl / "ok.pt").read_bytes() == container.download("ok.pt")
+
+
+# --- times out of any range a journal holds -----------------------------------------------------------------------
+
+FAR_TIMES = ["2300-01-01T00:00:00Z", "9999-12-31T23:59:59.999999999Z", "0001-01-01T00:00:00Z"]
+
+
+def test_blob_times_out_of_range_are_per_file_fallbacks_not_a_traceback(
+        container: ContainerHandle, source: object, dest: object, azurite: Azurite, tmp_path: Path) -> None:
+    for i, when in enumerate(FAR_TIMES):
+        container.client.upload_blob(f"f{i}.bin", b"far %d" % i, metadata={"mtime": when})
+    env = {"AZURE_STORAGE_CONNECTION_STRING": "UseDevelopmentStorage=true"}
+    other = dest.url(azurite.base_url)  # type: ignore[attr-defined]
+    for n, args in enumerate([["cp", "-r", f"{container.url}/*", str(tmp_path / "cp")],
+                              ["sync", container.url, str(tmp_path / "sync")],
+                              ["sync", container.url, str(tmp_path / "sync")],
+                              ["cp", "-r", source.url(azurite.base_url), other],  # type: ignore[attr-defined]
+                              ["sync", source.url(azurite.base_url), other]]):  # type: ignore[attr-defined]
+        done = run([*args, "--journal", str(tmp_path / f"j{n}.db")], env=env, timeout=120)
+        assert done.returncode == 0 and "Traceback" not in done.stderr, (args, done.stderr)
+    for i in range(len(FAR_TIMES)):
+        assert (tmp_path / "cp" / f"f{i}.bin").read_bytes() == container.download(f"f{i}.bin")
+        assert (tmp_path / "sync" / f"f{i}.bin").read_bytes() == container.download(f"f{i}.bin")
+        assert dest.download(f"f{i}.bin") == container.download(f"f{i}.bin")  # type: ignore[attr-defined]
+
+
+def test_a_local_file_from_year_2300_goes_up_and_comes_back(container: ContainerHandle, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    random_file(src / "future.bin", 1000, seed=3)
+    far = 10_413_792_000 * 1_000_000_000  # 2300-01-01, past what a 64-bit count of nanoseconds holds
+    os.utime(src / "future.bin", ns=(far, far))
+    env = {"AZURE_STORAGE_CONNECTION_STRING": "UseDevelopmentStorage=true"}
+    for n, args in enumerate([["cp", "-r", str(src), container.url], ["sync", str(src), container.url],
+                              ["sync", str(src), container.url],
+                              ["sync", container.url, str(tmp_path / "back")]]):
+        done = run([*args, "--journal", str(tmp_path / f"j{n}.db")], env=env, timeout=120)
+        assert done.returncode == 0 and "Traceback" not in done.stderr, (args, done.stderr)
+    assert container.download("src/future.bin") == (src / "future.bin").read_bytes()
+    assert container.download("future.bin") == (src / "future.bin").read_bytes()
+    assert (tmp_path / "back" / "future.bin").read_bytes() == (src / "future.bin").read_bytes()

@@ -21,7 +21,7 @@ from blobsync.engine.plan import block_count, choose_block_size
 from blobsync.errors import BlobsyncError, ExitCode, Scope, TransientError, UsageError
 from blobsync.jobs.runner import Settle, WorkItem
 from blobsync.journal import FileRow
-from blobsync.local.files import FileIdentity
+from blobsync.local.files import FileIdentity, clamp_ns
 from blobsync.local.target import PartFile, safe_join
 from blobsync.report import FileResult, FileStatus, Report, ShardRow
 
@@ -256,7 +256,7 @@ class ClusterTransfer:
             if not ctx.config.preserve_last_modified_time or not target.is_file():
                 return False
             st = target.stat()
-            return st.st_size == f.size and st.st_mtime_ns == f.mtime_ns
+            return st.st_size == f.size and clamp_ns(st.st_mtime_ns) == f.mtime_ns
         try:
             props = await ctx.request(lambda: ctx.store.stat(f.blob))
         except BlobsyncError:

@@ -8,8 +8,10 @@ import re
 import time
 
 from blobsync.backends.base import BlobProperties
+from blobsync.local.files import clamp_ns
 
 MTIME_KEY = "mtime"
+NS_MIN, NS_MAX = -(2**63), 2**63 - 1
 
 _SECONDS: dict[str, int] = {}  # "YYYY-MM-DDTHH:MM:SS" -> seconds since the epoch
 _HEAD = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}", re.ASCII)
@@ -47,10 +49,13 @@ def parse_mtime(text: str) -> int | None:
         if len(_SECONDS) >= 4096:  # bounded: a tree written over years must not grow it forever
             _SECONDS.clear()
         _SECONDS[head] = seconds
-    return seconds * 1_000_000_000 + (int((frac + "000000000")[:9]) if frac else 0)
+    ns = seconds * 1_000_000_000 + (int((frac + "000000000")[:9]) if frac else 0)
+    # Out of what a signed 64-bit count of nanoseconds holds (before 1677, after 2262: what the journal, SQLite
+    # and every OS's file times keep): not a time this blob can be compared or stamped by; its Last-Modified is.
+    return ns if NS_MIN <= ns <= NS_MAX else None
 
 
 def destination_mtime_ns(props: BlobProperties) -> int:
     stored = props.metadata.get(MTIME_KEY)
     parsed = parse_mtime(stored) if stored else None
-    return parsed if parsed is not None else int(props.last_modified.timestamp() * 1e9)
+    return parsed if parsed is not None else clamp_ns(int(props.last_modified.timestamp() * 1e9))

@@ -10,7 +10,7 @@ from pathlib import PurePosixPath
 from typing import BinaryIO
 
 from blobsync.errors import SourceChangedError, UsageError
-from blobsync.local.files import FileIdentity
+from blobsync.local.files import FileIdentity, clamp_ns
 
 Data = bytes | bytearray | memoryview | BinaryIO
 
@@ -63,7 +63,7 @@ class FileObjectSource(BufferSource):
         if self._fd is None:
             return self.opened
         st = os.fstat(self._fd)
-        return FileIdentity(st.st_size - self._start, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
+        return FileIdentity(st.st_size - self._start, clamp_ns(st.st_mtime_ns), st.st_ino, clamp_ns(st.st_ctime_ns))
 
     @property
     def resume_key(self) -> str | None:

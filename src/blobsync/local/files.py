@@ -32,7 +32,13 @@ class FileIdentity:
 
     @classmethod
     def of(cls, st: os.stat_result) -> FileIdentity:
-        return cls(st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
+        return cls(st.st_size, clamp_ns(st.st_mtime_ns), st.st_ino, clamp_ns(st.st_ctime_ns))
+
+
+def clamp_ns(ns: int) -> int:
+    """A file time as a signed 64-bit count of nanoseconds (1677 to 2262), what the journal and blob metadata
+    keep: a file touched to the year 2300 is taken as of 2262, the same on every run, so it compares stably."""
+    return min(max(ns, -(2**63)), 2**63 - 1)
 
 
 @dataclass(frozen=True)
