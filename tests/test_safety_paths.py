@@ -306,3 +306,27 @@ def test_a_local_file_from_year_2300_goes_up_and_comes_back(container: Container
     assert container.download("src/future.bin") == (src / "future.bin").read_bytes()
     assert container.download("future.bin") == (src / "future.bin").read_bytes()
     assert (tmp_path / "back" / "future.bin").read_bytes() == (src / "future.bin").read_bytes()
+
+
+# --- click's own messages go through the redaction too ------------------------------------------------------------
+
+CLICK_ERRORS = [
+    ["ls", "{url}", "{url}"],  # an extra argument, quoted back
+    ["cp", "a", "{url}", "--block-size-mb", "{url}"],  # a bad number
+    ["cp", "a", "{url}", "--check-md5", "{url}"],  # a bad choice
+    ["rm", "{url}", "{url}"],
+]
+
+
+@pytest.mark.parametrize("args", CLICK_ERRORS, ids=lambda a: a[0] + ":" + a[-1][:12])
+def test_clicks_usage_errors_never_print_a_sas(tmp_path: Path, args: list[str]) -> None:
+    url = "http://127.0.0.1:9/devstoreaccount1/c?sv=2022-11-02&sp=rl&sig=CLICKSIGclicksig0123%2B%3D"
+    line = [a.replace("{url}", url) for a in args]
+    done = run(line, timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "CLICKSIG" not in done.stderr + done.stdout and "sig=REDACTED" in done.stderr, done.stderr
+    script = tmp_path / "cmds.txt"
+    script.write_text(" ".join(f"'{a}'" for a in line) + "\n", encoding="utf-8")
+    done = run(["run", str(script)], timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "CLICKSIG" not in done.stderr + done.stdout and "sig=REDACTED" in done.stderr, done.stderr

@@ -7,7 +7,7 @@ import re
 
 _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     # SAS signature in a query string or a bare token: sig=<base64, maybe percent-encoded>
-    (re.compile(r"(?i)(\bsig=)[^&\s'\";]+"), r"\1REDACTED"),
+    (re.compile(r"(?i)(\bsig=)[^&\s'\";)]+"), r"\1REDACTED"),
     # Connection-string parts
     (re.compile(r"(?i)(AccountKey=)[^;\s'\"]+"), r"\1REDACTED"),
     (re.compile(r"(?i)(SharedAccessSignature=)[^;\s'\"]+"), r"\1REDACTED"),

@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from blobsync import api, stopping
-from blobsync.cli.common import handle_errors, output_options, setup_logging
+from blobsync.cli.common import handle_errors, output_options, setup_logging, show_click_error
 from blobsync.cli.options import config_from, config_options
 from blobsync.cli.output import JsonLines
 from blobsync.engine.session import Session
@@ -63,8 +63,7 @@ def _one(args: list[str], json: bool) -> int:
     except click.exceptions.Abort:
         return int(ExitCode.INTERRUPTED)
     except click.ClickException as exc:
-        exc.show()
-        return exc.exit_code
+        return show_click_error(exc)
     return 0
 
 

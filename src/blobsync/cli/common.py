@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import io
 import logging
 import math
 import os
@@ -61,6 +62,16 @@ def _json_out() -> JsonLines | None:
     ctx = click.get_current_context(silent=True)
     found = ctx.find_root().meta.get(_JSON_OUT) if ctx is not None else None
     return found if isinstance(found, JsonLines) else None
+
+
+def show_click_error(exc: click.ClickException) -> int:
+    """click's own message for a bad flag, value or extra argument, as click prints it but with every secret
+    removed (the argument it quotes may be a SAS URL); its exit code."""
+    buf = io.StringIO()
+    exc.show(file=buf)
+    lines = buf.getvalue().splitlines()
+    click.echo("\n".join(printable(redact(line)) for line in lines), err=True)
+    return exc.exit_code
 
 
 def fail(message: str, code: int) -> None:

@@ -28,6 +28,7 @@ from blobsync.cli.common import (
     output_options,
     run_job,
     setup_logging,
+    show_click_error,
     start_output,
 )
 from blobsync.cli.doctor import doctor
@@ -406,9 +407,17 @@ def main() -> None:
     azcopy_codes = _azcopy_exit_codes(sys.argv[1:], os.environ)
     try:
         try:
-            cli(prog_name="blobsync")
+            # Not click's standalone mode: its own messages quote the arguments (a SAS URL among them), so they
+            # are printed here, through the redaction like every other line.
+            cli.main(prog_name="blobsync", standalone_mode=False)
         except BlobsyncError as exc:  # raised while click parsed a flag (a Finite number), before any command
             fail(str(exc), int(exc.exit_code))
+        except click.ClickException as exc:
+            sys.exit(show_click_error(exc))
+        except click.exceptions.Abort:
+            click.echo("Aborted!", err=True)
+            sys.exit(1)
+        sys.exit(0)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
         # AzCopy exits 0 or 1: scripts written for it test `== 1`; blobsync's finer codes are in docs/cli.md.
