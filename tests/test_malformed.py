@@ -87,3 +87,34 @@ def test_a_bad_content_md5_header_is_no_crash(tmp_path: Path) -> None:
         done = run(["ls", f"http://127.0.0.1:{server.port}/devstoreaccount1/cont"], timeout=60)
     assert "Traceback" not in done.stderr, done.stderr
     assert done.returncode == 0 and "0 blob(s)" in done.stdout, done.stderr
+
+
+def _xml_answer(body: bytes, *headers: bytes) -> bytes:
+    return (b"HTTP/1.1 200 OK\r\nContent-Type: application/xml\r\nContent-Length: " + str(len(body)).encode()
+            + b"\r\n" + b"".join(h + b"\r\n" for h in headers) + b"\r\n" + body)
+
+
+_LISTED = (b'<?xml version="1.0" encoding="utf-8"?><EnumerationResults><Blobs><Blob><Name>%s</Name><Properties>'
+           b"<Content-Length>3</Content-Length></Properties></Blob></Blobs><NextMarker/></EnumerationResults>")
+LISTINGS = {
+    "dtd": _xml_answer(b'<?xml version="1.0"?><!DOCTYPE r [<!ENTITY a "aaaaaaaaaa">]>'
+                       + _LISTED.split(b"?>", 1)[1] % b"&a;"),
+    "gzip": _xml_answer(__import__("gzip").compress(_LISTED % b"a.bin"), b"Content-Encoding: gzip"),
+    "control-character": _xml_answer(_LISTED % b"a\x01b.bin"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(LISTINGS))
+def test_a_hostile_listing_is_one_line_on_every_listing_path(kind: str, tmp_path: Path) -> None:
+    with _Server(LISTINGS[kind]) as server:
+        base = f"http://127.0.0.1:{server.port}/devstoreaccount1/cont"
+        journal = ["--journal", str(tmp_path / "j.db")]
+        for args in (["ls", base], ["cp", "-r", f"{base}/*", str(tmp_path / "dl"), *journal],
+                     ["cp", "-r", f"{base}/*", str(tmp_path / "dl"), "--processes", "2", *journal],
+                     ["sync", base, str(tmp_path / "dl"), *journal]):
+            done = run([*args, "--max-retries", "1"], timeout=60)
+            assert "Traceback" not in done.stderr, (args, done.stderr)
+            assert done.returncode == 1, (args, done.stdout, done.stderr)
+            errors = [line for line in done.stderr.splitlines() if line.startswith("blobsync: error:")]
+            assert len(errors) == 1, done.stderr
+    assert not (tmp_path / "dl").exists() or not any((tmp_path / "dl").iterdir())

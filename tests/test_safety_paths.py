@@ -330,3 +330,39 @@ def test_clicks_usage_errors_never_print_a_sas(tmp_path: Path, args: list[str]) 
     done = run(["run", str(script)], timeout=60)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert "CLICKSIG" not in done.stderr + done.stdout and "sig=REDACTED" in done.stderr, done.stderr
+
+
+# --- a journal row blobsync did not write is a line, not a traceback ----------------------------------------------
+
+@pytest.mark.parametrize("damage", [
+    "update jobs set options = 'not json {'",
+    "update jobs set options = '[1, 2]'",
+    "update jobs set state = 'exploded'",
+    "update jobs set kind = NULL",
+    "update files set size = NULL",
+    "update files set state = 'sideways'",
+    "update files set mtime_ns = 'soon'",
+])
+def test_a_crafted_journal_row_is_one_line_in_every_jobs_command(
+        container: ContainerHandle, tmp_path: Path, damage: str) -> None:
+    import sqlite3
+
+    journal = tmp_path / "j.db"
+    random_file(tmp_path / "src" / "a.bin", 1000, seed=4)
+    env = {"AZURE_STORAGE_CONNECTION_STRING": "UseDevelopmentStorage=true"}
+    done = run(["cp", "-r", str(tmp_path / "src"), container.url, "--journal", str(journal)], env=env)
+    assert done.returncode == 0, done.stderr
+    with sqlite3.connect(journal) as conn:
+        job = conn.execute("select id from jobs").fetchone()[0]
+        if "files" in damage:
+            conn.execute("update jobs set state = 'running'")  # resume reads its files
+        conn.execute(damage)
+    for args in (["jobs", "list"], ["jobs", "show", job], ["jobs", "resume", job]):
+        done = run([*args, "--journal", str(journal)], env=env, timeout=60)
+        assert "Traceback" not in done.stderr, (args, done.stderr)
+        if args[1] == "list" and "files" in damage:
+            assert done.returncode == 0 and job in done.stdout, done.stderr
+            continue
+        assert done.returncode == (0 if args[1] == "list" else 2), (args, done.stderr)
+        lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1 and "is damaged" in lines[0] and job in lines[0], (args, done.stderr)

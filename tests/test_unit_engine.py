@@ -8,7 +8,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from hypothesis import given, strategies as st
 
-from blobsync.backends.azure.errors import error_from_response, parse_retry_after
+from blobsync.backends.answers import parse_retry_after
+from blobsync.backends.azure.errors import error_from_response
 from blobsync.backends.azure.location import BlobLocation, parse_location
 from blobsync.backends.azure.rules import MAX_BLOCKS
 from blobsync.backends.azure.writer import BLOCK_ID_LENGTH, block_id

@@ -276,6 +276,7 @@ def _when(ts: float) -> str:
 @handle_errors
 def jobs_list(journal_path: Path | None) -> None:
     """One line per job: id, state, when, files, source and destination."""
+    setup_logging("WARNING")  # a row it cannot read is named on stderr, and the others listed
     summaries = api.list_jobs(journal_path)
     if not summaries:
         click.echo("no jobs")

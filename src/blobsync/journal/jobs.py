@@ -6,11 +6,15 @@ fifth of the start-up of a `blobsync cp` of one small file; a transfer never loa
 from __future__ import annotations
 
 import json
+import logging
 import time
 
 import sqlite_utils
 
+from blobsync.errors import UsageError
 from blobsync.journal.store import FileRow, JobRow, Journal
+
+log = logging.getLogger("blobsync")
 
 
 class JobBook:
@@ -21,7 +25,14 @@ class JobBook:
         self.db = sqlite_utils.Database(journal.conn)
 
     def list_jobs(self) -> list[JobRow]:
-        return [self.journal.job_row(r) for r in self.db.table("jobs").rows_where(order_by="created desc")]
+        """Every job this journal can read; a row it cannot (edited, damaged) is named in a warning, not listed."""
+        out = []
+        for r in self.db.table("jobs").rows_where(order_by="created desc"):
+            try:
+                out.append(self.journal.job_row(r))
+            except UsageError as exc:
+                log.warning("%s", exc)
+        return out
 
     def job_totals(self, job_id: str) -> dict[str, dict[str, int]]:
         """Per file state: number of files, bytes and bytes sent."""

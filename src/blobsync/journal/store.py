@@ -14,12 +14,14 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from blobsync.errors import JobBusyError, UsageError
 from blobsync.journal.states import FileState, JobKind, JobState
+from blobsync.redact import printable
 
 SCHEMA_VERSION = 1
+T = TypeVar("T")
 _FLUSH_OPS = 2000
 _FLUSH_SECONDS = 1.0
 
@@ -54,6 +56,37 @@ def damaged(exc: sqlite3.Error) -> UsageError:
     whenever the damage shows: at open or in the middle of a job."""
     where = f" at {_last_path}" if _last_path is not None else ""
     return UsageError(f"cannot open the journal{where}: {exc}", hint="pass --journal PATH or move it aside")
+
+
+def damaged_row(what: str, key: object, exc: Exception) -> UsageError:
+    """The one line for a journal row blobsync did not write as it reads it (edited by hand, damaged)."""
+    where = f" in {_last_path}" if _last_path is not None else ""
+    return UsageError(f"the journal's row for {what} {printable(str(key))!r}{where} is damaged ({exc})",
+                      hint="remove that job with 'blobsync jobs clean --all', or pass another --journal")
+
+
+def _text(value: object) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{value!r} where text belongs")
+    return value
+
+
+def _integer(value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{value!r} where a whole number belongs")
+    return value
+
+
+def _number(value: object) -> float:
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise TypeError(f"{value!r} where a number belongs")
+    return float(value)
+
+
+def _optional(value: object, kind: type[T]) -> T | None:
+    if value is not None and not isinstance(value, kind):
+        raise TypeError(f"{value!r} where {kind.__name__} or nothing belongs")
+    return value
 
 
 def default_journal_path(env: Mapping[str, str] | None = None, platform: str | None = None) -> Path:
@@ -216,9 +249,16 @@ class Journal:
 
     @staticmethod
     def job_row(row: Mapping[str, Any]) -> JobRow:
-        return JobRow(row["id"], JobKind(row["kind"]), row["source"], row["dest"],
-                      json.loads(row["options"] or "{}"), JobState(row["state"]), row["created"], row["updated"],
-                      row["pid"])
+        """A jobs row as read, or UsageError naming it when it is not one blobsync wrote (edited, damaged)."""
+        try:
+            options = json.loads(row["options"] or "{}")
+            if not isinstance(options, dict):
+                raise ValueError("its options are not a JSON object")
+            return JobRow(_text(row["id"]), JobKind(row["kind"]), _text(row["source"]), _text(row["dest"]), options,
+                          JobState(row["state"]), _number(row["created"]), _number(row["updated"]),
+                          row["pid"] if isinstance(row["pid"], int) else None)
+        except (ValueError, TypeError) as exc:
+            raise damaged_row("job", row.get("id"), exc) from None
 
     def find_unfinished_job(self, kind: JobKind, source: str, dest: str) -> JobRow | None:
         rows = self._dicts("select * from jobs where kind = ? and source = ? and dest = ? and state != 'done' "
@@ -271,9 +311,16 @@ class Journal:
 
     @staticmethod
     def file_row(row: Mapping[str, Any]) -> FileRow:
-        return FileRow(row["id"], row["job_id"], row["rel"], row["blob"], row["size"], row["mtime_ns"],
-                       row["inode"], FileState(row["state"]), row["nonce"], row["block_size"], row["n_blocks"],
-                       row["md5"], row["etag"], row["bytes_sent"] or 0, row["error"], row["ctime_ns"])
+        """A files row as read, or UsageError naming it when it is not one blobsync wrote (edited, damaged)."""
+        try:
+            return FileRow(_integer(row["id"]), _text(row["job_id"]), _text(row["rel"]), _text(row["blob"]),
+                           _integer(row["size"]), _integer(row["mtime_ns"]), _integer(row["inode"] or 0),
+                           FileState(row["state"]), _optional(row["nonce"], str), _optional(row["block_size"], int),
+                           _optional(row["n_blocks"], int), _optional(row["md5"], str), _optional(row["etag"], str),
+                           _integer(row["bytes_sent"] or 0), _optional(row["error"], str),
+                           _optional(row["ctime_ns"], int))
+        except (ValueError, TypeError) as exc:
+            raise damaged_row(f"file {row.get('rel')!r} of job", row.get("job_id"), exc) from None
 
     def add_files(self, job_id: str, entries: Iterable[tuple[str, str, int, int, int]]) -> dict[str, FileRow]:
         """Insert (rel, blob, size, mtime_ns, inode) rows not yet known; return the rows of these files by rel

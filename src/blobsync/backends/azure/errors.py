@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
+from blobsync.backends.answers import parse_retry_after
 from blobsync.backends.azure.location import BlobLocation
 from blobsync.errors import (
     AuthError,
@@ -29,28 +28,6 @@ _TAG_RE = {tag: re.compile(rf"<{tag}>(.*?)</{tag}>", re.S) for tag in ("Code", "
 def _xml_field(body: bytes, tag: str) -> str | None:
     match = _TAG_RE[tag].search(body.decode("utf-8", "replace"))
     return match.group(1).strip() if match else None
-
-
-def parse_retry_after(value: str | None, now: datetime | None = None) -> float | None:
-    """Retry-After as seconds: either a number of seconds or an HTTP date."""
-    if not value:
-        return None
-    value = value.strip()
-    try:
-        seconds = float(value)
-    except ValueError:
-        pass
-    else:  # 'inf' or 'nan' from a broken server must not park the job forever
-        return min(max(0.0, seconds), 3600.0) if math.isfinite(seconds) else None
-    from email.utils import parsedate_to_datetime  # an HTTP date here is rare: not loaded at start-up
-
-    try:
-        when = parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return min(max(0.0, (when - (now or datetime.now(UTC))).total_seconds()), 3600.0)
 
 
 def explain_sas(loc: BlobLocation, method: str) -> str | None:

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
+from blobsync.backends.answers import parse_xml
 from blobsync.backends.base import BlobProperties
 from blobsync.errors import ServiceError
 from blobsync.redact import printable
@@ -60,7 +61,7 @@ def md5_header(value: str | None) -> bytes | None:
     return digest if len(digest) == 16 else None
 
 
-def _size(value: str | None, name: str) -> int:
+def parse_length(value: str | None, name: str) -> int:
     """A blob's length as the service sent it; text that is not a length fails this blob, never the process."""
     if not value:
         return 0
@@ -73,7 +74,7 @@ def _size(value: str | None, name: str) -> int:
 def properties_from_headers(name: str, h: Mapping[str, str]) -> BlobProperties:
     return BlobProperties(
         name=name,
-        size=_size(h.get("content-length"), name),
+        size=parse_length(h.get("content-length"), name),
         etag=h.get("etag", ""),
         last_modified=_parse_http_date(h.get("last-modified")) or _EPOCH,
         content_md5=md5_header(h.get("content-md5")),
@@ -109,7 +110,7 @@ def _record(name: str, get: Callable[[str], str | None], metadata: dict[str, str
     md5 = get("Content-MD5")
     return BlobProperties(
         name=name,
-        size=_size(get("Content-Length"), name),
+        size=parse_length(get("Content-Length"), name),
         etag=get("Etag") or "",
         last_modified=_listed_date(get("Last-Modified")),
         content_md5=md5_header(md5),
@@ -138,17 +139,13 @@ def _listed_date(value: str | None) -> datetime:
 
 def _parse_listing_tree(body: bytes) -> tuple[list[BlobProperties], str]:
     """The reference reading of a page (ElementTree), for every page the scanner below does not vouch for."""
-    from xml.etree import ElementTree
-
-    root = ElementTree.fromstring(body)
+    root = parse_xml(body, "list blobs")
     return [_listed_properties(blob) for blob in root.iterfind("Blobs/Blob")], root.findtext("NextMarker") or ""
 
 
 def parse_level(body: bytes) -> tuple[list[BlobProperties], list[str], str]:
     """A page listed with delimiter '/': the blobs at this level, the prefixes one level down, the next marker."""
-    from xml.etree import ElementTree
-
-    root = ElementTree.fromstring(body)
+    root = parse_xml(body, "list blobs")
     prefixes = []
     for node in root.iterfind("Blobs/BlobPrefix/Name"):
         name = node.text or ""
@@ -187,6 +184,7 @@ _BLOB = re.compile(
 _PAIRS = re.compile(rf"<({_TAG}) ?(?:/>|>([^<]*)</\1>)")
 _NEXT_MARKER = re.compile(r"</Blobs>(?:<NextMarker>([^<]*)</NextMarker>|<NextMarker ?/>)?</EnumerationResults>")
 _ENTITY = re.compile(r"&(?:#x([0-9A-Fa-f]+)|#([0-9]+)|(amp|lt|gt|quot|apos));")
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")  # characters XML 1.0 cannot hold
 _OTHER_AMP = re.compile(r"&(?!(?:#x[0-9A-Fa-f]+|#[0-9]+|amp|lt|gt|quot|apos);)")
 _NAMED = {"amp": "&", "lt": "<", "gt": ">", "quot": '"', "apos": "'"}
 
@@ -217,7 +215,7 @@ def _scan_blob(chunk: str) -> BlobProperties:
     text = _text if "&" in chunk else str
     return BlobProperties(
         name=text(name),
-        size=_size(text(length) if length else None, text(name)),
+        size=parse_length(text(length) if length else None, text(name)),
         etag=text(etag) if etag else "",
         last_modified=_listed_date(text(modified) if modified else None),
         content_md5=md5_header(text(md5)) if md5 else None,
@@ -232,7 +230,8 @@ def _scan_listing(body: bytes) -> tuple[list[BlobProperties], str]:
     text = body.decode("utf-8-sig").rstrip()
     end = text.rfind("</Blobs>")
     tail = _NEXT_MARKER.fullmatch(text, end) if end >= 0 else None
-    if tail is None or "\r" in text or "<!" in text or ("&" in text and _OTHER_AMP.search(text)):
+    if (tail is None or "\r" in text or "<!" in text or ("&" in text and _OTHER_AMP.search(text))
+            or _NOT_XML.search(text)):
         raise _Unsure
     chunks = text[:end].split("<Blob>")
     return [_scan_blob(chunk) for chunk in itertools.islice(chunks, 1, None)], _text(tail.group(1) or "")
@@ -257,10 +256,5 @@ def next_marker_guess(body: bytes) -> str:
 
 def parse_tags(body: bytes) -> dict[str, str]:
     """A Get Blob Tags answer: <Tags><TagSet><Tag><Key/><Value/></Tag>...</TagSet></Tags>."""
-    from xml.etree import ElementTree
-
-    try:
-        root = ElementTree.fromstring(body)
-    except ElementTree.ParseError as exc:
-        raise ServiceError(f"the service answered Get Blob Tags with something that is not XML ({exc})") from None
+    root = parse_xml(body, "get blob tags")
     return {tag.findtext("Key") or "": tag.findtext("Value") or "" for tag in root.iter("Tag")}

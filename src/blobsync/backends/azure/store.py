@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import quote, urlencode, urlsplit
 
 from blobsync._version import __version__
+from blobsync.backends.answers import parse_xml
 from blobsync.backends.azure import rules
 from blobsync.backends.azure.auth import Credential, Request, check_copy_reader, read_grant, warn_if_plain_http
 from blobsync.backends.azure.batch import SubRequest, batch_body, parse_batch
@@ -23,6 +24,7 @@ from blobsync.backends.azure.listing import (
     MONTH_NAMES,
     md5_header,
     next_marker_guess,
+    parse_length,
     parse_level,
     parse_listing,
     parse_tags,
@@ -582,13 +584,11 @@ class AzureContainerStore:
             )
         except BlobNotFoundError:
             return Parts((), (), None)
-        from xml.etree import ElementTree
-
-        root = ElementTree.fromstring(body)
+        root = parse_xml(body, f"get block list of {name!r}")
 
         def blocks(tag: str) -> tuple[Part, ...]:
             return tuple(
-                Part(b.findtext("Name") or "", int(b.findtext("Size") or "0"))
+                Part(b.findtext("Name") or "", parse_length(b.findtext("Size"), name))
                 for b in root.iterfind(f"{tag}/Block")
             )
 

@@ -8,8 +8,8 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import NoReturn
 from urllib.parse import unquote
-from xml.etree import ElementTree
 
+from blobsync.backends.answers import parse_retry_after, parse_xml
 from blobsync.backends.base import (
     NO_CONDITIONS,
     BlobHeaders,
@@ -59,7 +59,7 @@ def _md5_of_etag(etag: str) -> bytes | None:
 
 def _size(text: str, name: str) -> int:
     """A size the service sent, or a ServiceError naming it: a bad answer is never a traceback."""
-    if not text.isdigit():
+    if not (text.isascii() and text.isdigit()):
         raise ServiceError(f"{name!r}: the service sent a size that is not a number ({text[:40]!r})")
     return int(text)
 
@@ -87,10 +87,7 @@ def _local(tag: str) -> str:
 
 def _listed(body: bytes) -> tuple[list[BlobProperties], str]:
     """One ListObjectsV2 page: its objects and the continuation token ('' after the last page)."""
-    try:
-        root = ElementTree.fromstring(body)
-    except ElementTree.ParseError as exc:
-        raise ServiceError(f"the service answered a listing with something that is not XML ({exc})") from None
+    root = parse_xml(body, "list objects")
     out: list[BlobProperties] = []
     token, truncated = "", False
     for node in root:
@@ -112,8 +109,8 @@ def _listed(body: bytes) -> tuple[list[BlobProperties], str]:
 def _answer(body: bytes) -> tuple[str, str]:
     """The error code and the first line of the message of an S3 error body ('' where there is none)."""
     try:
-        root = ElementTree.fromstring(body) if body else None
-    except ElementTree.ParseError:
+        root = parse_xml(body, "") if body else None
+    except ServiceError:
         return "", ""
     if root is None:
         return "", ""
@@ -123,7 +120,7 @@ def _answer(body: bytes) -> tuple[str, str]:
 def _error(status: int, headers: Mapping[str, str], body: bytes, what: str) -> ServiceError:
     code, message = _answer(body)
     short = f"{what}: HTTP {status}{' ' + code if code else ''}"
-    retry_after = float(headers["retry-after"]) if headers.get("retry-after", "").isdigit() else None
+    retry_after = parse_retry_after(headers.get("retry-after"))
     if status in (401, 403):
         return AuthError(f"{short}: {message or 'access denied'} (check AWS_ACCESS_KEY_ID, "
                          "AWS_SECRET_ACCESS_KEY and the bucket's policy)", status=status, code=code)

@@ -1,0 +1,49 @@
+"""What any storage service answers, read defensively: XML with no DTD or entity declarations and no compressed
+body nobody asked for, Retry-After, lengths; a value that is not what it should be falls back or is a one-line
+ServiceError, never a traceback."""
+
+from __future__ import annotations
+
+import math
+import re
+from datetime import UTC, datetime
+from xml.etree import ElementTree
+
+from blobsync.errors import ServiceError
+
+_DECLARATION = re.compile(rb"<!(?:DOCTYPE|ENTITY)", re.IGNORECASE)
+
+
+def parse_xml(body: bytes, what: str) -> ElementTree.Element:
+    """The root element of an answer to `what` ('list blobs in c'), or ServiceError saying why it is refused."""
+    if body[:2] == b"\x1f\x8b":
+        raise ServiceError(f"{what}: the service answered with a gzip-compressed body, which was not asked for")
+    if _DECLARATION.search(body):
+        # A storage service never declares a DTD; entities in one could expand a small answer beyond any bound.
+        raise ServiceError(f"{what}: the answer declares a DTD or entities, which no storage service sends; refused")
+    try:
+        return ElementTree.fromstring(body)
+    except ElementTree.ParseError as exc:
+        raise ServiceError(f"{what}: the answer is not well-formed XML ({exc})") from None
+
+
+def parse_retry_after(value: str | None, now: datetime | None = None) -> float | None:
+    """Retry-After as seconds (0 to an hour): a number of seconds or an HTTP date; None for anything else."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        seconds = float(value) if value.isascii() else math.nan
+    except ValueError:
+        pass
+    else:  # 'inf' or 'nan' from a broken server must not park the job forever
+        return min(max(0.0, seconds), 3600.0) if math.isfinite(seconds) else None
+    from email.utils import parsedate_to_datetime  # an HTTP date here is rare: not loaded at start-up
+
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return min(max(0.0, (when - (now or datetime.now(UTC))).total_seconds()), 3600.0)
