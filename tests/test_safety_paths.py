@@ -16,12 +16,13 @@ import pytest
 
 import blobsync
 from blobsync.backends.registry import open_store, parse_location
+from blobsync.config import MiB
 from blobsync.errors import UsageError
 from conftest import ContainerHandle, container_sas
 from support.azurite import Azurite
 from support.cli import random_file, run, start
 from support.processes import kill_tree
-from support.proxy import FaultProxy, Rule, hold
+from support.proxy import FaultProxy, Rule, forget_if_match, hold, shift_range
 from support.recorder import Recorder, outside_address, recording
 
 PATHS = {"plain": [], "processes": ["--processes", "2"], "cluster": ["--cluster", "local:2"]}
@@ -366,3 +367,54 @@ def test_a_crafted_journal_row_is_one_line_in_every_jobs_command(
         assert done.returncode == (0 if args[1] == "list" else 2), (args, done.stderr)
         lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
         assert len(lines) == 1 and "is damaged" in lines[0] and job in lines[0], (args, done.stderr)
+
+
+# --- a read is of the version and the bytes asked for --------------------------------------------------------------
+
+def _no_md5_blob(container: ContainerHandle, name: str, data: bytes) -> None:
+    from azure.storage.blob import ContentSettings
+
+    blob = container.client.get_blob_client(name)
+    blob.upload_blob(data, overwrite=True)
+    blob.set_http_headers(ContentSettings(content_type="application/octet-stream"))  # no Content-MD5 to catch it
+    assert blob.get_blob_properties().content_settings.content_md5 is None
+
+
+def test_a_server_ignoring_if_match_never_makes_a_file_of_two_versions(
+        container: ContainerHandle, proxy: FaultProxy, azurite: Azurite, tmp_path: Path) -> None:
+    old, new = b"A" * (12 * MiB), b"B" * (12 * MiB)
+    _no_md5_blob(container, "big.bin", old)
+    sas = container_sas(azurite.account, azurite.key, container.name)
+    proxy.add_rule(Rule("get_blob", forget_if_match(held=True), nth=2))
+    proxy.add_rule(Rule("get_blob", forget_if_match()))
+    target = tmp_path / "big.bin"
+    proc = start(["cp", f"{proxy.endpoint()}/{container.name}/big.bin?{sas}", str(target), "--block-size-mb", "4",
+                  "--journal", str(tmp_path / "j.db"), "--max-retries", "1"])
+    try:
+        proxy.wait_for_held(1, timeout=60)
+        _no_md5_blob(container, "big.bin", new)  # the blob changes between two of its ranges
+        proxy.release_holds()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        kill_tree(proc.pid)
+        proc.communicate()
+    assert "Traceback" not in err
+    if proc.returncode == 0:  # started over on the new version: then all of it
+        assert target.read_bytes() == container.download("big.bin"), "a file mixed from two versions"
+    else:
+        assert proc.returncode == 1 and not target.exists(), err
+        assert "another version than the one asked for" in out + err
+
+
+def test_an_answer_with_another_range_is_fetched_again(
+        container: ContainerHandle, proxy: FaultProxy, azurite: Azurite, tmp_path: Path) -> None:
+    data = random_file(tmp_path / "src.bin", 12 * MiB, seed=9)
+    _no_md5_blob(container, "big.bin", data)
+    sas = container_sas(azurite.account, azurite.key, container.name)
+    proxy.add_rule(Rule("get_blob", shift_range(MiB), nth=2))
+    target = tmp_path / "big.bin"
+    done = run(["cp", f"{proxy.endpoint()}/{container.name}/big.bin?{sas}", str(target), "--block-size-mb", "4",
+                "--journal", str(tmp_path / "j.db")], timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert proxy.stats.faults["get_blob"] == 1
+    assert target.read_bytes() == container.download("big.bin") == data

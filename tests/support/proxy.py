@@ -157,6 +157,26 @@ class FlipResponseByte:
 
 
 @dataclass(frozen=True)
+class ForgetIfMatch:
+    """Forward without the request's If-Match: a server (or a cache in between) that ignores the condition;
+    with ``held``, only after ``release_holds()`` (the test changes the blob meanwhile)."""
+
+    held: bool = False
+
+    name = "forget_if_match"
+
+
+@dataclass(frozen=True)
+class ShiftRange:
+    """Forward with the requested byte range moved ``by`` bytes: a server that answers another range than asked
+    (its Content-Range says which). Sign requests with a SAS: a Shared Key signature covers the Range header."""
+
+    by: int
+
+    name = "shift_range"
+
+
+@dataclass(frozen=True)
 class Hold:
     """Neither forward nor answer until ``release_holds()`` (then forward) or the proxy stops (then abort)."""
 
@@ -164,7 +184,7 @@ class Hold:
 
 
 Action = (Respond | ResetBefore | ResetAfter | ResetMidResponse | StallMidResponse | Stall | StallBody | FlipByte
-          | FlipResponseByte
+          | FlipResponseByte | ForgetIfMatch | ShiftRange
           | Hold)
 
 
@@ -208,6 +228,25 @@ def flip_response_byte(offset: int | None = None) -> FlipResponseByte:
 
 def hold() -> Hold:
     return Hold()
+
+
+def forget_if_match(held: bool = False) -> ForgetIfMatch:
+    return ForgetIfMatch(held)
+
+
+def shift_range(by: int) -> ShiftRange:
+    return ShiftRange(by)
+
+
+def _moved(headers: CIMultiDict[str], action: Action | None) -> None:
+    """The request's headers as the fault changes them (If-Match dropped, the range moved)."""
+    if isinstance(action, ForgetIfMatch):
+        headers.popall("If-Match", None)
+    if isinstance(action, ShiftRange):
+        for name in ("x-ms-range", "Range"):
+            first, _, last = headers.get(name, "").removeprefix("bytes=").partition("-")
+            if first.isdigit() and last.isdigit():
+                headers[name] = f"bytes={int(first) + action.by}-{int(last) + action.by}"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -729,7 +768,7 @@ class FaultProxy:
             return await self._respond_error(request, req, action)
         if isinstance(action, ResetBefore):
             return self._abort(request, req, rst=True)
-        if isinstance(action, Hold):
+        if isinstance(action, Hold) or (isinstance(action, ForgetIfMatch) and action.held):
             if not await self._hold(request, None):
                 return self._abort(request, req, rst=True)
         elif isinstance(action, Stall) and not await self._hold(request, action.seconds):
@@ -790,6 +829,7 @@ class FaultProxy:
         assert self._session is not None
         headers = CIMultiDict((k, v) for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP)
         headers["Host"] = request.host
+        _moved(headers, action)
         # A chunked request body has no Content-Length; keep it chunked so the signed headers are unchanged.
         chunked = "content-length" not in headers and bool(req.body)
         url = URL(self.target + request.raw_path, encoded=True)  # keep the client's exact percent-encoding
@@ -1018,11 +1058,13 @@ __all__ = [
     "classify",
     "flip_byte",
     "flip_response_byte",
+    "forget_if_match",
     "hold",
     "reset_after",
     "reset_before",
     "reset_mid_response",
     "respond",
+    "shift_range",
     "stall",
     "stall_body",
     "stall_mid_response",

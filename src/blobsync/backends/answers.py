@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from xml.etree import ElementTree
 
-from blobsync.errors import ServiceError
+from blobsync.errors import ConflictError, CorruptedInTransitError, ServiceError
 
 _DECLARATION = re.compile(rb"<!(?:DOCTYPE|ENTITY)", re.IGNORECASE)
 
@@ -47,3 +48,29 @@ def parse_retry_after(value: str | None, now: datetime | None = None) -> float |
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
     return min(max(0.0, (when - (now or datetime.now(UTC))).total_seconds()), 3600.0)
+
+
+_CONTENT_RANGE = re.compile(r"bytes ([0-9]+)-([0-9]+)/([0-9]+|\*)", re.ASCII)
+
+
+def check_read(what: str, status: int, headers: Mapping[str, str], offset: int, length: int,
+               if_match: str | None) -> None:
+    """An answer to a (ranged) read is of the version and the bytes asked for: a server that ignores If-Match
+    (the blob changed between two ranges) or answers another range would otherwise make a file of two versions
+    or of the wrong bytes, which no check catches when the blob has no Content-MD5."""
+    etag = headers.get("etag")
+    if if_match and (etag or "").strip('"') != if_match.strip('"'):
+        raise ConflictError(f"{what}: the service answered with another version than the one asked for (the blob "
+                            "changed while it was read, and the If-Match condition was not applied)",
+                            status=412, code="ConditionNotMet")
+    if not length:
+        return
+    if status == 200:  # the whole blob: right only where it is exactly what was asked
+        if offset != 0:
+            raise CorruptedInTransitError(f"{what}: asked for bytes {offset}-{offset + length - 1}, answered with "
+                                          "the whole blob")
+        return
+    got = _CONTENT_RANGE.fullmatch(headers.get("content-range", "").strip())
+    if got is None or (int(got.group(1)), int(got.group(2))) != (offset, offset + length - 1):
+        raise CorruptedInTransitError(f"{what}: asked for bytes {offset}-{offset + length - 1}, answered with "
+                                      f"{headers.get('content-range', 'no Content-Range')[:60]!r}")

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import quote, urlencode, urlsplit
 
 from blobsync._version import __version__
-from blobsync.backends.answers import parse_xml
+from blobsync.backends.answers import check_read, parse_xml
 from blobsync.backends.azure import rules
 from blobsync.backends.azure.auth import Credential, Request, check_copy_reader, read_grant, warn_if_plain_http
 from blobsync.backends.azure.batch import SubRequest, batch_body, parse_batch
@@ -453,6 +453,7 @@ class AzureContainerStore:
         if response.body_length != len(buf):
             raise NetworkError(f"{what}: response cut short ({response.body_length} of {len(buf)} bytes)")
         h = response.headers
+        check_read(what, response.status, h, offset, len(buf), if_match)
         props = properties_from_headers(name, h)
         if response.status == 200:
             return props

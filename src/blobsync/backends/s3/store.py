@@ -9,7 +9,7 @@ from email.utils import parsedate_to_datetime
 from typing import NoReturn
 from urllib.parse import unquote
 
-from blobsync.backends.answers import parse_retry_after, parse_xml
+from blobsync.backends.answers import check_read, parse_retry_after, parse_xml
 from blobsync.backends.base import (
     NO_CONDITIONS,
     BlobHeaders,
@@ -219,6 +219,7 @@ class S3Store:
         status, h, _, got = await self._call("GET", name, {}, headers, what, (200, 206), buf if len(buf) else None)
         if got != len(buf):
             raise NetworkError(f"{what}: response cut short ({got} of {len(buf)} bytes)")
+        check_read(what, status, h, offset, len(buf), if_match)
         props = _props_from_headers(name, h)
         total = h.get("content-range", "").rpartition("/")[2]
         if status == 206 and total.isdigit():
