@@ -189,7 +189,8 @@ def test_worker_shard_journals_live_in_a_private_folder_of_their_own() -> None:
 
     from blobsync.cluster import work
 
-    folder = work._shard_folder()
-    assert folder.parent == Path(tempfile.gettempdir())
-    assert stat.S_IMODE(folder.stat().st_mode) == 0o700 and folder.stat().st_uid == os.getuid()
-    assert folder.name != f"blobsync-shards-{os.getuid()}"  # not a name another user could create first
+    with work.SHARD_FOLDER.used() as folder, work.SHARD_FOLDER.used() as again:
+        assert again == folder and folder.parent == Path(tempfile.gettempdir())
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700 and folder.stat().st_uid == os.getuid()
+        assert folder.name != f"blobsync-shards-{os.getuid()}"  # not a name another user could create first
+    assert not folder.exists()  # removed once no task uses it

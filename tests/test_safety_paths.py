@@ -418,3 +418,73 @@ def test_an_answer_with_another_range_is_fetched_again(
     assert done.returncode == 0, done.stderr
     assert proxy.stats.faults["get_blob"] == 1
     assert target.read_bytes() == container.download("big.bin") == data
+
+
+# --- what a run leaves behind, and what a long line costs ----------------------------------------------------------
+
+def test_processes_leave_no_shard_folder_behind(container: ContainerHandle, tmp_path: Path) -> None:
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    for i in range(4):
+        random_file(tmp_path / "src" / f"f{i}.bin", 1000 + i, seed=i)
+    done = run(["cp", "-r", str(tmp_path / "src"), container.url, "--processes", "2", "--journal",
+                str(tmp_path / "j.db")], env={"AZURE_STORAGE_CONNECTION_STRING": "UseDevelopmentStorage=true",
+                                              "TMPDIR": str(scratch)}, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert list(scratch.iterdir()) == []
+    assert container.download("src/f3.bin") == (tmp_path / "src" / "f3.bin").read_bytes()
+
+
+def test_a_run_file_with_an_endless_line_is_refused_at_once(tmp_path: Path) -> None:
+    script = tmp_path / "cmds.txt"
+    script.write_text("ls 'memory://m/c'\n" + "cp " + "a" * 1_000_000 + " memory://m/c\n", encoding="utf-8")
+    started = time.monotonic()
+    done = run(["run", str(script)], timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert ":2: a line of 1,000,016 characters; the limit is 65,536" in done.stderr, done.stderr
+    assert time.monotonic() - started < 30
+
+
+# --- fsspec and the Client: links found by a walk, writers never closed --------------------------------------------
+
+def test_fsspec_put_recursive_skips_links_as_cp_does(container: ContainerHandle, azurite: Azurite,
+                                                     tmp_path: Path) -> None:
+    from blobsync.fsspec import BlobsyncFileSystem
+
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"private key material")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "more.txt").write_bytes(b"outside the folder")
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "a.txt").write_bytes(b"a")
+    (src / "sub" / "b.txt").write_bytes(b"b")
+    os.symlink(secret, src / "key.txt")
+    os.symlink(tmp_path / "elsewhere", src / "linked")
+    fs = BlobsyncFileSystem(azurite.blob_endpoint, config=blobsync.TransferConfig(journal_path=tmp_path / "j.db"),
+                            skip_instance_cache=True)
+    try:
+        fs.put(str(src), f"{container.name}/up", recursive=True)
+    finally:
+        fs.client.close()
+    assert container.blob_names() == ["up/a.txt", "up/sub/b.txt"]
+    assert container.download("up/sub/b.txt") == b"b"
+
+
+def test_a_writer_dropped_without_close_commits_nothing(container: ContainerHandle, tmp_path: Path) -> None:
+    import gc
+    import warnings
+
+    config = blobsync.TransferConfig(journal_path=tmp_path / "j.db", block_size=4 * MiB)
+    with blobsync.Client(container.url, config) as client:
+        f = client.open("dropped.bin", "wb")
+        f.write(b"x" * (5 * MiB))  # a block staged already
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            del f
+            gc.collect()
+        assert any("dropped without close()" in str(w.message) for w in caught)
+        with client.open("kept.bin", "wb") as g:
+            g.write(b"y" * 10)
+    assert container.blob_names() == ["kept.bin"]
+    assert container.download("kept.bin") == b"y" * 10

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import io
+import warnings
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -113,6 +114,14 @@ class BlobWriter(io.RawIOBase):
             raise
         finally:
             super().close()
+
+    def __del__(self) -> None:
+        # io's own finaliser would call close(), which commits: a writer dropped without close() (an exception
+        # that skipped it, a script that forgot it) must leave the blob as it was, as a half-written file would.
+        if not self.closed:
+            warnings.warn(f"blob writer {self.name!r} dropped without close(): nothing was committed",
+                          ResourceWarning, stacklevel=2)
+            io.RawIOBase.close(self)
 
     def abort(self) -> None:
         """Commit nothing: the blob is left as it was (or absent)."""

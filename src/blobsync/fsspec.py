@@ -3,8 +3,10 @@ data ecosystem read and write blobs through it, with resumable, verified put/get
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
+from contextvars import ContextVar
 from typing import Any
 
 from fsspec.spec import AbstractFileSystem  # type: ignore[import-untyped]
@@ -15,6 +17,22 @@ from blobsync.config import Overwrite, TransferConfig
 from blobsync.errors import BlobNotFoundError, ConflictError, ContainerNotFoundError
 
 PROTOCOL = "blobsync"
+log = logging.getLogger("blobsync")
+# The folders a recursive put() of this thread or task walks: a link below one of them is not followed.
+_WALKED: ContextVar[tuple[str, ...]] = ContextVar("blobsync_fsspec_walked", default=())
+
+
+def _link_below(path: str, roots: tuple[str, ...]) -> str | None:
+    """The first link on the way from a walked root down to `path` (the file itself included), or None."""
+    for root in roots:
+        if path == root or not path.startswith(root.rstrip(os.sep) + os.sep):
+            continue
+        here = root
+        for part in os.path.relpath(path, root).split(os.sep):
+            here = os.path.join(here, part)
+            if os.path.islink(here):
+                return here
+    return None
 
 
 class BlobsyncFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec is untyped
@@ -140,11 +158,25 @@ class BlobsyncFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec is
 
     # --- files in and out: blobsync's resumable, verified transfers --------------------------------------------
 
+    def put(self, lpath: Any, rpath: Any, recursive: bool = False, **kwargs: Any) -> None:
+        """fsspec's put; with `recursive`, a link found below a folder named is skipped (as `cp -r` does), never
+        the file it points to uploaded."""
+        roots = [lpath] if isinstance(lpath, str | os.PathLike) else list(lpath) if recursive else []
+        token = _WALKED.set(tuple(os.path.abspath(r) for r in roots) if recursive else ())
+        try:
+            super().put(lpath, rpath, recursive=recursive, **kwargs)
+        finally:
+            _WALKED.reset(token)
+
     def put_file(self, lpath: str, rpath: str, callback: Any = None, mode: str = "overwrite", **kwargs: Any
                  ) -> None:
         rpath = self._strip_protocol(rpath)
         if os.path.isdir(lpath):
             return  # a folder: its files come one by one (no empty folders here)
+        link = _link_below(os.path.abspath(lpath), _WALKED.get())
+        if link is not None:
+            log.warning("%s: a symbolic link, skipped (links found in a folder are not followed)", link)
+            return
         overwrite = Overwrite.FALSE if mode == "create" else Overwrite.TRUE
         self.client.copy(lpath, self.client.url_for(rpath), self._config(overwrite), raise_on_error=True)
 

@@ -23,6 +23,7 @@ from blobsync.journal import Journal, default_journal_path
 
 # What a line may run: the transfer and listing commands (AzCopy's names too). Not run itself, jobs or doctor.
 RUNNABLE = frozenset(("cp", "copy", "sync", "rm", "remove", "ls", "list", "make"))
+MAX_LINE = 65_536  # characters in one line of a `blobsync run` file: a long list of names belongs in --list-of-files
 _SESSION_FLAGS = ("concurrency", "memory", "cap_mbps", "journal_path", "proxy", "max_retries")
 
 
@@ -34,6 +35,9 @@ def _lines(source: Path) -> Iterator[tuple[int, list[str]]]:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise UsageError(f"cannot read {str(source)!r}: {reason}") from exc
     for number, line in enumerate(text.splitlines(), 1):
+        if len(line) > MAX_LINE:  # shlex takes time growing with the square of a line's length
+            raise UsageError(f"{source}:{number}: a line of {len(line):,} characters; the limit is {MAX_LINE:,}",
+                             hint="put long lists of files in a file named by --list-of-files")
         try:
             args = shlex.split(line, comments=True)
         except ValueError as exc:

@@ -44,17 +44,40 @@ def worker_config(job: JobSpec, journal_path: Path) -> TransferConfig:
     return TransferConfig.from_journal(job.options, journal_path=journal_path, proxy=job.proxy)
 
 
-@functools.cache
-def _shard_folder() -> Path:
-    """This worker process's own folder for task journals: made by mkdtemp (0700, a name no other user can
-    create first), never a predictable path under /tmp."""
-    return Path(tempfile.mkdtemp(prefix="blobsync-shards-"))
+class _ShardFolder:
+    """This worker process's own folder for task journals: made by mkdtemp (0700, a name no other user can create
+    first, never a predictable path under /tmp) when a task needs it, removed when no task of it is running."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._path: Path | None = None
+        self._users = 0
+
+    @contextlib.contextmanager
+    def used(self) -> Iterator[Path]:
+        with self._lock:
+            if self._path is None:
+                self._path = Path(tempfile.mkdtemp(prefix="blobsync-shards-"))
+            self._users += 1
+            path = self._path
+        try:
+            yield path
+        finally:
+            with self._lock:
+                self._users -= 1
+                if self._users == 0:
+                    with contextlib.suppress(OSError):
+                        path.rmdir()
+                    self._path = None
 
 
-def _journal_path(job: JobSpec, key: str) -> Path:
+SHARD_FOLDER = _ShardFolder()
+
+
+def _journal_path(folder: Path, job: JobSpec, key: str) -> Path:
     """One task run's journal, on this worker's own disk and for this run only: a rerun (here or on another
     worker) resumes through the client's nonces, asking the store what it holds, never through a journal."""
-    return _shard_folder() / f"{job.job}-{key}-{os.getpid()}-{threading.get_ident()}.db"
+    return folder / f"{job.job}-{key}-{os.getpid()}-{threading.get_ident()}.db"
 
 
 class _Relay(BaseSubscriber):
@@ -100,17 +123,18 @@ async def shard_engine(job: JobSpec, key: str, label: str, publish: Publish | No
                        ) -> AsyncIterator[tuple[EngineContext, _Relay]]:
     """The engine for one task on this worker, with its own journal (`key` names it) and a relay of its progress."""
     relay = _Relay(publish, label)
-    path = _journal_path(job, key)
-    journal = Journal(path)
-    try:
-        async with open_session(job.url, worker_config(job, path), os.environ, journal,
-                                progress=Progress(subscribers=[relay])) as ctx:
-            yield ctx, relay
-    finally:
-        journal.close()
-        for leftover in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
-            with contextlib.suppress(OSError):
-                leftover.unlink()
+    with SHARD_FOLDER.used() as folder:
+        path = _journal_path(folder, job, key)
+        journal = Journal(path)
+        try:
+            async with open_session(job.url, worker_config(job, path), os.environ, journal,
+                                    progress=Progress(subscribers=[relay])) as ctx:
+                yield ctx, relay
+        finally:
+            journal.close()
+            for leftover in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+                with contextlib.suppress(OSError):
+                    leftover.unlink()
 
 
 def run_shard(spec: ShardSpec, publish: Publish | None = None, worker: str | None = None) -> ShardReport:
