@@ -14,7 +14,7 @@ from fsspec.spec import AbstractFileSystem  # type: ignore[import-untyped]
 from blobsync.backends.base import BlobProperties
 from blobsync.client import Client
 from blobsync.config import Overwrite, TransferConfig
-from blobsync.errors import BlobNotFoundError, ConflictError, ContainerNotFoundError
+from blobsync.errors import BlobNotFoundError, ConflictError, ContainerNotFoundError, UnsafeTargetError
 
 PROTOCOL = "blobsync"
 log = logging.getLogger("blobsync")
@@ -180,8 +180,22 @@ class BlobsyncFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec is
         overwrite = Overwrite.FALSE if mode == "create" else Overwrite.TRUE
         self.client.copy(lpath, self.client.url_for(rpath), self._config(overwrite), raise_on_error=True)
 
+    def get(self, rpath: Any, lpath: Any, recursive: bool = False, **kwargs: Any) -> None:
+        """fsspec's get; with `recursive`, no folder below the local folder named is a link written through (a
+        blob's bytes never land outside it), as a `cp -r` download."""
+        roots = [lpath] if isinstance(lpath, str | os.PathLike) else list(lpath) if recursive else []
+        token = _WALKED.set(tuple(os.path.abspath(r) for r in roots) if recursive else ())
+        try:
+            super().get(rpath, lpath, recursive=recursive, **kwargs)
+        finally:
+            _WALKED.reset(token)
+
     def get_file(self, rpath: str, lpath: str, callback: Any = None, outfile: Any = None, **kwargs: Any) -> None:
         rpath = self._strip_protocol(rpath)
+        link = _link_below(os.path.abspath(lpath), _WALKED.get())
+        if link is not None:
+            raise UnsafeTargetError(f"{link}: is a symbolic link; refusing to write through it (remove it, then "
+                                    "run again)")
         if self.isdir(rpath):
             os.makedirs(lpath, exist_ok=True)
             return
