@@ -318,8 +318,9 @@ class TransferConfig:
         "--blob-tags", "Blob index tags (at most 10; URL-encode `&` and `=` inside values).",
         shown="\"k1=v1&k2=v2\"", parse=parse_blob_tags))
     trusted_suffixes: tuple[str, ...] = field(default=(), metadata=_flag(  # beside Azure's own; never journaled
-        "--trusted-microsoft-suffixes", "More host suffixes (';'-separated) that account keys and Azure AD tokens may "
-        "go to, beside *.core.windows.net and the national clouds' (a SAS in the URL goes anywhere).",
+        "--trusted-microsoft-suffixes", "More host suffixes (';'-separated) that account keys, Azure AD tokens and a "
+        "copy's source credential may go to, beside *.core.windows.net and the national clouds' (a SAS in the URL "
+        "goes anywhere).",
         metavar="SUFFIXES", parse=parse_suffixes, journal=False))
 
     def __post_init__(self) -> None:
