@@ -13,19 +13,9 @@ import pytest
 from blobsync.backends.azure.auth import is_trusted_host
 from blobsync.backends.azure.location import parse_location
 from support.cli import run
+from support.recorder import outside_address
 
 KEY = "a2V5LWtleS1rZXkta2V5LWtleS1rZXkta2V5LWtleS1rZXk="
-
-
-def _outside_address() -> str | None:
-    """This machine's address on its way out (no packet is sent: a UDP connect only picks the route)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            s.connect(("192.0.2.250", 9))
-        except OSError:
-            return None
-        address = s.getsockname()[0]
-    return None if address.startswith("127.") else str(address)
 
 
 class Listener:
@@ -59,7 +49,7 @@ class Listener:
 
 @pytest.fixture
 def outside() -> Iterator[tuple[str, Listener]]:
-    host = _outside_address()
+    host = outside_address()
     if host is None:
         pytest.skip("this machine has no non-loopback address")
     listener = Listener(host)

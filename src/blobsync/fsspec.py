@@ -3,9 +3,10 @@ data ecosystem read and write blobs through it, with resumable, verified put/get
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 from typing import Any
 
@@ -20,6 +21,17 @@ PROTOCOL = "blobsync"
 log = logging.getLogger("blobsync")
 # The folders a recursive put() of this thread or task walks: a link below one of them is not followed.
 _WALKED: ContextVar[tuple[str, ...]] = ContextVar("blobsync_fsspec_walked", default=())
+
+
+@contextlib.contextmanager
+def _walking(lpath: Any, recursive: bool) -> Iterator[None]:
+    """While a recursive put or get runs: the local folders it was given, below which no link is followed."""
+    roots = ([lpath] if isinstance(lpath, str | os.PathLike) else list(lpath)) if recursive else []
+    token = _WALKED.set(tuple(os.path.abspath(r) for r in roots))
+    try:
+        yield
+    finally:
+        _WALKED.reset(token)
 
 
 def _link_below(path: str, roots: tuple[str, ...]) -> str | None:
@@ -161,12 +173,8 @@ class BlobsyncFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec is
     def put(self, lpath: Any, rpath: Any, recursive: bool = False, **kwargs: Any) -> None:
         """fsspec's put; with `recursive`, a link found below a folder named is skipped (as `cp -r` does), never
         the file it points to uploaded."""
-        roots = [lpath] if isinstance(lpath, str | os.PathLike) else list(lpath) if recursive else []
-        token = _WALKED.set(tuple(os.path.abspath(r) for r in roots) if recursive else ())
-        try:
+        with _walking(lpath, recursive):
             super().put(lpath, rpath, recursive=recursive, **kwargs)
-        finally:
-            _WALKED.reset(token)
 
     def put_file(self, lpath: str, rpath: str, callback: Any = None, mode: str = "overwrite", **kwargs: Any
                  ) -> None:
@@ -183,12 +191,8 @@ class BlobsyncFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec is
     def get(self, rpath: Any, lpath: Any, recursive: bool = False, **kwargs: Any) -> None:
         """fsspec's get; with `recursive`, no folder below the local folder named is a link written through (a
         blob's bytes never land outside it), as a `cp -r` download."""
-        roots = [lpath] if isinstance(lpath, str | os.PathLike) else list(lpath) if recursive else []
-        token = _WALKED.set(tuple(os.path.abspath(r) for r in roots) if recursive else ())
-        try:
+        with _walking(lpath, recursive):
             super().get(rpath, lpath, recursive=recursive, **kwargs)
-        finally:
-            _WALKED.reset(token)
 
     def get_file(self, rpath: str, lpath: str, callback: Any = None, outfile: Any = None, **kwargs: Any) -> None:
         rpath = self._strip_protocol(rpath)
