@@ -8,7 +8,6 @@ import concurrent.futures
 import dataclasses
 import functools
 import io
-import threading
 import time
 from collections.abc import AsyncIterable, Callable, Coroutine, Generator, Iterable, Mapping
 from pathlib import PurePosixPath
@@ -19,6 +18,7 @@ from blobsync import api, arguments
 from blobsync.backends.base import NO_CONDITIONS, BlobProperties, Buffer, Conditions, Location
 from blobsync.backends.registry import parse_location
 from blobsync.blobfile import AsyncBlobReader, AsyncBlobWriter, BlobReader, BlobWriter, check_mode
+from blobsync.clientloop import ClientLoop, track
 from blobsync.config import Overwrite, TransferConfig
 from blobsync.engine.context import RequestPath, job_retrier
 from blobsync.engine.digest import md5_of
@@ -330,7 +330,8 @@ def _blocking(method: Callable[Concatenate[AsyncClient, P], Coroutine[Any, Any, 
     """An AsyncClient method as a Client method: the same arguments, run on the Client's loop, waited for."""
 
     def call(self: Client, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        return self._wait(method(self.aio, *args, **kwargs))
+        loop = self._current()
+        return loop.wait(method(self.aio, *args, **kwargs))
 
     call.__name__ = method.__name__
     call.__doc__ = method.__doc__
@@ -341,14 +342,38 @@ class Client:
     """The blocking Client: `with blobsync.Client(url) as client:` then `client.copy(...)`, `sync`, `remove`,
     `resume`, `ls`, `put`, `get`, each as `blobsync.aio.Client`'s. Its calls run on one event loop in a thread of
     its own, so they share the session whichever thread calls; `submit(client.aio.put, data, name)` starts one in
-    the background and returns a concurrent.futures.Future (a training loop goes on while a checkpoint uploads)."""
+    the background and returns a concurrent.futures.Future (a training loop goes on while a checkpoint uploads).
+
+    `close()` (and the end of a `with` block) waits for the work submitted; so does the interpreter's exit for a
+    Client never closed. A forked child (DataLoader workers, multiprocessing's fork) opens a session of its own on
+    first use, and a Client pickles as its URL, config and credential (spawn)."""
 
     def __init__(self, url: str, config: TransferConfig | None = None, *, credential: object = None,
                  env: Mapping[str, str] | None = None) -> None:
-        self.aio = AsyncClient(url, config, credential=credential, env=env)
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="blobsync-client", daemon=True)
-        self._thread.start()
+        self._given = (url, config, credential, env)
+        self._aio = AsyncClient(url, config, credential=credential, env=env)
+        self._loop = ClientLoop("blobsync-client")
+        track(self)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        url, config, credential, env = self._given
+        return _reopened, (url, config, credential, None if env is None else dict(env))
+
+    def _current(self) -> ClientLoop:
+        """The loop of this process: in a forked child, a new loop and session (the parent's thread, sockets and
+        journal connection are the parent's: left alone, never used here)."""
+        if self._loop.forked:
+            _INHERITED.append((self._aio, self._loop))
+            url, config, credential, env = self._given
+            self._aio = AsyncClient(url, config, credential=credential, env=env)
+            self._loop = ClientLoop("blobsync-client")
+        return self._loop
+
+    @property
+    def aio(self) -> AsyncClient:
+        """The async Client this one runs on its loop (for `submit(client.aio.put, ...)`)."""
+        self._current()
+        return self._aio
 
     def __enter__(self) -> Client:
         return self
@@ -357,27 +382,21 @@ class Client:
         self.close()
 
     def url_for(self, name: str) -> str:
-        return self.aio.url_for(name)
+        return self._aio.url_for(name)
 
     def submit(self, op: Callable[P, Coroutine[Any, Any, T]], *args: P.args, **kwargs: P.kwargs
                ) -> concurrent.futures.Future[T]:
-        """Start `op(*args, **kwargs)` (a method of `client.aio`) on the client's loop and return at once."""
-        if self._loop.is_closed():
-            raise UsageError("this Client is closed")
-        return asyncio.run_coroutine_threadsafe(op(*args, **kwargs), self._loop)
+        """Start `op(*args, **kwargs)` (a method of `client.aio`) on the client's loop and return at once. The
+        Future completes on a thread of the Client's where its done-callbacks may call the Client again; close()
+        waits for it."""
+        return self._current().submit(lambda: op(*args, **kwargs))
+
+    def pending(self) -> int:
+        """How many submitted calls have not finished yet."""
+        return self._loop.pending()
 
     def _wait(self, coro: Coroutine[Any, Any, T]) -> T:
-        if self._loop.is_closed():
-            coro.close()
-            raise UsageError("this Client is closed")
-        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
-        try:
-            return future.result()
-        except BaseException:
-            if not future.done():  # interrupted while waiting: stop the call (resumable), then let it go
-                future.cancel()
-                concurrent.futures.wait([future], timeout=30)
-            raise
+        return self._current().wait(coro)
 
     def open(self, name: str, mode: str = "rb", *, config: TransferConfig | None = None,
              read_ahead: int = 4) -> io.BufferedReader | BlobWriter:
@@ -396,7 +415,7 @@ class Client:
             return self.aio.fetch_range(loc, offset, length, props.etag or None)
 
         def submit(coro: Coroutine[Any, Any, bytes]) -> concurrent.futures.Future[bytes]:
-            return asyncio.run_coroutine_threadsafe(coro, self._loop)
+            return asyncio.run_coroutine_threadsafe(coro, self._current().loop)
 
         raw = BlobReader(name, props.size, block, fetch, submit, read_ahead)
         return io.BufferedReader(raw, buffer_size=min(block, 1 << 20))
@@ -414,16 +433,21 @@ class Client:
     make_container = _blocking(AsyncClient.make_container)
     get = _blocking(AsyncClient.get)
 
-    def close(self) -> None:
-        """Close the session, then stop the client's loop and thread."""
-        if self._loop.is_closed():
-            return
-        try:
-            self._wait(self.aio.close())
-        finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(30)
-            self._loop.close()
+    def close(self, *, wait: bool = True, cancel: bool = False) -> None:
+        """Wait for the submitted work (with `cancel=True` or `wait=False`, drop it: each dropped future fails
+        with a DroppedError naming the job to resume), close the session, then stop the loop and its thread."""
+        if self._loop.forked:
+            return  # the parent's: nothing of it runs here
+        self._loop.close(self._aio.close, wait=wait, cancel=cancel)
+
+
+_INHERITED: list[tuple[AsyncClient, ClientLoop]] = []  # a forked child's copies of the parent's: never used, never
+# collected (their finalisers would warn of, or close, what belongs to the parent)
+
+
+def _reopened(url: str, config: TransferConfig | None, credential: object, env: Mapping[str, str] | None
+              ) -> Client:
+    return Client(url, config, credential=credential, env=env)
 
 
 async def _made(make: Callable[[], T]) -> T:

@@ -323,6 +323,12 @@ class TransferConfig:
         "goes anywhere).",
         metavar="SUFFIXES", parse=parse_suffixes, journal=False))
 
+    def __reduce__(self) -> tuple[object, ...]:
+        # Pickled (a Client handed to a spawned process) as its fields, the read-only mappings as plain dicts;
+        # __post_init__ checks and freezes them again where it is unpickled.
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.init}
+        return _rebuilt, ({k: dict(v) if isinstance(v, Mapping) else v for k, v in values.items()},)
+
     def __post_init__(self) -> None:
         self._check_limits()
         self._check_text()
@@ -452,3 +458,7 @@ class TransferConfig:
             known["concurrency"] = parse_concurrency(known["concurrency"])  # type: ignore[arg-type]
         known.update(overrides)
         return cls(**known)  # type: ignore[arg-type]
+
+
+def _rebuilt(values: dict[str, Any]) -> TransferConfig:
+    return TransferConfig(**values)

@@ -75,6 +75,13 @@ class JobBusyError(UsageError):
     """The job is being run already: by another process, or by another thread of this one."""
 
 
+class DroppedError(BlobsyncError):
+    """A Client's background call dropped by `close(cancel=True)` before it finished (its message names the job
+    to resume, if it had started one)."""
+
+    exit_code = ExitCode.INTERRUPTED
+
+
 class TransferFailedError(BlobsyncError):
     """Raised by the library with `raise_on_error=True` when files failed; `.report` holds the details."""
 

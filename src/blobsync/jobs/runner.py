@@ -7,6 +7,7 @@ import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TypeVar
@@ -31,6 +32,10 @@ FIRST_BATCH = 64  # files journaled before the first request: few, so that the f
 BATCH = 2000  # files journaled per transaction after that
 
 _T = TypeVar("_T")
+
+# The journal jobs a call started, for whoever set a list here in its task (a Client's background call): what
+# it names to resume when it is dropped before the end.
+JOBS_STARTED: ContextVar[list[str] | None] = ContextVar("blobsync_jobs_started", default=None)
 
 
 def batches(items: Iterator[_T]) -> Iterator[list[_T]]:
@@ -128,6 +133,9 @@ class JobRunner:
             self.journal.claim_job(job)
         self.job = job
         self.progress.job_id = job.id
+        started = JOBS_STARTED.get()
+        if started is not None:
+            started.append(job.id)
         log.info("job %s (%s, %s): %s -> %s", job.id, self.kind, "new" if fresh else "resumed",
                  source, dest)
         return job
