@@ -137,3 +137,31 @@ def test_a_client_pickles_as_its_url_config_and_credential(container: ContainerH
         again.put(b"unpickled", "u.txt")
         assert again.url_for("u.txt") == client.url_for("u.txt")
     assert container.download("u.txt") == b"unpickled"
+
+
+def _child_pipe(fs: object, path: str) -> None:
+    fs.pipe_file(path, f"from {multiprocessing.current_process().name}".encode())  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_an_fsspec_filesystem_works_in_forked_and_spawned_children(container: ContainerHandle, azurite: object,
+                                                                   tmp_path: Path, method: str) -> None:
+    from blobsync.fsspec import BlobsyncFileSystem
+
+    fs = BlobsyncFileSystem(azurite.blob_endpoint, config=_config(tmp_path), env=EMULATOR,  # type: ignore[attr-defined]
+                            skip_instance_cache=True)
+    try:
+        fs.pipe_file(f"{container.name}/parent.txt", b"parent")
+        proc = multiprocessing.get_context(method).Process(target=_child_pipe, name="w0",
+                                                           args=(fs, f"{container.name}/{method}.txt"))
+        proc.start()
+        try:
+            proc.join(60)
+            assert proc.exitcode == 0
+        finally:
+            if proc.is_alive():
+                proc.kill()
+        assert fs.cat_file(f"{container.name}/{method}.txt") == b"from w0"
+    finally:
+        fs.client.close()
+    assert container.download(f"{method}.txt") == b"from w0"
