@@ -20,16 +20,20 @@ from fsspec.tests.abstract import (
 
 from blobsync import TransferConfig
 from blobsync.fsspec import BlobsyncFileSystem
-from conftest import ContainerHandle
+from conftest import ContainerHandle, container_sas
 from support.azurite import Azurite
 
 
 class BlobsyncFixtures(AbstractFixtures):  # type: ignore[misc]
-    @pytest.fixture
-    def fs(self, azurite: Azurite, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BlobsyncFileSystem]:
+    @pytest.fixture(params=["key", "container-sas"])
+    def fs(self, request: pytest.FixtureRequest, azurite: Azurite, container: ContainerHandle,
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[BlobsyncFileSystem]:
+        """The suite runs with the emulator's key and with the SAS of one container (what a platform hands a
+        job): folders, writes and reads must all work without any right over the account."""
         journal = tmp_path_factory.mktemp("fsspec") / "j.db"
-        fs = BlobsyncFileSystem(azurite.blob_endpoint, config=TransferConfig(journal_path=journal),
-                                skip_instance_cache=True)
+        sas = container_sas(azurite.account, azurite.key, container.name) if request.param != "key" else None
+        fs = BlobsyncFileSystem(azurite.blob_endpoint, credential=sas, config=TransferConfig(journal_path=journal),
+                                env={} if sas else None, skip_instance_cache=True)
         try:
             yield fs
         finally:
@@ -99,3 +103,29 @@ def test_pyarrow_reads_and_writes_parquet_through_the_filesystem(
         assert pq.read_table(io.BytesIO(container.download("metrics/run7.parquet"))).equals(table)
     finally:
         fs.client.close()
+
+
+def test_a_partitioned_dataset_is_written_under_a_container_sas(
+        azurite: Azurite, container: ContainerHandle, tmp_path: Path) -> None:
+    """pyarrow's write_dataset (as Dask's to_parquet and pandas' partition_cols) makes a folder per partition
+    before writing: with a container SAS, which may not create containers, that must work."""
+    pa = pytest.importorskip("pyarrow")
+    ds = pytest.importorskip("pyarrow.dataset")
+    pq = pytest.importorskip("pyarrow.parquet")
+    from pyarrow.fs import FSSpecHandler, PyFileSystem
+
+    sas = container_sas(azurite.account, azurite.key, container.name)
+    fs = BlobsyncFileSystem(azurite.blob_endpoint, credential=sas, env={},
+                            config=TransferConfig(journal_path=tmp_path / "j.db"), skip_instance_cache=True)
+    try:
+        table = pa.table({"split": ["train", "val"] * 500, "x": list(range(1000))})
+        ds.write_dataset(table, f"{container.name}/data", format="parquet", partitioning=["split"],
+                         filesystem=PyFileSystem(FSSpecHandler(fs)))
+    finally:
+        fs.client.close()
+    names = container.blob_names()
+    assert {n.rsplit("/", 1)[0] for n in names} == {"data/train", "data/val"}, names
+    import io
+
+    back = pa.concat_tables([pq.read_table(io.BytesIO(container.download(n))) for n in names])
+    assert sorted(back.column("x").to_pylist()) == list(range(1000))

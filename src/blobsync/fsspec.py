@@ -15,7 +15,7 @@ from fsspec.spec import AbstractFileSystem  # type: ignore[import-untyped]
 from blobsync.backends.base import BlobProperties
 from blobsync.client import Client
 from blobsync.config import Overwrite, TransferConfig
-from blobsync.errors import BlobNotFoundError, ConflictError, ContainerNotFoundError, UnsafeTargetError
+from blobsync.errors import AuthError, BlobNotFoundError, ConflictError, ContainerNotFoundError, UnsafeTargetError
 
 PROTOCOL = "blobsync"
 log = logging.getLogger("blobsync")
@@ -62,6 +62,7 @@ class BlobsyncFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec is
         self.account_url = account_url.rstrip("/")
         self.client = Client(self.account_url, config, credential=credential, env=env)
         self.config = self.client.aio.config
+        self._known: set[str] = set()  # containers known to exist
 
     @classmethod
     def _strip_protocol(cls, path: Any) -> str:
@@ -236,13 +237,25 @@ class BlobsyncFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec is
         self.invalidate_cache()
 
     def mkdir(self, path: str, create_parents: bool = True, **kwargs: Any) -> None:
-        path = self._strip_protocol(path)
-        container = path.split("/", 1)[0]
-        if container and (create_parents or "/" not in path):
-            self.client.make_container(container)
+        """Folders are name prefixes: nothing to make below a container. A container is made when it is what is
+        asked for, or (`create_parents`) when a folder in it is and it is missing."""
+        container, _, folder = self._strip_protocol(path).partition("/")
+        if container and (not folder or create_parents):
+            self._container(container)
 
     def makedirs(self, path: str, exist_ok: bool = False) -> None:
         self.mkdir(path, create_parents=True)
+
+    def _container(self, name: str) -> None:
+        """Make the container unless it exists. A SAS for one container may not make any (Dask, pyarrow and
+        pandas call makedirs before every write): the container it is for is there, so a refusal is no error."""
+        if name in self._known:
+            return
+        try:
+            self.client.make_container(name)
+        except AuthError:
+            pass
+        self._known.add(name)
 
     def rmdir(self, path: str) -> None:
         """Folders vanish with their last blob; nothing to do."""

@@ -16,6 +16,7 @@ from blobsync.engine.bandwidth import TokenBucket
 from blobsync.engine.budget import MemoryBudget, RequestLimiter
 from blobsync.engine.context import EngineContext, RequestPath, job_retrier, memory_budget, open_engine
 from blobsync.engine.prompt import OverwritePrompt
+from blobsync.errors import UsageError
 from blobsync.events import Progress
 from blobsync.journal import Journal
 
@@ -31,7 +32,7 @@ class Session:
         self.config = config
         # A Client's credential object (None: the URL's SAS or the environment), for its own account (`home`'s) only.
         self.credential = credential
-        self._home = _account(parse_location(home)) if home is not None and credential is not None else None
+        self._home = _home_account(home) if home is not None and credential is not None else None
         self.env = env
         # Opened when a call first needs it: ls, rm and make never create the journal's folder.
         self._journal: Journal | None = journal if isinstance(journal, Journal) else None
@@ -96,6 +97,15 @@ class Session:
             self.hash_pool.shutdown(wait=True)
             if self._journal is not None:
                 self._journal.close()
+
+
+def _home_account(url: str) -> str:
+    """The account of a Client's URL: a container URL's, or an account URL's own (which names no container)."""
+    try:
+        return _account(parse_location(url))
+    except UsageError:
+        base, _, query = url.partition("?")
+        return _account(parse_location(f"{base.rstrip('/')}/container" + (f"?{query}" if query else "")))
 
 
 def _account(loc: Location) -> str:
