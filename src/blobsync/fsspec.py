@@ -251,10 +251,8 @@ class BlobsyncFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec is
         pandas call makedirs before every write): the container it is for is there, so a refusal is no error."""
         if name in self._known:
             return
-        try:
+        with contextlib.suppress(AuthError):
             self.client.make_container(name)
-        except AuthError:
-            pass
         self._known.add(name)
 
     def rmdir(self, path: str) -> None:
