@@ -3,6 +3,8 @@ entry point, and pandas-style use (issue 27, part 5)."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import os
 import posixpath
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,10 +20,12 @@ from fsspec.tests.abstract import (
     AbstractPutTests,
 )
 
+import blobsync
 from blobsync import TransferConfig
 from blobsync.fsspec import BlobsyncFileSystem
 from conftest import ContainerHandle, container_sas
 from support.azurite import Azurite
+from support.proxy import FaultProxy, Rule, hold
 
 
 class BlobsyncFixtures(AbstractFixtures):  # type: ignore[misc]
@@ -129,3 +133,71 @@ def test_a_partitioned_dataset_is_written_under_a_container_sas(
 
     back = pa.concat_tables([pq.read_table(io.BytesIO(container.download(n))) for n in names])
     assert sorted(back.column("x").to_pylist()) == list(range(1000))
+
+
+def _fs(azurite: Azurite, tmp_path: Path, endpoint: str | None = None) -> BlobsyncFileSystem:
+    return BlobsyncFileSystem(endpoint or azurite.blob_endpoint, config=TransferConfig(journal_path=tmp_path / "j.db"),
+                              env={"AZURE_STORAGE_CONNECTION_STRING": "UseDevelopmentStorage=true"},
+                              skip_instance_cache=True)
+
+
+def test_files_opened_for_reading_are_fsspec_files(azurite: Azurite, container: ContainerHandle,
+                                                   tmp_path: Path) -> None:
+    container.client.upload_blob("d/a.bin", b"0123456789" * 1000)
+    fs = _fs(azurite, tmp_path)
+    try:
+        with fs.open(f"{container.name}/d/a.bin", "rb") as f:
+            assert (f.size, f.path, f.fs) == (10_000, f"{container.name}/d/a.bin", fs)
+            assert f.info()["size"] == 10_000 and f.info()["type"] == "file"
+            f.seek(9_995)
+            assert f.read() == b"56789"
+        with fs.open(f"{container.name}/d/b.bin", "wb") as w:
+            assert (w.path, w.fs) == (f"{container.name}/d/b.bin", fs)
+            w.write(b"written")
+        with pytest.raises(blobsync.errors.UsageError, match="cannot be appended to in place"):
+            fs.open(f"{container.name}/d/a.bin", "ab")
+    finally:
+        fs.client.close()
+    assert container.download("d/b.bin") == b"written"
+
+
+def test_cat_ranges_fetches_every_range_at_once(azurite: Azurite, container: ContainerHandle, proxy: FaultProxy,
+                                                tmp_path: Path) -> None:
+    data = bytes(range(256)) * 400
+    container.client.upload_blob("r.bin", data)
+    fs = _fs(azurite, tmp_path, proxy.endpoint())
+    path = f"{container.name}/r.bin"
+    starts, ends = [0, 100, 5000, -10, 90_000, None], [10, 300, 5100, None, 200_000, 7]
+    try:
+        proxy.add_rule(Rule("get_blob", hold()))  # every range held: they arrive together, or the test times out
+        pending = concurrent.futures.ThreadPoolExecutor(1).submit(fs.cat_ranges, [path] * 6, starts, ends)
+        proxy.wait_for_held(5, timeout=30)  # the sixth ends before it starts (beyond the blob's 102,400 bytes)
+        proxy.clear_rules()
+        proxy.release_holds()
+        got = pending.result(60)
+        assert got == [data[s:e] for s, e in zip(starts, ends, strict=True)]
+        missing = fs.cat_ranges([path, f"{container.name}/nope.bin"], [0, 0], [4, 4])
+        assert missing[0] == data[:4] and isinstance(missing[1], FileNotFoundError)
+        with pytest.raises(FileNotFoundError):
+            fs.cat_file(f"{container.name}/nope.bin", 0, 4)
+        assert fs.cat_file(path, 10, 20) == data[10:20]
+    finally:
+        proxy.release_holds()
+        fs.client.close()
+
+
+def test_a_script_using_the_filesystem_exits_without_unclosed_sessions(azurite: Azurite, container: ContainerHandle,
+                                                                        tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    container.client.upload_blob("x.txt", b"x")
+    code = (f"import fsspec, blobsync\nfs = fsspec.filesystem('blobsync', account_url={azurite.blob_endpoint!r}, "
+            f"config=blobsync.TransferConfig(journal_path={str(tmp_path / 'j.db')!r}))\n"
+            f"fs.pipe_file({container.name + '/y.txt'!r}, b'y' * 5_000_000)\n"
+            f"print(fs.cat_file({container.name + '/x.txt'!r}))\n")
+    done = subprocess.run([sys.executable, "-X", "dev", "-c", code], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "AZURE_STORAGE_CONNECTION_STRING": "UseDevelopmentStorage=true"},
+                          check=False)
+    assert done.returncode == 0 and done.stdout.strip() == "b'x'", done.stderr
+    assert "Unclosed" not in done.stderr and "Task was destroyed" not in done.stderr, done.stderr

@@ -25,6 +25,7 @@ class BlobReader(io.RawIOBase):
         super().__init__()
         self.name = name
         self.size = size
+        self.block_size = block_size
         self._block = block_size
         self._fetch = fetch
         self._submit = submit
@@ -86,6 +87,8 @@ class BlobWriter(io.RawIOBase):
                  run: Callable[[Coroutine[Any, Any, Any]], Any]) -> None:
         super().__init__()
         self.name = name
+        self.path = name  # as fsspec's file objects have it (its filesystem sets `fs`)
+        self.fs: Any = None
         self._write, self._finish, self._abort, self._run = write, finish, abort, run
         self._pos = 0
         self.result: FileResult | None = None
@@ -149,6 +152,10 @@ def seek_to(pos: int, size: int, offset: int, whence: int) -> int:
 
 
 def check_mode(mode: str) -> str:
+    if mode == "ab":
+        raise UsageError("mode 'ab' is not offered: a block blob cannot be appended to in place (its blocks are "
+                         "committed at once); read it and write it anew with 'wb', or write the new part as a "
+                         "blob of its own")
     if mode not in ("rb", "wb"):
         raise UsageError(f"invalid mode {mode!r}: blobs open 'rb' (read) or 'wb' (write), binary only")
     return mode

@@ -9,7 +9,7 @@ import dataclasses
 import functools
 import io
 import time
-from collections.abc import AsyncIterable, Callable, Coroutine, Generator, Iterable, Mapping
+from collections.abc import AsyncIterable, Callable, Coroutine, Generator, Iterable, Mapping, Sequence
 from pathlib import PurePosixPath
 from typing import Any, Concatenate, ParamSpec, TypeGuard, TypeVar, overload
 from urllib.parse import quote, urlsplit, urlunsplit
@@ -28,6 +28,7 @@ from blobsync.engine.streaming import StreamWriter
 from blobsync.engine.tasks import for_each, in_thread
 from blobsync.errors import (
     BlobNotFoundError,
+    BlobsyncError,
     ChecksumMismatchError,
     ConflictError,
     IntegrityError,
@@ -211,6 +212,30 @@ class AsyncClient:
         buf = bytearray(length)
         await requests(lambda: store.read_into(location.path, offset, memoryview(buf), etag))
         return bytes(buf)
+
+    async def read_ranges(self, ranges: Sequence[tuple[str, int | None, int | None]]
+                          ) -> list[bytes | BlobsyncError]:
+        """Byte ranges of blobs, `(name, start, end)` as a slice takes them (None: the start or the end; negative:
+        from the end), all fetched at once under the session's request budget, one HEAD per blob named; a range
+        that fails is its error in the list."""
+        names = sorted({name for name, _, _ in ranges})
+        found = await asyncio.gather(*(self.stat(name) for name in names), return_exceptions=True)
+        stats = dict(zip(names, found, strict=True))
+
+        async def one(name: str, start: int | None, end: int | None) -> bytes:
+            props = stats[name]
+            if isinstance(props, BaseException):
+                raise props
+            first, stop, _ = slice(start, end).indices(props.size)
+            if stop <= first:
+                return b""
+            return await self.fetch_range(parse_location(self.url_for(name)), first, stop - first, props.etag or None)
+
+        done = await asyncio.gather(*(one(*r) for r in ranges), return_exceptions=True)
+        for item in done:
+            if isinstance(item, BaseException) and not isinstance(item, BlobsyncError):
+                raise item
+        return [item for item in done if isinstance(item, bytes | BlobsyncError)]
 
     async def ls_level(self, prefix: str = "") -> tuple[list[BlobProperties], list[str]]:
         """One level under `prefix` ('/' the delimiter): the blobs there and the folders one level down (names
@@ -407,7 +432,13 @@ class Client:
             loc = parse_location(self.url_for(name))
             writer = self._wait(_made(lambda: self.aio.stream_writer(loc, config)))
             return BlobWriter(name, writer.write, writer.finish, writer.abort, self._wait)
-        props = self.stat(name)
+        raw = self.raw_reader(name, config=config, read_ahead=read_ahead)
+        return io.BufferedReader(raw, buffer_size=min(raw.block_size, 1 << 20))
+
+    def raw_reader(self, name: str, *, config: TransferConfig | None = None, read_ahead: int = 4,
+                   props: BlobProperties | None = None) -> BlobReader:
+        """The unbuffered reader under `open(name, "rb")`: one version (`props`' ETag, or the one there now)."""
+        props = props or self.stat(name)
         loc = parse_location(self.url_for(name))
         block = (config or self.aio.config).block_size
 
@@ -417,8 +448,7 @@ class Client:
         def submit(coro: Coroutine[Any, Any, bytes]) -> concurrent.futures.Future[bytes]:
             return asyncio.run_coroutine_threadsafe(coro, self._current().loop)
 
-        raw = BlobReader(name, props.size, block, fetch, submit, read_ahead)
-        return io.BufferedReader(raw, buffer_size=min(block, 1 << 20))
+        return BlobReader(name, props.size, block, fetch, submit, read_ahead)
 
     copy = _blocking(AsyncClient.copy)
     sync = _blocking(AsyncClient.sync)
@@ -432,6 +462,7 @@ class Client:
     delete = _blocking(AsyncClient.delete)
     make_container = _blocking(AsyncClient.make_container)
     get = _blocking(AsyncClient.get)
+    read_ranges = _blocking(AsyncClient.read_ranges)
 
     def close(self, *, wait: bool = True, cancel: bool = False) -> None:
         """Wait for the submitted work (with `cancel=True` or `wait=False`, drop it: each dropped future fails
