@@ -1,5 +1,6 @@
 """Write the manual's generated tables into their pages: the transfer flags (docs/cli.md, from TransferConfig's
-Flag declarations) and AzCopy's flags (docs/azcopy.md, from blobsync/cli/azcopy.py).
+Flag declarations), AzCopy's flags (docs/azcopy.md, from blobsync/cli/azcopy.py) and the errors a caller can meet
+(docs/library.md, from blobsync's exports and the classes' docstrings).
 
     .venv/bin/python scripts/docs_tables.py          # rewrite them
     .venv/bin/python scripts/docs_tables.py --check  # exit 1 if a page is stale (the suite runs this)
@@ -28,9 +29,27 @@ def _azcopy(text: str) -> str:
     return text[:start] + compatibility_table() + (text[end:] if end != -1 else "\n")
 
 
+def error_table() -> str:
+    """Every error class `blobsync` exports: what it derives from, its exit code, how far it reaches, and why."""
+    import inspect
+
+    import blobsync
+    from blobsync.errors import BlobsyncError
+
+    rows = ["| Error | Is a | Exit code | Reach | Raised when |", "|---|---|---|---|---|"]
+    classes = [getattr(blobsync, n) for n in sorted(blobsync.__all__)]
+    for cls in (c for c in classes if inspect.isclass(c) and issubclass(c, BlobsyncError)):
+        parents = ", ".join(f"`{b.__name__}`" for b in cls.__bases__)
+        doc = " ".join((cls.__doc__ or "").split())
+        rows.append(f"| `{cls.__name__}` | {parents} | {int(cls.exit_code)} | {cls.scope.name.lower()} | {doc} |")
+    return "\n".join(rows)
+
+
 def main(argv: list[str]) -> int:
     pages = {DOCS / "cli.md": lambda t: _between(t, "<!-- flags:begin -->", "<!-- flags:end -->", flag_table()),
-             DOCS / "azcopy.md": _azcopy}
+             DOCS / "azcopy.md": _azcopy,
+             DOCS / "library.md": lambda t: _between(t, "<!-- errors:begin -->", "<!-- errors:end -->",
+                                                     error_table())}
     stale = []
     for path, make in pages.items():
         text = path.read_text(encoding="utf-8")

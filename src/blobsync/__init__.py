@@ -39,13 +39,31 @@ if TYPE_CHECKING:
         AuthError as AuthError,
         BlobNotFoundError as BlobNotFoundError,
         BlobsyncError as BlobsyncError,
+        ChecksumMismatchError as ChecksumMismatchError,
+        ConflictError as ConflictError,
+        ConnectionSetupError as ConnectionSetupError,
         ContainerNotFoundError as ContainerNotFoundError,
+        CopySourceError as CopySourceError,
+        CorruptedInTransitError as CorruptedInTransitError,
+        DiskFullError as DiskFullError,
+        DroppedError as DroppedError,
         ExitCode as ExitCode,
         IntegrityError as IntegrityError,
+        InvalidBlockListError as InvalidBlockListError,
         JobBusyError as JobBusyError,
+        LocalWriteError as LocalWriteError,
+        NetworkError as NetworkError,
         Scope as Scope,
+        ServiceError as ServiceError,
+        SourceChangedError as SourceChangedError,
         SourceError as SourceError,
+        StagingRefusedError as StagingRefusedError,
+        TargetBusyError as TargetBusyError,
+        ThrottledError as ThrottledError,
         TransferFailedError as TransferFailedError,
+        TransientError as TransientError,
+        UnsafeNameError as UnsafeNameError,
+        UnsafeTargetError as UnsafeTargetError,
         UsageError as UsageError,
     )
     from blobsync.events import (
@@ -61,6 +79,16 @@ if TYPE_CHECKING:
 # The public names load on first use (PEP 562): `import blobsync` and the CLI's start-up pay only for the modules a
 # command needs (a no-op sync never loads the doctor, watch, remove or download code, nor watchfiles). Type
 # checkers read the imports above.
+# Every error a caller can meet (blobsync.errors has two more, CredentialRenewed and BatchUnsupported, which never
+# leave the request path).
+_ERRORS = (
+    "AuthError", "BlobNotFoundError", "BlobsyncError", "ChecksumMismatchError", "ConflictError",
+    "ConnectionSetupError", "ContainerNotFoundError", "CopySourceError", "CorruptedInTransitError", "DiskFullError",
+    "DroppedError", "ExitCode", "IntegrityError", "InvalidBlockListError", "JobBusyError", "LocalWriteError",
+    "NetworkError", "Scope", "ServiceError", "SourceChangedError", "SourceError", "StagingRefusedError",
+    "TargetBusyError", "ThrottledError", "TransferFailedError", "TransientError", "UnsafeNameError",
+    "UnsafeTargetError", "UsageError"
+)
 _HOMES = {
     "aio": "blobsync.aio",
     "JobSummary": "blobsync.api", "clean_jobs": "blobsync.api", "copy": "blobsync.api", "copy_async": "blobsync.api",
@@ -72,11 +100,7 @@ _HOMES = {
     "CheckMd5": "blobsync.config", "Overwrite": "blobsync.config", "TransferConfig": "blobsync.config",
     "Diagnosis": "blobsync.backends.azure.doctor", "Finding": "blobsync.backends.azure.doctor",
     "Progress": "blobsync.events",
-    "AuthError": "blobsync.errors", "BlobNotFoundError": "blobsync.errors", "BlobsyncError": "blobsync.errors",
-    "ContainerNotFoundError": "blobsync.errors", "ExitCode": "blobsync.errors", "IntegrityError": "blobsync.errors",
-    "JobBusyError": "blobsync.errors",
-    "Scope": "blobsync.errors", "SourceError": "blobsync.errors", "TransferFailedError": "blobsync.errors",
-    "UsageError": "blobsync.errors",
+    **dict.fromkeys(_ERRORS, "blobsync.errors"),
     "BaseSubscriber": "blobsync.events", "QueuedFile": "blobsync.events", "Subscriber": "blobsync.events",
     "Action": "blobsync.report", "FileResult": "blobsync.report", "FileStatus": "blobsync.report",
     "Report": "blobsync.report",

@@ -50,10 +50,12 @@ def _blocking(coro: Coroutine[Any, Any, T]) -> T:
     """Run `coro` to completion from synchronous code, even where an event loop already runs in this thread
     (a notebook, an async training framework): then it runs on a loop of its own in a helper thread."""
     try:
+        running = True
         asyncio.get_running_loop()
     except RuntimeError:
-        return stopping.run(coro)
-    return stopping.run_beside(coro)
+        running = False
+    # Chosen outside the except block: an error of the call must not carry "no running event loop" as its context.
+    return stopping.run_beside(coro) if running else stopping.run(coro)
 
 
 def blocking_form(fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, T]:

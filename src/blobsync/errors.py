@@ -85,6 +85,8 @@ class DroppedError(BlobsyncError):
 class TransferFailedError(BlobsyncError):
     """Raised by the library with `raise_on_error=True` when files failed; `.report` holds the details."""
 
+    report: Report  # always set: what the job did, failures included
+
     def __init__(self, report: Report) -> None:
         first = report.failures[0] if report.failures else None
         detail = f": {first.rel}: {first.reason}" if first else ""
@@ -153,14 +155,14 @@ class AuthError(ServiceError):
     scope = Scope.RUN
 
 
-class ContainerNotFoundError(ServiceError):
-    """The destination container does not exist."""
+class ContainerNotFoundError(ServiceError, FileNotFoundError):
+    """The container does not exist (on a read as on a write); also a FileNotFoundError."""
 
     scope = Scope.RUN
 
 
-class BlobNotFoundError(ServiceError):
-    """The blob does not exist."""
+class BlobNotFoundError(ServiceError, FileNotFoundError):
+    """The blob does not exist; also a FileNotFoundError, as code that reads files expects."""
 
 
 class ConflictError(ServiceError):

@@ -33,3 +33,11 @@ with blobsync.Client(URL) as c:
     view: memoryview = c.get("n", into=bytearray(4))
     whole: bytes = c.get("n")
     c.submit(c.aio.put, b"x", "n").result()
+
+# The docs' error handling passes as written: a job's failure always carries its report.
+try:
+    blobsync.sync("./src", URL, raise_on_error=True)
+except blobsync.TransferFailedError as failed:
+    print(failed.exit_code, failed.report.failures)
+except (blobsync.NetworkError, blobsync.ConflictError, blobsync.DroppedError) as other:
+    print(other.exit_code)

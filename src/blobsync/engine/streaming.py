@@ -81,7 +81,8 @@ class StreamWriter:
 
         task = asyncio.ensure_future(stage())
         self._tasks.add(task)
-        task.add_done_callback(lambda t: self._tasks.discard(t) if t.exception() is None else None)
+        # A failed stage stays in the set for finish() to raise; a cancelled one (the writer aborted) is dropped.
+        task.add_done_callback(lambda t: self._tasks.discard(t) if t.cancelled() or t.exception() is None else None)
 
     async def finish(self) -> FileResult:
         """Stage what is left, commit in order with the whole MD5, verify, and say what landed."""

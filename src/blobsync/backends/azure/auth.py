@@ -342,6 +342,10 @@ def credential_from(obj: object, loc: BlobLocation, env: Mapping[str, str], trus
                 raise UsageError(f"the connection string given as credential is not for account {loc.account!r}")
             return _check_trusted(loc, cred, trusted, _endpoint_host(text))
         if "sig=" not in text:
+            if _looks_like_key(text):
+                raise UsageError("the credential text looks like an account key, which is not a SAS",
+                                 hint="pass AzureNamedKeyCredential(account, key) or a connection string "
+                                 "'AccountName=<account>;AccountKey=<key>' as the credential")
             raise UsageError("credential text is neither a SAS (a query string with sig=) nor a connection string")
         register_secret(text.lstrip("?"))
         return SasCredential(text.lstrip("?"), description="SAS given as credential")
@@ -361,6 +365,14 @@ def credential_from(obj: object, loc: BlobLocation, env: Mapping[str, str], trus
         return SasProvider(obj)
     raise UsageError(f"invalid credential={type(obj).__name__}: a SAS or connection string, AzureSasCredential, "
                      "AzureNamedKeyCredential, a TokenCredential, or a function returning a SAS")
+
+
+def _looks_like_key(text: str) -> bool:
+    """An account key: 64 bytes in base64 (88 characters ending in '==')."""
+    try:
+        return len(base64.b64decode(text, validate=True)) == 64
+    except ValueError:
+        return False
 
 
 def parse_connection_string(text: str) -> dict[str, str]:

@@ -286,8 +286,10 @@ class AzureContainerStore:
             log.info("%s: the service refused the %s; retrying with a fresh one", what, self._cred.description)
             return CredentialRenewed(f"{what}: the service refused the {self._cred.description}; renewed",
                                      status=status, retry_after=0.0)
+        # A SAS given as a credential object is explained as one in the URL is ("expired at ...").
+        loc = dataclasses.replace(self._loc, sas=request.sas) if request.sas and not self._loc.sas else self._loc
         return error_from_response(status=status, headers=dict(headers), body=body, method=method, what=what,
-                                   loc=self._loc, credential_description=self._cred.description)
+                                   loc=loc, credential_description=self._cred.description)
 
     # --- operations ---------------------------------------------------------------------------------------
 
@@ -380,6 +382,8 @@ class AzureContainerStore:
             _, h, _ = await self._call("HEAD", name, [], {}, None, f"get properties of {name!r}", (200,))
         except BlobNotFoundError:
             return None
+        except ContainerNotFoundError:
+            raise  # the same error a put or a listing gives: not "no such blob"
         except ServiceError as exc:
             # HEAD errors carry no body; a 404 without a code may still mean the container is gone.
             if exc.status == 404:
