@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import os
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
@@ -28,6 +29,7 @@ from blobsync.filters import Filters
 from blobsync.jobs import CopySpec, DownloadSpec, Hooks, JobSpec, RemoveSpec, SyncSpec, UploadSpec, run_job
 from blobsync.jobs.spec import processes_target
 from blobsync.journal import FileRow, JobKind, JobRow, JobState, Journal, default_journal_path
+from blobsync.journal.states import MEMORY_SOURCE
 from blobsync.options import CompareMode, DeleteMode
 from blobsync.report import Action, Report
 
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
     from blobsync.jobs.watch import Ready
     from blobsync.journal.jobs import JobBook
 
+log = logging.getLogger("blobsync")
 T = TypeVar("T")
 P = ParamSpec("P")
 Cluster = Any  # None, a distributed.Client, 'tcp://host:8786' or 'local:N'
@@ -360,7 +363,7 @@ watch = blocking_form(watch_async)  # run it in a thread beside a training loop,
 
 
 async def resume_async(
-    job_id: str,
+    job_id: str | JobSummary | JobRow,
     *,
     sas: str | None = None,
     journal_path: str | os.PathLike[str] | None = None,
@@ -372,8 +375,9 @@ async def resume_async(
     overrides: Mapping[str, object] | None = None,
 ) -> Report:
     """Resume a journaled copy job by id. Credentials come from `sas` or the environment, never from the
-    journal; `overrides` replace stored options by TransferConfig field name (e.g. {"concurrency": 4})."""
-    arguments.url(job_id, "job_id")
+    journal; `overrides` replace stored options by TransferConfig field name (e.g. {"concurrency": 4}). `job_id`
+    may be what `list_jobs()` returns. A job already done is left alone: the report says so (nothing moved)."""
+    job_id = _job_id(job_id)
     arguments.optional(sas, "sas", str, "the SAS text")
     journal_path = arguments.optional_path(journal_path, "journal_path")
     _check_common(None, False, raise_on_error, confirm_overwrite=confirm_overwrite)
@@ -388,7 +392,14 @@ async def resume_async(
     try:
         job = journal.get_job(job_id)
         if job.state is JobState.DONE:
-            raise UsageError(f"job {job.id} is already done")
+            log.info("job %s is already done: nothing to resume", job.id)
+            if bound is None:
+                journal.close()
+            return Report(job.id, job.source, job.dest, kind="download" if job.kind is JobKind.DOWNLOAD else "upload")
+        if job.source.startswith(MEMORY_SOURCE):
+            journal.set_job_state(job.id, JobState.ABANDONED)
+            raise UsageError(f"job {job.id} put data that a process held in memory, and that process ended before "
+                             "the put did: nothing is left to resume", hint="put the data again")
         if job.kind is JobKind.COPY:
             raise UsageError(f"job {job.id} copies between two URLs: run the same 'blobsync cp' command again to "
                              "resume it (each side's credentials come from its URL or the environment)")
@@ -444,15 +455,27 @@ def list_jobs(journal_path: Path | None = None, env: Mapping[str, str] | None = 
 
 
 def show_job(
-    job_id: str, journal_path: Path | None = None, env: Mapping[str, str] | None = None
+    job_id: str | JobSummary | JobRow, journal_path: Path | None = None, env: Mapping[str, str] | None = None
 ) -> tuple[JobSummary, list[FileRow]]:
     bound = _BOUND.get()
     journal = bound.journal if bound is not None else _journal(journal_path, env)
     try:
-        job, book = journal.get_job(job_id), _book(journal)
+        job, book = journal.get_job(_job_id(job_id)), _book(journal)
         return JobSummary(job, book.job_totals(job.id)), book.files(job.id)
     finally:
-        journal.close()
+        if bound is None:  # a Client's journal stays open with its session
+            journal.close()
+
+
+def _job_id(job: object) -> str:
+    """A job's id from what a caller holds: the id, or what list_jobs() and show_job() return."""
+    if isinstance(job, JobSummary):
+        return job.job.id
+    if isinstance(job, JobRow):
+        return job.id
+    arguments.url(job, "job_id")
+    assert isinstance(job, str)
+    return job
 
 
 def set_job_cap(job_id: str, cap_mbps: float, journal_path: Path | None = None,

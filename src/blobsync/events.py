@@ -102,6 +102,8 @@ class Progress:
             self.files_skipped += 1
         elif result.status is FileStatus.DELETED:
             self.files_deleted += 1
+        elif result.status is FileStatus.PLANNED:
+            pass  # a dry run moves nothing
         else:
             self.files_failed += 1
         if self.subscribers:

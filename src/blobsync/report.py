@@ -15,6 +15,7 @@ class FileStatus(Enum):
     SKIPPED = "skipped"
     FAILED = "failed"
     DELETED = "deleted"  # sync: removed at the destination because the source no longer has it
+    PLANNED = "planned"  # a dry run: would be transferred (nothing moved)
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,8 @@ class Report:
     files_skipped: int = 0
     files_failed: int = 0
     files_deleted: int = 0
+    files_planned: int = 0  # a dry run: what would be transferred (files_transferred stays 0)
+    bytes_planned: int = 0
     files_in_sync: int = 0  # sync: source files the destination already had
     files_held: int = 0  # sync --watch: source files still changing, left for a later round
     deletes_refused: str = ""  # why a sync deleted nothing although it had candidates
@@ -103,6 +106,9 @@ class Report:
             self.listener(result)
         if result.status is FileStatus.DELETED:
             self.files_deleted += 1
+        elif result.status is FileStatus.PLANNED:
+            self.files_planned += 1
+            self.bytes_planned += result.size
         elif result.status is FileStatus.TRANSFERRED:
             self.files_transferred += 1
             self.bytes_transferred += result.size

@@ -43,7 +43,7 @@ from blobsync.filters import Filters
 from blobsync.jobs.compare import CompareMode
 from blobsync.jobs.spec import PROCESSES, processes_target
 from blobsync.jobs.sync import DeleteMode, parse_max_delete
-from blobsync.journal import FileState
+from blobsync.journal import FileState, JobState
 from blobsync.redact import printable, redact, strip_query
 from blobsync.report import Action, Report
 from blobsync.stopping import stop_on_signals
@@ -329,6 +329,10 @@ def jobs_resume(job_id: str, sas: str | None, journal_path: Path | None, out: Ou
                 log_file: Path | None) -> None:
     """Resume a job; credentials come from --sas or the environment."""
     setup_logging(log_level, log_file)
+    job = api.show_job(job_id, journal_path)[0].job
+    if job.state is JobState.DONE:
+        click.echo(f"job {job.id} is already done: nothing to resume")
+        return
     json_out = start_output("jobs resume", out, job=job_id)
     prompt = sys.stdin.isatty()
     run_job(lambda progress: api.resume(job_id, sas=sas, journal_path=journal_path, progress=progress,

@@ -147,6 +147,7 @@ def summary_record(report: Report, *, dry_run: bool = False) -> dict[str, object
         "type": "summary", "job": report.job_id, "dry_run": dry_run, "direction": report.kind,
         "source": report.source, "destination": report.dest,
         "files_transferred": report.files_transferred, "files_skipped": report.files_skipped,
+        "files_planned": report.files_planned, "bytes_planned": report.bytes_planned,
         "files_failed": report.files_failed, "files_deleted": report.files_deleted,
         "files_in_sync": report.files_in_sync, "files_held": report.files_held,
         "bytes_transferred": report.bytes_transferred, "bytes_sent": report.bytes_sent,
@@ -169,8 +170,8 @@ def summary(report: Report, *, dry_run: bool = False) -> str:
         return _removal_summary(report, dry_run)
     if dry_run:
         verb = "to download" if report.kind == "download" else "to upload"
-        return (f"Dry run: {report.files_transferred} {verb}, {report.files_failed} with problems; "
-                f"{human_bytes(report.bytes_transferred)}; nothing was changed")
+        return (f"Dry run: {report.files_planned} {verb}, {report.files_failed} with problems; "
+                f"{human_bytes(report.bytes_planned)}; nothing was changed")
     if report.job_id == NO_JOB and not report.failures:
         held = f"; {report.files_held} still changing, left for later" if report.files_held else ""
         return f"Nothing to do: {report.files_in_sync} file(s) already in sync{held}"

@@ -86,7 +86,7 @@ class CopyJob:
         for rel, props in (pair for batch in blobs for pair in batch):
             name = self._name(rel)
             self.on_action(Action("copy", rel, f"to {name}", props.size))
-            self.runner.settle(report, None, FileResult(rel, name, props.size, FileStatus.TRANSFERRED,
+            self.runner.settle(report, None, FileResult(rel, name, props.size, FileStatus.PLANNED,
                                                         reason=f"would copy to {name}"))
         return report
 

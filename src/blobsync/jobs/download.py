@@ -108,7 +108,7 @@ class DownloadJob:
                                                             reason=str(exc), exit_code=ExitCode.PARTIAL))
                 continue
             self.on_action(Action("download", rel, f"to {target}", props.size))
-            self.runner.settle(report, None, FileResult(rel, props.name, props.size, FileStatus.TRANSFERRED,
+            self.runner.settle(report, None, FileResult(rel, props.name, props.size, FileStatus.PLANNED,
                                                         reason=f"would download to {target}"))
         return report
 

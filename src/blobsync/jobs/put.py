@@ -9,7 +9,8 @@ from blobsync.engine.upload import FileUploader
 from blobsync.errors import ConflictError, TransferFailedError
 from blobsync.jobs.runner import JobRunner, WorkItem
 from blobsync.jobs.spec import PutSpec
-from blobsync.journal import JobKind
+from blobsync.journal import JobKind, JobState
+from blobsync.journal.states import MEMORY_SOURCE
 from blobsync.report import FileResult, FileStatus, Report
 
 
@@ -24,13 +25,17 @@ class PutJob:
     async def run(self) -> Report:
         src, loc, ctx = self.spec.source, self.spec.dest, self.ctx
         # A file on disk resumes like a path (its staged blocks are kept); other data starts a job of its own.
-        key = getattr(src, "resume_key", None) or f"memory:{uuid.uuid4().hex}"
+        key = getattr(src, "resume_key", None) or f"{MEMORY_SOURCE}{uuid.uuid4().hex}"
         job = self.runner.open_job(key, loc.display)
         size = src.opened.size
         row = ctx.journal.add_files(job.id, [(loc.path, loc.path, size, src.opened.mtime_ns, 0)])[loc.path]
         report = Report(job.id, "<memory>", loc.display, kind="upload", listener=ctx.progress.finished)
         uploader = FileUploader(ctx)
-        await self.runner.run(report, [WorkItem(row, size, lambda: uploader.upload_source(row, src))])
+        try:
+            await self.runner.run(report, [WorkItem(row, size, lambda: uploader.upload_source(row, src))])
+        finally:
+            if key.startswith(MEMORY_SOURCE) and not report.written:  # the bytes die with this call: no resume
+                ctx.journal.set_job_state(job.id, JobState.ABANDONED)
         return report
 
 

@@ -206,7 +206,7 @@ class SyncJob:
         for entry, reason in index.todo():
             self.on_action(Action(verb, entry.rel, reason, entry.size))
             self.runner.settle(report, None, FileResult(entry.rel, entry.name or entry.rel, entry.size,
-                                                        FileStatus.TRANSFERRED, reason=f"would {verb}: {reason}"))
+                                                        FileStatus.PLANNED, reason=f"would {verb}: {reason}"))
         await self._deletes(index, report, dry_run=True)
         return report
 

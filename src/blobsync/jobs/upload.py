@@ -84,7 +84,7 @@ class UploadJob:
         for e in entries:
             name = upload_name(spec.dest.path, blob_rel(e.rel), single=index is None)
             self.on_action(Action("upload", e.rel, f"to {name}", e.size))
-            self.runner.settle(report, None, FileResult(e.rel, name, e.size, FileStatus.TRANSFERRED,
+            self.runner.settle(report, None, FileResult(e.rel, name, e.size, FileStatus.PLANNED,
                                                         reason=f"would upload to {name}"))
         return report
 

@@ -60,7 +60,7 @@ class JobBook:
 
     def delete_jobs(self, older_than_seconds: float | None, include_unfinished: bool) -> list[str]:
         cutoff = time.time() - (older_than_seconds or 0)
-        where = "updated <= ?" + ("" if include_unfinished else " and state = 'done'")
+        where = "updated <= ?" + ("" if include_unfinished else " and state in ('done', 'abandoned')")
         ids = [r["id"] for r in self.db.table("jobs").rows_where(where, [cutoff])]
         self.journal.flush()
         with self.journal.transaction():

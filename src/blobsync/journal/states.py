@@ -10,6 +10,11 @@ class JobState(StrEnum):
     INTERRUPTED = "interrupted"
     FAILED = "failed"
     DONE = "done"
+    # A put of data a process held in memory, which ended before the put did: nothing is left to resume from.
+    ABANDONED = "abandoned"
+
+
+MEMORY_SOURCE = "memory:"  # the source of a put of data held in memory (a job no later run can resume)
 
 
 class FileState(StrEnum):

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from blobsync.errors import JobBusyError, UsageError
-from blobsync.journal.states import FileState, JobKind, JobState
+from blobsync.journal.states import MEMORY_SOURCE, FileState, JobKind, JobState
 from blobsync.redact import printable
 
 SCHEMA_VERSION = 1
@@ -63,6 +63,14 @@ def damaged_row(what: str, key: object, exc: Exception) -> UsageError:
     where = f" in {_last_path}" if _last_path is not None else ""
     return UsageError(f"the journal's row for {what} {printable(str(key))!r}{where} is damaged ({exc})",
                       hint="remove that job with 'blobsync jobs clean --all', or pass another --journal")
+
+
+def _state_now(state: JobState, source: str, pid: int | None) -> JobState:
+    """A put of data held in memory whose process is gone (killed mid-put) can never go on: abandoned."""
+    if (state is JobState.RUNNING and source.startswith(MEMORY_SOURCE) and pid and pid != os.getpid()
+            and not _pid_alive(pid)):
+        return JobState.ABANDONED
+    return state
 
 
 def _text(value: object) -> str:
@@ -254,9 +262,10 @@ class Journal:
             options = json.loads(row["options"] or "{}")
             if not isinstance(options, dict):
                 raise ValueError("its options are not a JSON object")
+            pid = row["pid"] if isinstance(row["pid"], int) else None
             return JobRow(_text(row["id"]), JobKind(row["kind"]), _text(row["source"]), _text(row["dest"]), options,
-                          JobState(row["state"]), _number(row["created"]), _number(row["updated"]),
-                          row["pid"] if isinstance(row["pid"], int) else None)
+                          _state_now(JobState(row["state"]), _text(row["source"]), pid), _number(row["created"]),
+                          _number(row["updated"]), pid)
         except (ValueError, TypeError) as exc:
             raise damaged_row("job", row.get("id"), exc) from None
 
