@@ -60,6 +60,22 @@ async def a_missing_object_is_none_or_not_found(store: Store, read_back: ReadBac
 
 
 @case
+async def the_first_bytes_come_with_the_properties_in_one_call(store: Store, read_back: ReadBack) -> None:
+    data = os.urandom(5000)
+    result = await store.put("f/whole.bin", data, BlobHeaders("application/octet-stream", _md5(data), {}))
+    await store.put("f/empty.bin", b"", BlobHeaders("application/octet-stream", _md5(b""), {}))
+    for room, expect in ((8192, data), (5000, data), (1000, data[:1000])):
+        buf = bytearray(room)
+        props, got = await store.read_first("f/whole.bin", memoryview(buf))
+        assert bytes(buf[:got]) == expect and props.size == 5000 and props.etag == result.etag
+        assert props.content_md5 == _md5(data)
+    props, got = await store.read_first("f/empty.bin", memoryview(bytearray(16)))
+    assert (props.size, got) == (0, 0)
+    with pytest.raises(BlobNotFoundError):
+        await store.read_first("f/nope.bin", memoryview(bytearray(16)))
+
+
+@case
 async def put_keeps_its_preconditions(store: Store, read_back: ReadBack) -> None:
     first = await store.put("c.bin", b"one", HEADERS, Conditions(if_none_match_any=True))
     with pytest.raises(ConflictError):

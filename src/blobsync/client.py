@@ -43,6 +43,8 @@ from blobsync.report import FileResult, FileStatus, blob_url
 
 P = ParamSpec("P")
 T = TypeVar("T")
+FIRST_READ = 256 * 1024  # a get's first request reads this much: a blob up to it is one round trip
+INLINE_MD5 = 1 << 20  # hashed on the loop up to this size: cheaper than the hand-off to a thread and back
 
 
 def _bound(fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[Concatenate[AsyncClient, P], Coroutine[Any, Any, T]]:
@@ -289,24 +291,33 @@ class AsyncClient:
         session = self._open()
         loc = parse_location(self.url_for(name))
         store, requests = session.store(loc), self._requests(Progress())
-        props = await self.stat(name)
-        buf = bytearray(props.size) if into is None else into
-        view = memoryview(buf).cast("B")
-        if len(view) < props.size:
-            raise UsageError(f"into= holds {len(view)} bytes; the blob has {props.size}")
-        step = self.config.block_size
+        # The first bytes and the blob's properties come in one request (no HEAD first): a small blob is one round
+        # trip; the rest of a larger one is read in parallel at that version.
+        given = None if into is None else memoryview(into).cast("B")
+        first = memoryview(bytearray(FIRST_READ)) if given is None else given[:FIRST_READ]
+        props, got = await requests(lambda: store.read_first(loc.path, first))
+        if given is not None and len(given) < props.size:
+            raise UsageError(f"into= holds {len(given)} bytes; the blob has {props.size}")
+        if given is None and props.size <= got:
+            view = first[:got]
+        else:
+            view = given if given is not None else memoryview(bytearray(props.size))
+            if given is None:
+                view[:got] = first[:got]
+            step = self.config.block_size
 
-        async def fetch(offset: int) -> None:
-            part = view[offset:min(offset + step, props.size)]
-            await requests(lambda: store.read_into(loc.path, offset, part, props.etag or None))
+            async def fetch(offset: int) -> None:
+                part = view[offset:min(offset + step, props.size)]
+                await requests(lambda: store.read_into(loc.path, offset, part, props.etag or None))
 
-        await for_each(range(0, props.size, step), fetch, self.config.start_concurrency)
+            await for_each(range(got, props.size, step), fetch, self.config.start_concurrency)
         if props.content_md5 is not None:
-            digest = await in_thread(session.io_pool, md5_of, view[:props.size])
+            whole = view[:props.size]
+            digest = md5_of(whole) if props.size <= INLINE_MD5 else await in_thread(session.io_pool, md5_of, whole)
             if digest != props.content_md5:
                 raise ChecksumMismatchError(f"{loc.path}: MD5 of the bytes read differs from the blob's Content-MD5",
                                             digest=digest)
-        return bytes(buf) if into is None else view[:props.size]
+        return bytes(view[:props.size]) if given is None else given[:props.size]
 
     def open(self, name: str, mode: str = "rb", *, config: TransferConfig | None = None,
              read_ahead: int = 4) -> _Opening:

@@ -143,6 +143,15 @@ class ToyStore:
             raise ServiceError(f"{name!r}: range beyond the end")
         return props
 
+    async def read_first(self, name: str, buf: memoryview) -> tuple[BlobProperties, int]:
+        props = await self.stat(name)
+        if props is None:
+            raise BlobNotFoundError(f"{name!r} not found")
+        with open(self.root / _key(name), "rb") as f:
+            data = f.read(len(buf))
+        buf[:len(data)] = data
+        return props, len(data)
+
     def _write(self, name: str, data: bytes, headers: BlobHeaders, conditions: Conditions) -> PutResult:
         current = self._meta(name)
         if conditions.if_none_match_any and current is not None:

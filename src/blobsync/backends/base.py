@@ -238,6 +238,11 @@ class Store(Protocol):
         for the range's MD5 (ranges up to capabilities.range_md5_max only)."""
         ...
 
+    async def read_first(self, name: str, buf: memoryview) -> tuple[BlobProperties, int]:
+        """The object's properties and its first bytes, up to len(buf), in one request (a small object whole,
+        with no HEAD before it); how many bytes were read."""
+        ...
+
     async def put(self, name: str, data: Buffer, headers: BlobHeaders,
                   conditions: Conditions = NO_CONDITIONS) -> PutResult: ...
 

@@ -279,6 +279,17 @@ class MemoryStore:
         box.faults.take("read_into", name, after=True)
         return props
 
+    async def read_first(self, name: str, buf: memoryview) -> tuple[BlobProperties, int]:
+        box = await self._enter("read_first", name)
+        obj = box.objects.get(name)
+        if obj is None:
+            raise BlobNotFoundError(f"get blob {name!r}: HTTP 404 BlobNotFound: not found", status=404,
+                                    code="BlobNotFound")
+        chunk = obj.data[:len(buf)]
+        buf[:len(chunk)] = chunk
+        box.faults.take("read_first", name, after=True)
+        return _props(name, obj), len(chunk)
+
     async def put(self, name: str, data: Buffer, headers: BlobHeaders,
                   conditions: Conditions = NO_CONDITIONS) -> PutResult:
         box = await self._enter("put", name)

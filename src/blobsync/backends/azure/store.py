@@ -466,6 +466,31 @@ class AzureContainerStore:
                                    content_md5=md5_header(h.get("x-ms-blob-content-md5")),
                                    range_md5=props.content_md5 if range_md5 else None)
 
+    async def read_first(self, name: str, buf: memoryview) -> tuple[BlobProperties, int]:
+        """One ranged GET of the first len(buf) bytes: the answer's Content-Range gives the blob's length."""
+        what = f"get blob {name!r}"
+        target, request = await self._sign("GET", name, [], {"x-ms-range": f"bytes=0-{max(1, len(buf)) - 1}"},
+                                           None)
+        try:
+            response = await self._raw.request("GET", target, request.headers, buf)
+        except HttpError as exc:
+            raise _transport_error(exc, what) from exc
+        if response.status == 416:  # an empty blob has no byte 0
+            props = await self.stat(name)
+            if props is not None and props.size == 0:
+                return props, 0
+        if response.status not in (200, 206):
+            raise await self._refused(request, response.status, response.headers, response.body, "GET", what)
+        props = properties_from_headers(name, response.headers)
+        total = response.headers.get("content-range", "").rpartition("/")[2]
+        size = int(total) if response.status == 206 and total.isascii() and total.isdigit() else props.size
+        if response.body_length != min(len(buf), size):
+            raise NetworkError(f"{what}: response cut short ({response.body_length} of {min(len(buf), size)} bytes)")
+        check_read(what, response.status, response.headers, 0, response.body_length, None)
+        return dataclasses.replace(props, size=size, content_md5=md5_header(
+            response.headers.get("x-ms-blob-content-md5")) if response.status == 206 else props.content_md5), \
+            response.body_length
+
     async def copy_source(self, name: str, etag: str | None, reader: Location) -> CopySource:
         check_copy_reader(self._loc, self._cred, urlsplit(reader.container_url).hostname or "", self._trusted)
         url = f"{self._base}/{quote(name, safe='/~')}"

@@ -228,6 +228,15 @@ class S3Store:
                                   properties=props.properties)
         return props
 
+    async def read_first(self, name: str, buf: memoryview) -> tuple[BlobProperties, int]:
+        props = await self.stat(name)  # S3 answers a range past a short object's end with 416: size it first
+        if props is None:
+            raise BlobNotFoundError(f"get {self._loc.bucket}/{name}: not found", status=404, code="NoSuchKey")
+        n = min(len(buf), props.size)
+        if n:
+            props = await self.read_into(name, 0, buf[:n], props.etag or None)
+        return props, n
+
     def _source_only(self) -> NoReturn:
         raise UsageError(f"{self._loc.display}: s3:// URLs are a copy's source only (blobsync writes to Azure)")
 
