@@ -4,6 +4,7 @@ that knows stores only through the seam (backends/base.py and the registry), nev
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from radon.complexity import cc_rank, cc_visit
@@ -93,3 +94,12 @@ def test_a_files_outcome_has_one_writer() -> None:
     writers = sorted(str(p.relative_to(SRC)) for p in _sources()
                      if "finish_file(" in p.read_text(encoding="utf-8") and p.name != "store.py")
     assert writers == ["jobs/runner.py"], writers
+
+
+def test_a_call_is_handed_its_session_never_finds_it_in_the_air() -> None:
+    """A Client passes its session to the calls it makes, `blobsync run`
+    hands its to the commands through click's context object, a module call opens its own; no module keeps a
+    session in a ContextVar for the calls below to pick up (issue 39, point 1)."""
+    ambient = sorted(str(p.relative_to(SRC)) for p in _sources()
+                     if re.search(r"ContextVar\[[^\]]*Session", p.read_text(encoding="utf-8")))
+    assert not ambient, ambient

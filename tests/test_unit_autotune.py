@@ -129,3 +129,33 @@ def test_the_first_sampling_period_is_a_warm_up_the_tuner_never_sees() -> None:
 
     asyncio.run(main())
     assert [x.rate for x in seen] == [10_000_000.0] * 3  # three judged periods; the 1 MB warm-up is not one
+
+
+def test_jobs_sharing_a_limiter_share_one_tuner() -> None:
+    """Two calls in flight on one Client: one hill-climber on the session's limiter, started by the first job,
+    sampling both jobs' bytes, stopped with the last (issue 39, point 1)."""
+    import asyncio
+
+    from blobsync.engine.autotune import SharedTuning
+    from blobsync.engine.budget import RequestLimiter
+    from blobsync.events import Progress
+
+    def climbers() -> int:
+        return sum(1 for t in asyncio.all_tasks() if getattr(t.get_coro(), "__name__", "") == "autotune")
+
+    async def scenario() -> None:
+        tuning = SharedTuning(RequestLimiter(16, 64), 16, 64)
+        one, two = Progress(), Progress()
+        async with tuning.joined(one) as first:
+            one.bytes_sent = 100
+            async with tuning.joined(two) as second:
+                assert first is second and climbers() == 1
+                two.bytes_sent = 50
+                assert tuning.bytes_sent == 150
+                tuning.concurrency = 24
+                assert one.concurrency == two.concurrency == 24
+            assert tuning.bytes_sent == 150 and climbers() == 1  # a job that leaves keeps its bytes counted
+        await asyncio.sleep(0)
+        assert climbers() == 0
+
+    asyncio.run(scenario())

@@ -9,10 +9,9 @@ import os
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from contextlib import asynccontextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, Literal, ParamSpec, TypeVar
 
 from blobsync import arguments, stopping
 from blobsync.backends.base import BlobProperties, Location
@@ -61,6 +60,27 @@ def _blocking(coro: Coroutine[Any, Any, T]) -> T:
     return stopping.run_beside(coro) if running else stopping.run(coro)
 
 
+def alone(fn: Callable[Concatenate[Session | None, P], Coroutine[Any, Any, T]]) -> Callable[P, Coroutine[Any, Any, T]]:
+    """The module function of a call that takes its session first: a session of its own for this call alone."""
+
+    @functools.wraps(fn)
+    async def call(*args: P.args, **kwargs: P.kwargs) -> T:
+        return await fn(None, *args, **kwargs)
+
+    call.__name__ = fn.__name__.removesuffix("_on") + "_async"
+    return call
+
+
+def on_session(fn: Callable[Concatenate[Session | None, P], Coroutine[Any, Any, T]], session: Session | None
+               ) -> Callable[P, T]:
+    """The blocking form of a call run on `session` (None: one of its own), as the CLI's commands call them."""
+
+    def run(*args: P.args, **kwargs: P.kwargs) -> T:
+        return _blocking(fn(session, *args, **kwargs))
+
+    return run
+
+
 def blocking_form(fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, T]:
     """The blocking twin of an async library call, with its exact signature (so a type checker catches a
     misspelt keyword or a wrong type at the caller)."""
@@ -84,11 +104,10 @@ def _progress(progress: Progress | None, subscribers: Sequence[Subscriber]) -> P
     return progress
 
 
-def _config(config: TransferConfig | None) -> TransferConfig:
-    """The call's config; without one, the bound Client's (its defaults), else the defaults."""
+def _config(config: TransferConfig | None, session: Session | None = None) -> TransferConfig:
+    """The call's config; without one, its session's (a Client's defaults), else the defaults."""
     given = arguments.optional(config, "config", TransferConfig, "a blobsync.TransferConfig")
-    bound = _BOUND.get()
-    return given or (bound.config if bound is not None else TransferConfig())
+    return given or (session.config if session is not None else TransferConfig())
 
 
 def _check_common(filters: Filters | None, dry_run: bool, raise_on_error: bool, **callbacks: object) -> None:
@@ -136,18 +155,13 @@ def _journal(journal_path: Path | None, env: Mapping[str, str] | None = None) ->
     return Journal(journal_path or default_journal_path(os.environ if env is None else env))
 
 
-# The session of the Client whose call this is (None: a module-level call, which opens a short-lived one). Set per
-# task by Client, so concurrent calls of one Client share its pools, budgets and journal.
-_BOUND: ContextVar[Session | None] = ContextVar("blobsync_session", default=None)
-
-
 @asynccontextmanager
-async def _session_for(config: TransferConfig, env: Mapping[str, str], progress: Progress,
+async def _session_for(session: Session | None, config: TransferConfig, env: Mapping[str, str], progress: Progress,
                        journal: Journal | None = None) -> AsyncIterator[Session]:
-    """The bound Client's session, or one for this call alone (closed after it, with its journal)."""
-    bound = _BOUND.get()
-    if bound is not None:
-        yield bound
+    """The session a call was given (a Client's, `blobsync run`'s), or one for this call alone (closed after it,
+    with its journal)."""
+    if session is not None:
+        yield session
         return
     session = Session(config, env, journal or (lambda: _journal(config.journal_path, env)), wire_progress=progress)
     try:
@@ -156,7 +170,8 @@ async def _session_for(config: TransferConfig, env: Mapping[str, str], progress:
         await session.close()
 
 
-async def copy_async(
+async def copy_on(
+    session: Session | None,
     source: str | os.PathLike[str],
     dest: str | os.PathLike[str],
     config: TransferConfig | None = None,
@@ -193,7 +208,7 @@ async def copy_async(
     Files that fail are listed in the returned Report (`report.failures`); with `raise_on_error=True` they
     raise TransferFailedError instead. Errors that stop the whole job (credentials, a missing container, bad
     arguments) always raise. Cancelling the task leaves the job resumable."""
-    config = _config(config)
+    config = _config(config, session)
     source, dest = arguments.path_or_url(source, "source"), arguments.path_or_url(dest, "dest")
     _check_common(filters, dry_run, raise_on_error, on_action=on_action, confirm_overwrite=confirm_overwrite)
     as_subdir = arguments.boolean(as_subdir, "as_subdir")
@@ -206,11 +221,12 @@ async def copy_async(
         config = replace(config, recursive=True)
     spec, config, hooks = _copy_spec(source, dest, config, as_subdir, filters, dry_run,
                                      Hooks(on_action, confirm_overwrite, cluster=_cluster_arg(cluster)))
-    async with _session_for(config, env, progress) as session:
+    async with _session_for(session, config, env, progress) as session:
         report = await run_job(spec, session, config, progress=progress, hooks=hooks)
     return _finish(report, raise_on_error)
 
 
+copy_async = alone(copy_on)
 copy = blocking_form(copy_async)
 
 
@@ -228,7 +244,8 @@ def _copy_spec(source: str, dest: str, config: TransferConfig, as_subdir: bool, 
     return spec, replace(config, recursive=plan.many), replace(hooks, cluster_url=dest if plan.upload else source)
 
 
-async def sync_async(
+async def sync_on(
+    session: Session | None,
     source: str | os.PathLike[str],
     dest: str | os.PathLike[str],
     config: TransferConfig | None = None,
@@ -255,7 +272,7 @@ async def sync_async(
     Uploads: `ready(rel, mtime_ns)`, if given, holds back files it returns False for (neither sent nor deleted).
     A changed file whose previous version blobsync committed sends only its changed blocks (delta).
     `cluster` runs the transfers on Dask workers, as for `copy` (the comparison and deletes stay here)."""
-    config = replace(_config(config), recursive=True)
+    config = replace(_config(config, session), recursive=True)
     src_text, dst_text = arguments.path_or_url(source, "source"), arguments.path_or_url(dest, "dest")
     _check_common(filters, dry_run, raise_on_error, on_action=on_action, confirm=confirm)
     delete, compare = arguments.choice(delete, DeleteMode, "delete"), arguments.choice(compare, CompareMode, "compare")
@@ -271,11 +288,12 @@ async def sync_async(
         raise UsageError("a sync between two URLs runs on this machine (the service moves the bytes): drop "
                          "--cluster or --processes, or use cp -r with them")
     hooks = Hooks(on_action, confirm_delete=confirm, cluster=cluster, cluster_url=dst_text if spec.upload else src_text)
-    async with _session_for(config, env, progress) as session:
+    async with _session_for(session, config, env, progress) as session:
         report = await run_job(spec, session, config, progress=progress, hooks=hooks)
     return _finish(report, raise_on_error)
 
 
+sync_async = alone(sync_on)
 sync = blocking_form(sync_async)
 
 
@@ -302,7 +320,8 @@ def _stop_check(stop: StopSignal) -> Callable[[], bool]:
     return stop
 
 
-async def watch_async(
+async def watch_on(
+    session: Session | None,
     source: str | os.PathLike[str],
     dest: str,
     config: TransferConfig | None = None,
@@ -336,7 +355,7 @@ async def watch_async(
         raise UsageError("watch needs a local folder as the source and a container URL as the destination")
     if delete is DeleteMode.PROMPT:
         raise UsageError("--delete-destination prompt cannot be used with --watch: use true or false")
-    config = replace(_config(config), recursive=True)
+    config = replace(_config(config, session), recursive=True)
     env = arguments.env(env)
     root = Path(src_text).expanduser().absolute()
     if not root.is_dir():
@@ -344,7 +363,8 @@ async def watch_async(
     journal_path = config.journal_path or default_journal_path(env)
 
     loc = parse_location(dest)
-    async with _session_for(config, env, Progress()) as session:  # every round on one session: one pool, one token
+    # Every round on one session: one pool, one token.
+    async with _session_for(session, config, env, Progress()) as session:
 
         async def one_round(ready: Ready) -> Report:
             spec = SyncSpec(root, loc, True, filters or Filters(), compare, delete, max_delete, ready=ready,
@@ -359,10 +379,12 @@ async def watch_async(
     return watcher.rounds
 
 
+watch_async = alone(watch_on)
 watch = blocking_form(watch_async)  # run it in a thread beside a training loop, with stop=threading.Event()
 
 
-async def resume_async(
+async def resume_on(
+    session: Session | None,
     job_id: str | JobSummary | JobRow,
     *,
     sas: str | None = None,
@@ -387,13 +409,12 @@ async def resume_async(
         raise UsageError(f"invalid overrides: {', '.join(unknown)} (use TransferConfig field names)")
     env = arguments.env(env)
     progress = _progress(progress, subscribers)
-    bound = _BOUND.get()
-    journal = bound.journal if bound is not None else _journal(journal_path, env)
+    journal = session.journal if session is not None else _journal(journal_path, env)
     try:
         job = journal.get_job(job_id)
         if job.state is JobState.DONE:
             log.info("job %s is already done: nothing to resume", job.id)
-            if bound is None:
+            if session is None:
                 journal.close()
             return Report(job.id, job.source, job.dest, kind="download" if job.kind is JobKind.DOWNLOAD else "upload")
         if job.source.startswith(MEMORY_SOURCE):
@@ -412,17 +433,18 @@ async def resume_async(
         remote = job.source if job.kind is JobKind.DOWNLOAD else job.dest
         loc = parse_location(remote if not sas else f"{remote}?{sas.lstrip('?')}")
     except BaseException:
-        if bound is None:
+        if session is None:
             journal.close()
         raise
     spec: JobSpec = DownloadSpec(loc, Path(job.dest), filters=filters) if job.kind is JobKind.DOWNLOAD else \
         UploadSpec(Path(job.source), loc, filters)
-    async with _session_for(config, env, progress, journal) as session:
+    async with _session_for(session, config, env, progress, journal) as session:
         report = await run_job(spec, session, config, progress=progress, job=job,
                                hooks=Hooks(confirm_overwrite=confirm_overwrite))
     return _finish(report, raise_on_error)
 
 
+resume_async = alone(resume_on)
 resume = blocking_form(resume_async)
 
 
@@ -457,14 +479,12 @@ def list_jobs(journal_path: Path | None = None, env: Mapping[str, str] | None = 
 def show_job(
     job_id: str | JobSummary | JobRow, journal_path: Path | None = None, env: Mapping[str, str] | None = None
 ) -> tuple[JobSummary, list[FileRow]]:
-    bound = _BOUND.get()
-    journal = bound.journal if bound is not None else _journal(journal_path, env)
+    journal = _journal(journal_path, env)
     try:
         job, book = journal.get_job(_job_id(job_id)), _book(journal)
         return JobSummary(job, book.job_totals(job.id)), book.files(job.id)
     finally:
-        if bound is None:  # a Client's journal stays open with its session
-            journal.close()
+        journal.close()
 
 
 def _job_id(job: object) -> str:
@@ -483,8 +503,7 @@ def set_job_cap(job_id: str, cap_mbps: float, journal_path: Path | None = None,
     """Change the bandwidth cap of a job started with --cap-mbps; a running job applies it within a second, a
     resumed one starts with it. Returns the job."""
     arguments.number(cap_mbps, "cap_mbps", 0.001, 1_000_000, " Mbit/s")
-    bound = _BOUND.get()
-    journal = bound.journal if bound is not None else _journal(journal_path, env)
+    journal = _journal(journal_path, env)
     try:
         job = journal.get_job(job_id)
         if not job.options.get("cap_mbps"):
@@ -573,7 +592,8 @@ async def _collect_blobs(url: str, *, env: Mapping[str, str] | None = None, max_
 list_blobs = blocking_form(_collect_blobs)
 
 
-async def remove_async(
+async def remove_on(
+    session: Session | None,
     url: str,
     config: TransferConfig | None = None,
     *,
@@ -590,7 +610,7 @@ async def remove_async(
     """Delete the blob the URL names or, with `recursive`, every blob under it that `filters` admit
     (snapshots go with their blob); or the blobs `list_of_files` names (one relative name per line).
     `dry_run` lists what would go and deletes nothing."""
-    config, url = _config(config), arguments.url(url, "url")
+    config, url = _config(config, session), arguments.url(url, "url")
     _check_common(filters, dry_run, raise_on_error, on_action=on_action)
     recursive = arguments.boolean(recursive, "recursive")
     list_of_files = arguments.optional_path(list_of_files, "list_of_files")
@@ -599,11 +619,12 @@ async def remove_async(
     loc = parse_location(url)
     spec = RemoveSpec(loc, recursive, filters or Filters(), dry_run, config.max_concurrency,
                       Path(list_of_files) if list_of_files is not None else None, batch_enabled(env))
-    async with _session_for(config, env, progress) as session:
+    async with _session_for(session, config, env, progress) as session:
         report = await run_job(spec, session, config, progress=progress, hooks=Hooks(on_action))
     return _finish(report, raise_on_error)
 
 
+remove_async = alone(remove_on)
 remove = blocking_form(remove_async)
 
 

@@ -47,17 +47,14 @@ FIRST_READ = 256 * 1024  # a get's first request reads this much: a blob up to i
 INLINE_MD5 = 1 << 20  # hashed on the loop up to this size: cheaper than the hand-off to a thread and back
 
 
-def _bound(fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[Concatenate[AsyncClient, P], Coroutine[Any, Any, T]]:
-    """A module call made a method: the same arguments, run inside the Client's session."""
+def _bound(fn: Callable[Concatenate[Session | None, P], Coroutine[Any, Any, T]]
+           ) -> Callable[Concatenate[AsyncClient, P], Coroutine[Any, Any, T]]:
+    """A module call made a method: the same arguments, run on the Client's session (passed, not ambient)."""
 
     async def call(self: AsyncClient, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        token = api._BOUND.set(self._open())
-        try:
-            return await fn(*args, **kwargs)
-        finally:
-            api._BOUND.reset(token)
+        return await fn(self._open(), *args, **kwargs)
 
-    call.__name__ = fn.__name__.removesuffix("_async")
+    call.__name__ = fn.__name__.removesuffix("_on")
     call.__doc__ = fn.__doc__
     return call
 
@@ -109,11 +106,11 @@ class AsyncClient:
         path = self._parts.path.rstrip("/") + "/" + quote(name.lstrip("/"), safe="/~")
         return urlunsplit(self._parts._replace(path=path))
 
-    copy = _bound(api.copy_async)
-    sync = _bound(api.sync_async)
-    watch = _bound(api.watch_async)
-    remove = _bound(api.remove_async)
-    resume = _bound(api.resume_async)
+    copy = _bound(api.copy_on)
+    sync = _bound(api.sync_on)
+    watch = _bound(api.watch_on)
+    remove = _bound(api.remove_on)
+    resume = _bound(api.resume_on)
 
     async def ls(self, prefix: str = "") -> list[BlobProperties]:
         """Every blob under `prefix` (a folder, or a blob name), relative to the client's URL."""

@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from blobsync import api, stopping
+from blobsync import stopping
 from blobsync.cli.common import handle_errors, output_options, setup_logging, show_click_error
 from blobsync.cli.options import config_from, config_options
 from blobsync.cli.output import JsonLines
@@ -54,14 +54,14 @@ def _check(number: int, args: list[str]) -> None:
                          f"{', '.join(sorted(RUNNABLE))}")
 
 
-def _one(args: list[str], json: bool) -> int:
-    """Run one command line in this process; its exit code."""
+def _one(args: list[str], json: bool, session: Session) -> int:
+    """Run one command line in this process, on `session`; its exit code."""
     from blobsync.cli.main import cli
 
     if json and not any(a.startswith("--output-type") for a in args):
         args = [*args, "--output-type", "json"]
     try:
-        cli.main(args, prog_name="blobsync", standalone_mode=False)
+        cli.main(args, prog_name="blobsync", standalone_mode=False, obj=session)  # see common.run_session
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else int(ExitCode.PARTIAL)
     except click.exceptions.Abort:
@@ -94,12 +94,11 @@ def run(file: Path, out: Any, log_level: str, log_file: Path | None, **options: 
     env = dict(os.environ)
     session = Session(config, env, lambda: Journal(config.journal_path or default_journal_path(env)),
                       wire_progress=Progress())
-    token = api._BOUND.set(session)
     stopping.keep_loop(loop)
     worst = 0
     try:
         for number, args in commands:
-            code = _one(args, out.json)
+            code = _one(args, out.json, session)
             if json_out is not None:
                 json_out.emit({"type": "run", "line": number, "command": args[0], "exit_code": code})
             worst = max(worst, code)
@@ -107,7 +106,6 @@ def run(file: Path, out: Any, log_level: str, log_file: Path | None, **options: 
                 break  # Ctrl-C stops the whole run; the job it stopped resumes with the same line
     finally:
         stopping.keep_loop(None)
-        api._BOUND.reset(token)
         loop.run_until_complete(session.close())
         loop.close()
     sys.exit(worst)

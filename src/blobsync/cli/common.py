@@ -21,6 +21,7 @@ import click
 from blobsync._version import __version__
 from blobsync.arguments import range_text
 from blobsync.cli.output import JsonEvents, JsonLines, ProgressDisplay, summary, summary_record
+from blobsync.engine.session import Session
 from blobsync.errors import BlobsyncError, ExitCode, UsageError
 from blobsync.events import Progress, Subscriber
 from blobsync.filters import Filters
@@ -62,6 +63,13 @@ def _json_out() -> JsonLines | None:
     ctx = click.get_current_context(silent=True)
     found = ctx.find_root().meta.get(_JSON_OUT) if ctx is not None else None
     return found if isinstance(found, JsonLines) else None
+
+
+def run_session() -> Session | None:
+    """The session `blobsync run FILE` runs its lines on (click's context object), or None: a command of its own."""
+    context = click.get_current_context(silent=True)
+    found = context.find_root().obj if context is not None else None
+    return found if isinstance(found, Session) else None
 
 
 def show_click_error(exc: click.ClickException) -> int:

@@ -19,6 +19,7 @@ from blobsync.cli.common import (
     logging_options,
     output_options,
     run_job,
+    run_session,
     setup_logging,
     start_output,
 )
@@ -122,7 +123,8 @@ def rm(url: str, recursive: bool, filters: Filters, dry_run: bool, list_of_files
             click.echo(f"would remove {printable(action.path)} ({human_bytes(action.size)})")
 
     def call(progress: Progress) -> Report:
-        return api.remove(url, config, recursive=recursive, filters=filters, dry_run=dry_run,
-                          list_of_files=list_of_files, progress=progress, on_action=on_action)
+        remove = api.on_session(api.remove_on, run_session())
+        return remove(url, config, recursive=recursive, filters=filters, dry_run=dry_run,
+                      list_of_files=list_of_files, progress=progress, on_action=on_action)
 
     run_job(call, out, json_out=json_out, dry_run=dry_run, quiet=dry_run)

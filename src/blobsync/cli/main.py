@@ -27,6 +27,7 @@ from blobsync.cli.common import (
     logging_options,
     output_options,
     run_job,
+    run_session,
     setup_logging,
     show_click_error,
     start_output,
@@ -152,10 +153,11 @@ def cp(source: str, destination: str, as_subdir: bool, dry_run: bool, filters: F
         raise UsageError("--overwrite prompt needs a terminal to ask on: use true, false or ifSourceNewer")
     json_out = start_output("cp", out, source=source, destination=destination, dry_run=dry_run)
     on_action = _echo_action(out, json_out, dry_run)
-    run_job(lambda progress: api.copy(source, destination, config, progress=progress, filters=filters,
-                                      as_subdir=as_subdir, dry_run=dry_run, on_action=on_action,
-                                      confirm_overwrite=_ask_overwrite if prompt else None, cluster=address,
-                                      list_of_files=list_of_files),
+    copy = api.on_session(api.copy_on, run_session())
+    run_job(lambda progress: copy(source, destination, config, progress=progress, filters=filters,
+                                  as_subdir=as_subdir, dry_run=dry_run, on_action=on_action,
+                                  confirm_overwrite=_ask_overwrite if prompt else None, cluster=address,
+                                  list_of_files=list_of_files),
             out, json_out=json_out, dry_run=dry_run, show_files=not dry_run, quiet=dry_run or prompt)
 
 
@@ -223,9 +225,10 @@ def sync(source: str, destination: str, recursive: bool, filters: Filters, compa
                              default=False, err=True)
 
     def call(progress: Progress) -> Report:
-        return api.sync(source, destination, config, filters=filters, compare=compare, delete=delete,
-                        max_delete=max_delete, dry_run=dry_run, progress=progress, on_action=on_action,
-                        confirm=confirm, cluster=address)
+        sync = api.on_session(api.sync_on, run_session())
+        return sync(source, destination, config, filters=filters, compare=compare, delete=delete,
+                    max_delete=max_delete, dry_run=dry_run, progress=progress, on_action=on_action,
+                    confirm=confirm, cluster=address)
 
     run_job(call, out, json_out=json_out, dry_run=dry_run, show_files=not dry_run, quiet=dry_run)
 
@@ -335,8 +338,9 @@ def jobs_resume(job_id: str, sas: str | None, journal_path: Path | None, out: Ou
         return
     json_out = start_output("jobs resume", out, job=job_id)
     prompt = sys.stdin.isatty()
-    run_job(lambda progress: api.resume(job_id, sas=sas, journal_path=journal_path, progress=progress,
-                                        confirm_overwrite=_ask_overwrite if prompt else None),
+    resume = api.on_session(api.resume_on, run_session())
+    run_job(lambda progress: resume(job_id, sas=sas, journal_path=journal_path, progress=progress,
+                                    confirm_overwrite=_ask_overwrite if prompt else None),
             out, json_out=json_out)
 
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from blobsync.engine.budget import RequestLimiter
 from blobsync.events import Progress
@@ -98,7 +100,60 @@ class ConcurrencyTuner:
         return self.level
 
 
-async def autotune(tuner: ConcurrencyTuner, limiter: RequestLimiter, progress: Progress, *,
+class Sampled(Protocol):
+    """What the tuner reads (bytes acknowledged so far) and shows (the limit now)."""
+
+    @property
+    def bytes_sent(self) -> int: ...
+
+    concurrency: int
+
+
+class SharedTuning:
+    """The one hill-climber of a request limiter, however many jobs share it (a Client's calls in flight share
+    its session's): started by the first job that joins, stopped when the last leaves; it samples the bytes all of
+    them send, and every one of them shows the limit it sets. Two tuners on one limiter would fight over it."""
+
+    def __init__(self, limiter: RequestLimiter, start: int, ceiling: int) -> None:
+        self.limiter = limiter
+        self._start, self._ceiling = start, ceiling
+        self._members: list[Progress] = []
+        self._left = 0  # bytes of the jobs gone already: the sum never goes back
+        self._task: asyncio.Task[None] | None = None
+        self.tuner: ConcurrencyTuner | None = None
+
+    @property
+    def bytes_sent(self) -> int:
+        return self._left + sum(p.bytes_sent for p in self._members)
+
+    @property
+    def concurrency(self) -> int:
+        return self.limiter.limit
+
+    @concurrency.setter
+    def concurrency(self, value: int) -> None:
+        for member in self._members:
+            member.concurrency = value
+
+    @contextlib.asynccontextmanager
+    async def joined(self, progress: Progress) -> AsyncIterator[ConcurrencyTuner]:
+        self._members.append(progress)
+        if self._task is None or self.tuner is None:
+            self.tuner = ConcurrencyTuner(self._start, self._ceiling)
+            self._task = asyncio.create_task(autotune(self.tuner, self.limiter, self))
+        tuner = self.tuner
+        try:
+            yield tuner
+        finally:
+            self._members.remove(progress)
+            self._left += progress.bytes_sent
+            if not self._members and self._task is not None:
+                task, self._task = self._task, None
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+
+
+async def autotune(tuner: ConcurrencyTuner, limiter: RequestLimiter, progress: Sampled, *,
                    period: float = 0.5, max_period: float = 10.0,
                    clock: Callable[[], float] = time.monotonic) -> None:
     """Sample the job every `period` seconds (longer until a limit's worth of requests finished, so each sample

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from blobsync.backends.base import Store
-from blobsync.config import TransferConfig
+from blobsync.config import AUTO_CEILING, AUTO_START, TransferConfig
+from blobsync.engine.autotune import SharedTuning
 from blobsync.engine.bandwidth import TokenBucket
 from blobsync.engine.budget import MemoryBudget, RequestLimiter
 from blobsync.engine.prompt import OverwritePrompt
@@ -85,6 +86,7 @@ class EngineContext:
     progress: Progress
     overwrite_prompt: OverwritePrompt | None = None  # answers --overwrite prompt
     bandwidth: TokenBucket | None = None  # the --cap-mbps bucket the store's wire obeys (re-capped live)
+    tuning: SharedTuning | None = None  # --concurrency auto's one tuner of the limiter (the session's, if shared)
 
     @property
     def limiter(self) -> RequestLimiter:
@@ -97,6 +99,10 @@ class EngineContext:
     async def request(self, attempt: Callable[[], Awaitable[T]]) -> T:
         """One service request under the retry policy, each try holding one request slot."""
         return await self.requests(attempt)
+
+
+def shared_tuning(limiter: RequestLimiter) -> SharedTuning:
+    return SharedTuning(limiter, AUTO_START, AUTO_CEILING)
 
 
 def memory_budget(config: TransferConfig) -> int:
@@ -118,9 +124,9 @@ async def open_engine(config: TransferConfig, store: Store, journal: Journal, *,
     io_pool = ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2) + 2), thread_name_prefix="bs-io")
     hash_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bs-md5")
     try:
-        yield EngineContext(store, journal, config, MemoryBudget(memory_budget(config)),
-                            request_path(config, progress, clock), io_pool, hash_pool, progress, overwrite_prompt,
-                            bandwidth)
+        requests = request_path(config, progress, clock)
+        yield EngineContext(store, journal, config, MemoryBudget(memory_budget(config)), requests, io_pool, hash_pool,
+                            progress, overwrite_prompt, bandwidth, shared_tuning(requests.limiter))
     finally:
         io_pool.shutdown(wait=True)
         hash_pool.shutdown(wait=True)

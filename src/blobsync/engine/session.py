@@ -14,7 +14,14 @@ from blobsync.backends.registry import Wire, open_store, parse_location
 from blobsync.config import TransferConfig
 from blobsync.engine.bandwidth import TokenBucket
 from blobsync.engine.budget import MemoryBudget, RequestLimiter
-from blobsync.engine.context import EngineContext, RequestPath, job_retrier, memory_budget, open_engine
+from blobsync.engine.context import (
+    EngineContext,
+    RequestPath,
+    job_retrier,
+    memory_budget,
+    open_engine,
+    shared_tuning,
+)
 from blobsync.engine.prompt import OverwritePrompt
 from blobsync.errors import UsageError
 from blobsync.events import Progress
@@ -42,6 +49,7 @@ class Session:
         self.progress = wire_progress or Progress()
         self.memory = MemoryBudget(memory_budget(config))
         self.limiter = RequestLimiter(config.start_concurrency, config.max_concurrency)
+        self.tuning = shared_tuning(self.limiter)  # one tuner for every call in flight on the one limiter
         self.io_pool = ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2) + 2), thread_name_prefix="bs-io")
         self.hash_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bs-md5")
         self._stores: dict[tuple[str, str], Store] = {}
@@ -78,7 +86,7 @@ class Session:
         store = self.store(location)
         requests = self.requests(config, progress)
         return EngineContext(store, self.journal, config, self.memory, requests, self.io_pool, self.hash_pool,
-                             progress, overwrite_prompt, self.bucket)
+                             progress, overwrite_prompt, self.bucket, self.tuning)
 
     def requests(self, config: TransferConfig, progress: Progress) -> RequestPath:
         """A request path of one call (its retry policy and counters) under the session's one request limit."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import time
@@ -13,9 +14,8 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 from blobsync.backends.base import BlobProperties
-from blobsync.config import AUTO_CEILING, AUTO_START, Overwrite
-from blobsync.engine.autotune import ConcurrencyTuner, autotune
-from blobsync.engine.context import EngineContext
+from blobsync.config import Overwrite
+from blobsync.engine.context import EngineContext, shared_tuning
 from blobsync.engine.controls import follow_cap
 from blobsync.engine.listing import as_properties
 from blobsync.engine.tasks import cancel_all, gather_or_cancel
@@ -184,24 +184,28 @@ class JobRunner:
                     self.progress.queued(item.row.rel, item.row.blob, item.size, counted=True)
                 self.settle(report, item.row, await self._one(item))
 
-        tasks = [asyncio.create_task(worker()) for _ in range(max(1, min(self.config.max_concurrency, count)))]
-        tuner = ConcurrencyTuner(AUTO_START, AUTO_CEILING) if self.config.auto_concurrency else None
         ctx = self.ctx
-        helpers = [asyncio.create_task(autotune(tuner, ctx.limiter, self.progress))] if tuner is not None else []
+        helpers = []
         if ctx.bandwidth is not None and self.job is not None:
             helpers.append(asyncio.create_task(follow_cap(self.journal, self.job.id, ctx.bandwidth)))
-        try:
-            await gather_or_cancel(tasks)
-        except BaseException:
-            await cancel_all(tasks)
-            raise
-        finally:
-            await cancel_all(helpers)
-            self.tally(report)
-            report.concurrency_auto = tuner is not None
-            report.concurrency = tuner.settled if tuner is not None else ctx.limiter.target
-            report.concurrency_peak = tuner.peak if tuner is not None else ctx.limiter.maximum
-            self.journal.flush()
+        async with contextlib.AsyncExitStack() as stack:
+            # --concurrency auto: this job joins the limiter's one tuner (shared with a Client's other calls)
+            tuning = ctx.tuning or shared_tuning(ctx.limiter)
+            tuner = await stack.enter_async_context(tuning.joined(self.progress)) if self.config.auto_concurrency \
+                else None
+            tasks = [asyncio.create_task(worker()) for _ in range(max(1, min(self.config.max_concurrency, count)))]
+            try:
+                await gather_or_cancel(tasks)
+            except BaseException:
+                await cancel_all(tasks)
+                raise
+            finally:
+                await cancel_all(helpers)
+                self.tally(report)
+                report.concurrency_auto = tuner is not None
+                report.concurrency = tuner.settled if tuner is not None else ctx.limiter.target
+                report.concurrency_peak = tuner.peak if tuner is not None else ctx.limiter.maximum
+                self.journal.flush()
 
     def settle(self, report: Report, row: FileRow | None, result: FileResult) -> None:
         """Record a file's outcome: its row's final state in the journal (None: a file this run leaves as the
