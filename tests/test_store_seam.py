@@ -276,3 +276,19 @@ def test_a_write_option_the_store_cannot_keep_is_refused_before_anything_moves(
     assert not list(root.iterdir())  # nothing written
     plain = blobsync.sync(tmp_path / "src", f"toy://{name}/x", _config(tmp_path))
     assert plain.ok and plain.files_transferred == 1
+
+
+def test_a_backend_is_opened_with_its_connection_and_refuses_a_credential_it_cannot_use() -> None:
+    """Backend.open takes the Connection (read once from the options) and the credential as declared parameters:
+    no probing for which backends take one (issue 39, point 5)."""
+    import pytest
+
+    from blobsync.backends.registry import Connection, open_store
+    from blobsync.config import TransferConfig
+    from blobsync.errors import UsageError
+
+    config = TransferConfig(concurrency=12, stall_timeout=30, trusted_suffixes=("example.org",))
+    assert Connection.of(config) == Connection(16, 30.0, None, ("example.org",))
+    for url in ("memory://seam/c", "s3://bucket/prefix"):
+        with pytest.raises(UsageError, match="takes no credential object"):
+            open_store(url, config, {}, credential="sv=1&sig=x")

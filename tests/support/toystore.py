@@ -30,8 +30,7 @@ from blobsync.backends.base import (
     Requester,
     direct,
 )
-from blobsync.backends.registry import Wire, register
-from blobsync.config import TransferConfig
+from blobsync.backends.registry import Connection, Wire, register
 from blobsync.errors import (
     BatchUnsupported,
     BlobNotFoundError,
@@ -250,7 +249,8 @@ class ToyBackend:
             raise UsageError(f"no toy box at {url!r}")
         return ToyLocation(parts.netloc, unquote(parts.path.lstrip("/")))
 
-    def open(self, location: Location, config: TransferConfig, env: Mapping[str, str], wire: Wire) -> ToyStore:
+    def open(self, location: Location, connection: Connection, env: Mapping[str, str], wire: Wire,
+             credential: object = None) -> ToyStore:
         assert isinstance(location, ToyLocation)
         return ToyStore(location)
 

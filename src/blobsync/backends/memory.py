@@ -33,7 +33,7 @@ from blobsync.backends.base import (
     direct,
     each_object,
 )
-from blobsync.backends.registry import Wire, register
+from blobsync.backends.registry import Connection, Wire, no_credential_object, register
 from blobsync.checksums import part_check
 from blobsync.errors import (
     BatchUnsupported,
@@ -50,7 +50,7 @@ from blobsync.errors import (
 )
 
 if TYPE_CHECKING:
-    from blobsync.config import TransferConfig
+    pass
 
 RANGE_MD5_MAX = 4 * 1024 * 1024
 # The write options it keeps: those of the blob service it stands in for (its tests' stand-in for Azure).
@@ -460,8 +460,10 @@ class MemoryBackend:
             raise UsageError(f"URL {shown!r}: a memory:// URL takes no query string")
         return MemoryLocation(parts.netloc, unquote(parts.path.lstrip("/")))
 
-    def open(self, location: object, config: TransferConfig, env: Mapping[str, str], wire: Wire) -> MemoryStore:
+    def open(self, location: Location, connection: Connection, env: Mapping[str, str], wire: Wire,
+             credential: object = None) -> MemoryStore:
         assert isinstance(location, MemoryLocation)
+        no_credential_object(location, credential)
         return MemoryStore(location)
 
 

@@ -26,6 +26,20 @@ class Wire:
 NO_WIRE = Wire()
 
 
+@dataclass(frozen=True)
+class Connection:
+    """How any store connects, whatever its backend: read once from the job's options."""
+
+    connections: int = 68  # the connection pool: the request limit and a few for listings and the like
+    stall_timeout: float = 120.0  # seconds without progress before a request is given up (--stall-timeout)
+    proxy: str | None = None  # overrides the environment's proxies (--proxy)
+    trusted_suffixes: tuple[str, ...] = ()  # hosts beyond a backend's own that may receive its credentials
+
+    @classmethod
+    def of(cls, config: TransferConfig) -> Connection:
+        return cls(config.max_concurrency + 4, config.stall_timeout, config.proxy, config.trusted_suffixes)
+
+
 class Backend(Protocol):
     """A kind of store: reads its URLs and opens a store for one."""
 
@@ -33,9 +47,10 @@ class Backend(Protocol):
         """The location a URL names; UsageError (never echoing a secret) when it is malformed."""
         ...
 
-    def open(self, location: Location, config: TransferConfig, env: Mapping[str, str], wire: Wire) -> Store:
-        """A store for the container `location` names; a backend that takes credential objects also accepts
-        `credential=` (Client(credential=...)), which then replaces what the URL and the environment give."""
+    def open(self, location: Location, connection: Connection, env: Mapping[str, str], wire: Wire,
+             credential: object = None) -> Store:
+        """A store for the container `location` names. `credential` (Client(credential=...)) replaces what the
+        URL and the environment give; a backend that takes no credential objects refuses one with a UsageError."""
         ...
 
 
@@ -80,12 +95,10 @@ def open_store(url: str | Location, config: TransferConfig, env: Mapping[str, st
                credential: object = None) -> Store:
     """A store for the container a URL (or a parsed location) names, with `credential` if one is given."""
     location = parse_location(url) if isinstance(url, str) else url
-    backend = backend_for(location.display)
-    if credential is None:
-        return backend.open(location, config, env, wire)
-    try:
-        return backend.open(location, config, env, wire, credential=credential)  # type: ignore[call-arg]
-    except TypeError as exc:
-        if "credential" not in str(exc):
-            raise
-        raise UsageError(f"{location.display}: this kind of store takes no credential object") from None
+    return backend_for(location.display).open(location, Connection.of(config), env, wire, credential)
+
+
+def no_credential_object(location: Location, credential: object) -> None:
+    """For a backend that takes no credential objects: a usage error if one was given."""
+    if credential is not None:
+        raise UsageError(f"{location.display}: this kind of store takes no credential object")

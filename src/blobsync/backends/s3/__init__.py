@@ -5,12 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from blobsync.backends.registry import Wire, register
+from blobsync.backends.registry import Connection, Wire, no_credential_object, register
 
 if TYPE_CHECKING:
     from blobsync.backends.base import Location
     from blobsync.backends.s3.store import S3Store
-    from blobsync.config import TransferConfig
 
 
 class S3Backend:
@@ -21,14 +20,16 @@ class S3Backend:
 
         return parse_s3(url)
 
-    def open(self, location: Location, config: TransferConfig, env: Mapping[str, str], wire: Wire) -> S3Store:
+    def open(self, location: Location, connection: Connection, env: Mapping[str, str], wire: Wire,
+             credential: object = None) -> S3Store:
         from blobsync.backends.s3.location import S3Location, credentials_from, endpoint_for
         from blobsync.backends.s3.store import S3Store
 
         assert isinstance(location, S3Location)
+        no_credential_object(location, credential)  # S3 credentials come from the environment (AWS_*)
         return S3Store(location, endpoint_for(location, env), credentials_from(env),
-                       connections=config.max_concurrency + 4, read_timeout=config.stall_timeout,
-                       on_wire=wire.on_wire, proxy=config.proxy, env=env)
+                       connections=connection.connections, read_timeout=connection.stall_timeout,
+                       on_wire=wire.on_wire, proxy=connection.proxy, env=env)
 
 
 register("s3", S3Backend())
