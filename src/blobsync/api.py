@@ -26,7 +26,7 @@ from blobsync.errors import BlobsyncError, TransferFailedError, UsageError
 from blobsync.events import Progress, Subscriber
 from blobsync.filters import Filters
 from blobsync.jobs import CopySpec, DownloadSpec, Hooks, JobSpec, RemoveSpec, SyncSpec, UploadSpec, run_job
-from blobsync.jobs.spec import processes_target
+from blobsync.jobs.spec import Cluster, Processes, processes_target
 from blobsync.journal import FileRow, JobKind, JobRow, JobState, Journal, default_journal_path
 from blobsync.journal.states import MEMORY_SOURCE
 from blobsync.options import CompareMode, DeleteMode
@@ -42,7 +42,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("blobsync")
 T = TypeVar("T")
 P = ParamSpec("P")
-Cluster = Any  # None, a distributed.Client, 'tcp://host:8786' or 'local:N'
 StopSignal = threading.Event | asyncio.Event | Callable[[], bool] | None
 DeleteArg = DeleteMode | bool | Literal["true", "false", "prompt"]
 CompareArg = CompareMode | Literal["size+mtime", "size-only", "md5", "mirror"]
@@ -449,7 +448,7 @@ resume = blocking_form(resume_async)
 
 
 def _cluster_arg(cluster: Cluster) -> Cluster:
-    if cluster is not None and not isinstance(cluster, str) and not hasattr(cluster, "scheduler"):
+    if cluster is not None and not isinstance(cluster, str | Processes) and not hasattr(cluster, "scheduler"):
         raise UsageError(f"invalid cluster={cluster!r}: a distributed.Client, 'tcp://host:8786', 'local:N' or "
                          "'processes:N'")
     return processes_target(cluster)

@@ -42,7 +42,7 @@ from blobsync.errors import BlobsyncError, ExitCode, UsageError
 from blobsync.events import Progress
 from blobsync.filters import Filters
 from blobsync.jobs.compare import CompareMode
-from blobsync.jobs.spec import PROCESSES, processes_target
+from blobsync.jobs.spec import Processes, parse_processes
 from blobsync.jobs.sync import DeleteMode, parse_max_delete
 from blobsync.journal import FileState, JobState
 from blobsync.redact import printable, redact, strip_query
@@ -69,13 +69,14 @@ _processes_option = click.option(
          "small files that one process's CPU bounds; auto: one per core where there are at least 4, else 1.")
 
 
-def _cluster(address: str | None, processes: str | None = None) -> str | None:
+def _cluster(address: str | None, processes: str | None = None) -> str | Processes | None:
     """--cluster's address or --processes' count as the job's cluster (None: this process only); --cluster
     needs the extra installed."""
     if processes is not None:
         if address is not None:
             raise UsageError("choose one of --cluster and --processes")
-        return processes_target(PROCESSES + processes)  # type: ignore[return-value]
+        count = parse_processes(processes)
+        return Processes(count) if count > 1 else None
     if address is None:
         return None
     if not address:

@@ -14,11 +14,11 @@ from blobsync.errors import UsageError
 from blobsync.events import Progress
 from blobsync.jobs.runner import RemoteRunner
 from blobsync.jobs.spec import (
-    PROCESSES,
     CopySpec,
     DownloadSpec,
     Hooks,
     JobSpec,
+    Processes,
     PutSpec,
     RemoveSpec,
     SyncSpec,
@@ -125,10 +125,10 @@ async def _cluster(hooks: Hooks, upload: bool, config: TransferConfig, dry_run: 
     from blobsync.cluster.client import ClusterTransfer, Executor
 
     executor: Executor
-    if isinstance(hooks.cluster, str) and hooks.cluster.startswith(PROCESSES):
+    if isinstance(hooks.cluster, Processes):
         from blobsync.cluster.processes import ProcessExecutor
 
-        executor = await ProcessExecutor.open(int(hooks.cluster.removeprefix(PROCESSES)))
+        executor = await ProcessExecutor.open(hooks.cluster.count)
     else:
         from blobsync.cluster.dask_adapter import DaskExecutor
 

@@ -18,8 +18,8 @@ if TYPE_CHECKING:
     from blobsync.local.files import Source
     from blobsync.report import Action
 
-Cluster = Any  # None, a distributed.Client, 'tcp://host:8786', 'local:N', or PROCESSES + 'N'
-PROCESSES = "processes:"  # worker processes of blobsync's own on this machine (--processes N), no Dask
+Cluster = Any  # what a caller may pass: None, a distributed.Client, 'tcp://host:8786', 'local:N' or 'processes:N'
+PROCESSES = "processes:"  # the library's spelling of --processes N
 MAX_PROCESSES = 256
 AUTO_MIN_CORES = 4  # below this, `auto` keeps the one process: the service or the peers need the other cores
 
@@ -40,13 +40,20 @@ def parse_processes(text: str | int) -> int:
     return n
 
 
+@dataclass(frozen=True)
+class Processes:
+    """--processes N: the job's files in N worker processes of blobsync's own on this machine, no Dask."""
+
+    count: int
+
+
 def processes_target(cluster: object) -> object:
-    """A `cluster` argument with 'processes:N' (or 'processes:auto') checked: None where that means one process
-    (the plain engine), else 'processes:N'; any other value is passed on as it is."""
+    """A `cluster` argument as the job takes it, read once: 'processes:N' (or 'processes:auto') becomes Processes,
+    or None where that means one process (the plain engine); any other value is passed on as it is."""
     if not isinstance(cluster, str) or not cluster.startswith(PROCESSES):
         return cluster
     n = parse_processes(cluster.removeprefix(PROCESSES))
-    return None if n == 1 else f"{PROCESSES}{n}"
+    return None if n == 1 else Processes(n)
 
 
 @dataclass(frozen=True)
