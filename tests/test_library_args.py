@@ -215,3 +215,19 @@ def test_a_new_enum_field_round_trips_through_the_journal_options() -> None:
     assert back.mode is CheckMd5.FAIL_IF_DIFFERENT_OR_MISSING and back.strict is True
     assert back.overwrite is Overwrite.FALSE and back.block_check is BlockCheck.MD5
     assert back == config
+
+
+def test_max_delete_is_read_once_into_a_typed_value() -> None:
+    """--max-delete and sync(max_delete=...) become a MaxDelete where they enter (issue 39, point 4)."""
+    import pytest
+
+    from blobsync import MaxDelete, UsageError
+
+    assert MaxDelete.parse(None) is None
+    assert MaxDelete.parse(12) == MaxDelete("12", count=12)
+    assert MaxDelete.parse(" 5% ") == MaxDelete("5%", percent=5.0)
+    same = MaxDelete("7", count=7)
+    assert MaxDelete.parse(same) is same
+    for bad in ("-1", "101%", "lots", True, 2.5, "%"):
+        with pytest.raises(UsageError, match="invalid --max-delete"):
+            MaxDelete.parse(bad)

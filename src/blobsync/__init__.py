@@ -73,7 +73,12 @@ if TYPE_CHECKING:
         Subscriber as Subscriber,
     )
     from blobsync.filters import Filters as Filters
-    from blobsync.options import Answer as Answer, CompareMode as CompareMode, DeleteMode as DeleteMode
+    from blobsync.options import (
+        Answer as Answer,
+        CompareMode as CompareMode,
+        DeleteMode as DeleteMode,
+        MaxDelete as MaxDelete,
+    )
     from blobsync.report import Action as Action, FileResult as FileResult, FileStatus as FileStatus, Report as Report
 
 # The public names load on first use (PEP 562): `import blobsync` and the CLI's start-up pay only for the modules a
@@ -107,6 +112,7 @@ _HOMES = {
     "CompareMode": "blobsync.options",
     "Filters": "blobsync.filters",
     "DeleteMode": "blobsync.options",
+    "MaxDelete": "blobsync.options",
 }
 
 

@@ -29,7 +29,7 @@ from blobsync.jobs import CopySpec, DownloadSpec, Hooks, JobSpec, RemoveSpec, Sy
 from blobsync.jobs.spec import Cluster, Processes, processes_target
 from blobsync.journal import FileRow, JobKind, JobRow, JobState, Journal, default_journal_path
 from blobsync.journal.states import MEMORY_SOURCE
-from blobsync.options import CompareMode, DeleteMode
+from blobsync.options import CompareMode, DeleteMode, MaxDelete
 from blobsync.report import Action, Report
 
 # Imported where used: `blobsync sync` (and `import blobsync`) then never load the doctor, the download and
@@ -116,20 +116,6 @@ def _check_common(filters: Filters | None, dry_run: bool, raise_on_error: bool, 
     arguments.boolean(raise_on_error, "raise_on_error")
     for name, value in callbacks.items():
         arguments.callback(value, name)
-
-
-def _max_delete(value: object) -> str | None:
-    """--max-delete as the library takes it: a count (int or text) or a percentage text ('5%')."""
-    from blobsync.jobs.sync import parse_max_delete
-
-    if value is None:
-        return None
-    if isinstance(value, int) and not isinstance(value, bool):
-        value = str(value)
-    if not isinstance(value, str):
-        raise UsageError(f"invalid max_delete={value!r}: a count (e.g. 100) or a percentage (e.g. '5%')")
-    parse_max_delete(value)
-    return value
 
 
 def _suffixes(value: object) -> tuple[str, ...]:
@@ -252,7 +238,7 @@ async def sync_on(
     filters: Filters | None = None,
     compare: CompareArg = CompareMode.SIZE_AND_MTIME,
     delete: DeleteArg = DeleteMode.FALSE,
-    max_delete: str | int | None = None,
+    max_delete: str | int | MaxDelete | None = None,
     dry_run: bool = False,
     env: Mapping[str, str] | None = None,
     progress: Progress | None = None,
@@ -275,7 +261,7 @@ async def sync_on(
     src_text, dst_text = arguments.path_or_url(source, "source"), arguments.path_or_url(dest, "dest")
     _check_common(filters, dry_run, raise_on_error, on_action=on_action, confirm=confirm)
     delete, compare = arguments.choice(delete, DeleteMode, "delete"), arguments.choice(compare, CompareMode, "compare")
-    max_delete = _max_delete(max_delete)
+    max_delete = MaxDelete.parse(max_delete)
     arguments.callback(ready, "ready")
     env = arguments.env(env)
     progress = _progress(progress, subscribers)
@@ -330,7 +316,7 @@ async def watch_on(
     filters: Filters | None = None,
     compare: CompareArg = CompareMode.SIZE_AND_MTIME,
     delete: DeleteArg = DeleteMode.FALSE,
-    max_delete: str | int | None = None,
+    max_delete: str | int | MaxDelete | None = None,
     env: Mapping[str, str] | None = None,
     on_round: Callable[[Report], None] | None = None,
     on_error: Callable[[BlobsyncError, float], None] | None = None,
@@ -349,7 +335,7 @@ async def watch_on(
     arguments.stop_signal(stop)
     _check_common(filters, False, False, on_round=on_round, on_error=on_error)
     delete, compare = arguments.choice(delete, DeleteMode, "delete"), arguments.choice(compare, CompareMode, "compare")
-    max_delete = _max_delete(max_delete)
+    max_delete = MaxDelete.parse(max_delete)
     if is_remote(src_text) or not is_remote(dest):
         raise UsageError("watch needs a local folder as the source and a container URL as the destination")
     if delete is DeleteMode.PROMPT:

@@ -43,8 +43,9 @@ from blobsync.events import Progress
 from blobsync.filters import Filters
 from blobsync.jobs.compare import CompareMode
 from blobsync.jobs.spec import Processes, parse_processes
-from blobsync.jobs.sync import DeleteMode, parse_max_delete
+from blobsync.jobs.sync import DeleteMode
 from blobsync.journal import FileState, JobState
+from blobsync.options import MaxDelete
 from blobsync.redact import printable, redact, strip_query
 from blobsync.report import Action, Report
 from blobsync.stopping import stop_on_signals
@@ -205,7 +206,7 @@ def sync(source: str, destination: str, recursive: bool, filters: Filters, compa
     compare = (CompareMode.MD5 if compare_hash.lower() == "md5" else CompareMode.SIZE_ONLY if size_only
                else CompareMode.MIRROR if mirror_mode else CompareMode.SIZE_AND_MTIME)
     delete = DeleteMode.parse(delete_destination)
-    parse_max_delete(max_delete)  # a bad value is a usage error before any work
+    limit = MaxDelete.parse(max_delete)  # read once: a bad value is a usage error before any work
     config = config_from(options, recursive=True)
     address = _cluster(cluster, processes)
     if watch and address is not None:
@@ -217,7 +218,7 @@ def sync(source: str, destination: str, recursive: bool, filters: Filters, compa
         if dry_run:
             raise UsageError("--dry-run cannot be used with --watch")
         _run_watch(source, destination, config, settle=settle, filters=filters, compare=compare, delete=delete,
-                   max_delete=max_delete, json_out=json_out)
+                   max_delete=limit, json_out=json_out)
         return
     on_action = _echo_action(out, json_out, dry_run)
 
@@ -228,14 +229,15 @@ def sync(source: str, destination: str, recursive: bool, filters: Filters, compa
     def call(progress: Progress) -> Report:
         sync = api.on_session(api.sync_on, run_session())
         return sync(source, destination, config, filters=filters, compare=compare, delete=delete,
-                    max_delete=max_delete, dry_run=dry_run, progress=progress, on_action=on_action,
+                    max_delete=limit, dry_run=dry_run, progress=progress, on_action=on_action,
                     confirm=confirm, cluster=address)
 
     run_job(call, out, json_out=json_out, dry_run=dry_run, show_files=not dry_run, quiet=dry_run)
 
 
 def _run_watch(source: str, destination: str, config: TransferConfig, *, settle: float, filters: Filters,
-               compare: CompareMode, delete: DeleteMode, max_delete: str | None, json_out: JsonLines | None) -> None:
+               compare: CompareMode, delete: DeleteMode, max_delete: MaxDelete | None, json_out: JsonLines | None
+               ) -> None:
     """sync --watch: one summary per round that did something; Ctrl-C (or SIGTERM) stops, resumable."""
 
     rounds = 0

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from blobsync.backends.base import Location
 from blobsync.errors import UsageError
 from blobsync.filters import Filters
-from blobsync.options import CompareMode, DeleteMode
+from blobsync.options import CompareMode, DeleteMode, MaxDelete
 
 if TYPE_CHECKING:
     from blobsync.engine.prompt import Answer
@@ -93,7 +93,7 @@ class SyncSpec:
     filters: Filters = field(default_factory=Filters)
     compare: CompareMode = CompareMode.SIZE_AND_MTIME
     delete: DeleteMode = DeleteMode.FALSE
-    max_delete: str | None = None
+    max_delete: MaxDelete | None = None
     dry_run: bool = False
     # Uploads: a source file for which ready(rel, mtime_ns) is False is left alone this run, neither sent nor
     # deleted at the destination (watch mode holds files that are still being written).

@@ -34,24 +34,6 @@ from blobsync.report import DRY_RUN, NO_JOB, Action, FileResult, FileStatus, Rep
 log = logging.getLogger("blobsync")
 
 
-def parse_max_delete(text: str | None) -> tuple[int | None, float | None]:
-    """'--max-delete 100' or '--max-delete 5%' as (count, percent)."""
-    if not text:
-        return None, None
-    try:
-        if text.endswith("%"):
-            pct = float(text[:-1])
-            if not 0 <= pct <= 100:
-                raise ValueError
-            return None, pct
-        count = int(text)
-        if count < 0:
-            raise ValueError
-        return count, None
-    except ValueError as exc:
-        raise UsageError(f"invalid --max-delete {text!r}: a count (e.g. 100) or a percentage (e.g. 5%)") from exc
-
-
 class SyncJob:
     """One sync run. `on_action` sees every decision (dry runs print them); `confirm` answers --delete prompt."""
 
@@ -356,12 +338,12 @@ class SyncJob:
             return "some transfers failed"
         if index.count("src") == 0:
             return "the source is empty; refusing to delete everything at the destination"
-        most, pct = parse_max_delete(self.spec.max_delete)
+        limit = self.spec.max_delete
         total = index.count("dst")
-        if most is not None and count > most:
-            return f"{count} deletions exceed --max-delete {most}"
-        if pct is not None and count > total * pct / 100:
-            return f"{count} of {total} would be deleted, over --max-delete {self.spec.max_delete}"
+        if limit is not None and limit.count is not None and count > limit.count:
+            return f"{count} deletions exceed --max-delete {limit.count}"
+        if limit is not None and limit.percent is not None and count > total * limit.percent / 100:
+            return f"{count} of {total} would be deleted, over --max-delete {limit.text}"
         return None
 
     def _doomed(self, index: SyncIndex) -> Iterator[Doomed]:
@@ -415,4 +397,4 @@ class SyncJob:
             self.runner.settle(report, row, FileResult(item.rel, item.name, item.size, FileStatus.DELETED))
 
 
-__all__ = ["SyncJob", "parse_max_delete"]
+__all__ = ["SyncJob"]
