@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -116,3 +117,21 @@ def test_without_re2_python_re_is_the_fallback() -> None:
     assert compile_regex(r"(?<=a)b", "--include-regex", engine=None).search("ab")
     with pytest.raises(UsageError, match="--include-regex"):
         compile_regex("(", "--include-regex", engine=None)
+
+
+def test_narrowing_filters_reads_nothing_again(tmp_path: Path) -> None:
+    """A source wildcard or recursion set on parsed filters keeps what they hold; a --list-of-files is read once
+    (issue 39, point 4)."""
+    listing = tmp_path / "list.txt"
+    listing.write_text("a/b.pt\nc\n", encoding="utf-8")
+    parsed = Filters.parse(include_pattern="*.pt", list_of_files=str(listing))
+    listing.unlink()  # read once: narrowing must not need it
+    narrowed = parsed.narrowed(source_wildcard="run*", recursive=False)
+    assert narrowed.text == {"include_pattern": "*.pt", "list_of_files": str(listing), "source_wildcard": "run*",
+                             "recursive": False}
+    assert narrowed.listed == parsed.listed and narrowed.include_paths == parsed.include_paths
+    assert not narrowed.recursive and narrowed.top is not None and narrowed.top.fullmatch("run7")
+    assert narrowed.narrowed(recursive=True).recursive and "recursive" not in narrowed.narrowed(recursive=True).text
+    same = Filters.parse(include_pattern="*.pt").narrowed(source_wildcard="run*")
+    again = Filters.parse(include_pattern="*.pt", source_wildcard="run*")
+    assert (same.top.pattern, same.text) == (again.top.pattern, again.text)  # type: ignore[union-attr]

@@ -51,7 +51,7 @@ def _wildcard_tail(path: str, what: str, seps: str = "/") -> tuple[str, str | No
 def _narrow(filters: Filters, wildcard: str | None, recursive: bool) -> Filters:
     if wildcard is None and recursive:
         return filters
-    return Filters.parse(**{**filters.text, "source_wildcard": wildcard, "recursive": recursive})  # type: ignore[arg-type]
+    return filters.narrowed(source_wildcard=wildcard, recursive=recursive)
 
 
 def plan_upload(source: str, dest: str, *, recursive: bool, as_subdir: bool, filters: Filters) -> CopyPlan:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import functools
 import re
@@ -126,6 +127,21 @@ class Filters:
             given,
             listed,
         )
+
+    def narrowed(self, *, source_wildcard: str | None = None, recursive: bool | None = None) -> Filters:
+        """These filters with a source wildcard or the recursion set: nothing else is read again (a
+        --list-of-files is read once, where the filters were parsed)."""
+        text = dict(self.text)
+        top = self.top
+        if source_wildcard:
+            text["source_wildcard"] = source_wildcard
+            top = wildcard(source_wildcard)
+        if recursive is not None:
+            text.pop("recursive", None)
+            if not recursive:
+                text["recursive"] = False
+        return dataclasses.replace(self, top=top, recursive=self.recursive if recursive is None else recursive,
+                                   text=text)
 
     @classmethod
     def from_journal(cls, text: object) -> Filters:

@@ -202,7 +202,7 @@ def sync(source: str, destination: str, recursive: bool, filters: Filters, compa
     if sum((compare_hash.lower() == "md5", size_only, mirror_mode)) > 1:
         raise UsageError("choose one of --compare-hash md5, --size-only and --mirror-mode")
     if not recursive:
-        filters = Filters.parse(**{**filters.text, "recursive": False})  # type: ignore[arg-type]
+        filters = filters.narrowed(recursive=False)
     compare = (CompareMode.MD5 if compare_hash.lower() == "md5" else CompareMode.SIZE_ONLY if size_only
                else CompareMode.MIRROR if mirror_mode else CompareMode.SIZE_AND_MTIME)
     delete = DeleteMode.parse(delete_destination)
