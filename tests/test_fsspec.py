@@ -201,3 +201,20 @@ def test_a_script_using_the_filesystem_exits_without_unclosed_sessions(azurite: 
                           check=False)
     assert done.returncode == 0 and done.stdout.strip() == "b'x'", done.stderr
     assert "Unclosed" not in done.stderr and "Task was destroyed" not in done.stderr, done.stderr
+
+
+def test_a_small_get_rides_out_a_busy_answer_and_refuses_bad_ranges(
+        azurite: Azurite, container: ContainerHandle, proxy: FaultProxy, tmp_path: Path) -> None:
+    """The one-request get (read_first) goes through the retry path: a 503 on it is sent again and the bytes that
+    arrive are the blob's (SDK read back); a range given as text is a UsageError before any request."""
+    from support.proxy import respond
+
+    data = os.urandom(3000)
+    container.client.upload_blob("s.bin", data)
+    proxy.add_rule(Rule("get_blob", respond(503, "ServerBusy", retry_after=0.1), nth=1))
+    with blobsync.Client(f"{proxy.endpoint()}/{container.name}", TransferConfig(journal_path=tmp_path / "j.db"),
+                         env={"AZURE_STORAGE_CONNECTION_STRING": "UseDevelopmentStorage=true"}) as client:
+        assert client.get("s.bin") == data == container.download("s.bin")
+        assert proxy.stats.faults["get_blob"] == 1
+        with pytest.raises(blobsync.UsageError, match="a whole number of bytes"):
+            client.read_ranges([("s.bin", "0", 10)])  # type: ignore[list-item]

@@ -217,6 +217,11 @@ class AsyncClient:
         """Byte ranges of blobs, `(name, start, end)` as a slice takes them (None: the start or the end; negative:
         from the end), all fetched at once under the session's request budget, one HEAD per blob named; a range
         that fails is its error in the list."""
+        for name, start, end in ranges:  # checked before any request: a wrong type is a line, not a TypeError
+            arguments.url(name, "name")
+            for bound, what in ((start, "start"), (end, "end")):
+                if bound is not None and (not isinstance(bound, int) or isinstance(bound, bool)):
+                    raise UsageError(f"invalid {what}={bound!r} for {name!r}: a whole number of bytes or None")
         names = sorted({name for name, _, _ in ranges})
         found = await asyncio.gather(*(self.stat(name) for name in names), return_exceptions=True)
         stats = dict(zip(names, found, strict=True))
