@@ -103,3 +103,12 @@ def test_a_call_is_handed_its_session_never_finds_it_in_the_air() -> None:
     ambient = sorted(str(p.relative_to(SRC)) for p in _sources()
                      if re.search(r"ContextVar\[[^\]]*Session", p.read_text(encoding="utf-8")))
     assert not ambient, ambient
+
+
+def test_one_session_factory_builds_every_engine() -> None:
+    """A job's engine context (its budgets, request path and thread pools) is made by engine/session.Session alone:
+    the CLI, the library, the Client and a cluster worker all open a Session (issue 39, point 1)."""
+    builders = sorted(f"{p.relative_to(SRC)}: {m.group(0)}" for p in _sources()
+                      for m in re.finditer(r"\b(EngineContext|RequestLimiter|MemoryBudget)\(",
+                                           p.read_text(encoding="utf-8")))
+    assert all(b.startswith("engine/session.py") for b in builders), builders

@@ -16,6 +16,7 @@ from blobsync import TransferConfig
 from blobsync.backends import memory
 from blobsync.config import MiB
 from blobsync.errors import NetworkError, ThrottledError
+from blobsync.events import Progress
 from blobsync.jobs.sync import DeleteMode
 from support import toystore
 from support.cli import random_file
@@ -187,7 +188,7 @@ def test_a_job_for_a_cluster_lists_its_destination_one_prefix_at_a_time(tmp_path
                                                                          ) -> None:
     import asyncio
 
-    from blobsync.engine.session import open_session
+    from blobsync.engine.session import Session
     from blobsync.filters import Filters
     from blobsync.jobs.spec import SyncSpec
     from blobsync.jobs.sync import SyncJob
@@ -203,9 +204,13 @@ def test_a_job_for_a_cluster_lists_its_destination_one_prefix_at_a_time(tmp_path
         journal = Journal(tmp_path / "j2.db")
         config = TransferConfig(preserve_last_modified_time=True, recursive=True, journal_path=tmp_path / "j2.db")
         try:
-            async with open_session(url, config, os.environ, journal) as ctx:
+            session = Session(config, os.environ, journal)
+            try:
+                ctx = session.context(url, config, progress=Progress())
                 spec = SyncSpec(tmp_path / "down", ctx.store.location, False, Filters())
                 return await SyncJob(spec, ctx, cluster=runner).run()
+            finally:
+                await session.close()
         finally:
             journal.close()
 

@@ -15,10 +15,9 @@ from typing import TYPE_CHECKING, Any, Concatenate, Literal, ParamSpec, TypeVar
 
 from blobsync import arguments, stopping
 from blobsync.backends.base import BlobProperties, Location
-from blobsync.backends.registry import is_remote, open_store, parse_location
+from blobsync.backends.registry import is_remote, parse_location
 from blobsync.config import TransferConfig
 from blobsync.copying import plan_blob_copy, plan_copy
-from blobsync.engine.context import request_path
 from blobsync.engine.delete import batch_enabled
 from blobsync.engine.prompt import Answer
 from blobsync.engine.session import Session
@@ -133,6 +132,11 @@ def _finish(report: Report, raise_on_error: bool) -> Report:
     if raise_on_error and report.failures:
         raise TransferFailedError(report)
     return report
+
+
+def _short_session(config: TransferConfig, env: Mapping[str, str]) -> Session:
+    """The session of one call that keeps no journal (ls, make): opened on the journal's first use, never here."""
+    return Session(config, env, lambda: _journal(config.journal_path, env))
 
 
 def _journal(journal_path: Path | None, env: Mapping[str, str] | None = None) -> Journal:
@@ -539,12 +543,13 @@ async def blob_entries_async(
     max_retries = int(arguments.number(max_retries, "max_retries", 0, 100, integer=True))
     arguments.optional(proxy, "proxy", str, "a proxy URL")
     config = TransferConfig(max_retries=max_retries, proxy=proxy, trusted_suffixes=_suffixes(trusted_suffixes))
-    store = open_store(url, config, env)
+    session = _short_session(config, env)
     try:
-        async for entry in blobs_at(store, store.location.path, request_path(config, Progress())):
+        store = session.store(url)
+        async for entry in blobs_at(store, store.location.path, session.requests(config, Progress())):
             yield entry
     finally:
-        await store.close()
+        await session.close()
 
 
 async def make_container_async(url: str, *, env: Mapping[str, str] | None = None, max_retries: int = 8,
@@ -557,11 +562,11 @@ async def make_container_async(url: str, *, env: Mapping[str, str] | None = None
     if loc.path:
         raise UsageError(f"{loc.display!r} names a blob or folder: make takes a container URL")
     config = TransferConfig(max_retries=max_retries, proxy=proxy, trusted_suffixes=_suffixes(trusted_suffixes))
-    store = open_store(loc, config, env)
+    session = _short_session(config, env)
     try:
-        return await request_path(config, Progress())(store.create_container)
+        return await session.requests(config, Progress())(session.store(loc).create_container)
     finally:
-        await store.close()
+        await session.close()
 
 
 make_container = blocking_form(make_container_async)

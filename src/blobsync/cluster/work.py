@@ -22,7 +22,7 @@ from blobsync.engine.context import EngineContext
 from blobsync.engine.download import FileDownloader
 from blobsync.engine.listing import as_properties
 from blobsync.engine.plan import block_count, choose_block_size
-from blobsync.engine.session import open_session
+from blobsync.engine.session import Session
 from blobsync.engine.upload import FileUploader
 from blobsync.errors import BlobsyncError, ExitCode, SourceChangedError, UnsafeNameError
 from blobsync.events import BaseSubscriber, Progress
@@ -127,9 +127,12 @@ async def shard_engine(job: JobSpec, key: str, label: str, publish: Publish | No
         path = _journal_path(folder, job, key)
         journal = Journal(path)
         try:
-            async with open_session(job.url, worker_config(job, path), os.environ, journal,
-                                    progress=Progress(subscribers=[relay])) as ctx:
-                yield ctx, relay
+            config, progress = worker_config(job, path), Progress(subscribers=[relay])
+            session = Session(config, os.environ, journal, wire_progress=progress)
+            try:
+                yield session.context(job.url, config, progress=progress), relay
+            finally:
+                await session.close()  # closes the journal too
         finally:
             journal.close()
             for leftover in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):

@@ -4,11 +4,8 @@ one function that builds it (and owns its threads)."""
 from __future__ import annotations
 
 import logging
-import os
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -67,13 +64,6 @@ def job_retrier(config: TransferConfig, progress: Progress) -> Retrier:
                    on_retry=on_retry)
 
 
-def request_path(config: TransferConfig, progress: Progress, clock: Callable[[], float] = time.monotonic
-                 ) -> RequestPath:
-    """The request path of one job (or one ls, make or rm): its adaptive limit, retry policy and counters."""
-    return RequestPath(RequestLimiter(config.start_concurrency, config.max_concurrency, clock),
-                       job_retrier(config, progress), progress)
-
-
 @dataclass
 class EngineContext:
     store: Store
@@ -113,20 +103,3 @@ def memory_budget(config: TransferConfig) -> int:
     # acknowledged (progress and resume move only then). About two seconds of the cap, and at least two blocks,
     # keep the link busy and each block short.
     return min(config.memory, max(2 * config.block_size, int(config.cap_bytes * 2)))
-
-
-@asynccontextmanager
-async def open_engine(config: TransferConfig, store: Store, journal: Journal, *, progress: Progress | None = None,
-                      clock: Callable[[], float] = time.monotonic, bandwidth: TokenBucket | None = None,
-                      overwrite_prompt: OverwritePrompt | None = None) -> AsyncIterator[EngineContext]:
-    """The engine context of one job: its budgets, request path and thread pools, which it shuts down on exit."""
-    progress = progress or Progress()
-    io_pool = ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2) + 2), thread_name_prefix="bs-io")
-    hash_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bs-md5")
-    try:
-        requests = request_path(config, progress, clock)
-        yield EngineContext(store, journal, config, MemoryBudget(memory_budget(config)), requests, io_pool, hash_pool,
-                            progress, overwrite_prompt, bandwidth, shared_tuning(requests.limiter))
-    finally:
-        io_pool.shutdown(wait=True)
-        hash_pool.shutdown(wait=True)

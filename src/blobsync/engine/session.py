@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager
 
 from blobsync.backends.base import Location, Store
 from blobsync.backends.registry import Wire, open_store, parse_location
@@ -19,7 +18,6 @@ from blobsync.engine.context import (
     RequestPath,
     job_retrier,
     memory_budget,
-    open_engine,
     shared_tuning,
 )
 from blobsync.engine.prompt import OverwritePrompt
@@ -120,20 +118,3 @@ def _account(loc: Location) -> str:
     """The account a location belongs to: its container URL without the container (scheme, host, port, and the
     account of an emulator's path-style URL)."""
     return loc.container_url.rsplit("/", 1)[0].lower()
-
-
-@asynccontextmanager
-async def open_session(location: str | Location, config: TransferConfig, env: Mapping[str, str], journal: Journal,
-                       *, progress: Progress | None = None, overwrite_prompt: OverwritePrompt | None = None
-                       ) -> AsyncIterator[EngineContext]:
-    """One job on its own: the store for `location`, its wire obeying the job's bandwidth cap and feeding its
-    progress, and the engine context around it (the journal stays the caller's to close)."""
-    progress = progress or Progress()
-    bucket = TokenBucket(config.cap_bytes) if config.cap_bytes else None
-    store = open_store(location, config, env, Wire(bucket.take if bucket else None, progress.on_wire))
-    try:
-        async with open_engine(config, store, journal, progress=progress, bandwidth=bucket,
-                               overwrite_prompt=overwrite_prompt) as ctx:
-            yield ctx
-    finally:
-        await store.close()
