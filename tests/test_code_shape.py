@@ -112,3 +112,20 @@ def test_one_session_factory_builds_every_engine() -> None:
                       for m in re.finditer(r"\b(EngineContext|RequestLimiter|MemoryBudget)\(",
                                            p.read_text(encoding="utf-8")))
     assert all(b.startswith("engine/session.py") for b in builders), builders
+
+
+def test_one_put_and_one_ranged_read_outside_the_backends() -> None:
+    """A whole-blob Put goes through engine/upload.put_once (a file's, a stream's end, a Client's bytes), and every
+    ranged read through engine/fetching.read_checked (a download's ranges, a Client's get and reader, a blob read as
+    a copy's source), whose parallel loop is fetching.RangeFetch (issue 39, point 2)."""
+    calls = {"put": [], "read_into": [], "RangeFetch loop": []}
+    for path in _sources():
+        rel = str(path.relative_to(SRC))
+        if rel.startswith("backends/"):
+            continue
+        text = path.read_text(encoding="utf-8")
+        calls["put"] += [rel] * len(re.findall(r"store\.put\(", text))
+        calls["read_into"] += [rel] * len(re.findall(r"store\.read_into\(", text))
+        calls["RangeFetch loop"] += [rel] * len(re.findall(r"^class \w*Fetch\w*\b", text, re.M))
+    assert calls == {"put": ["engine/upload.py"], "read_into": ["engine/fetching.py"],
+                     "RangeFetch loop": ["engine/fetching.py"]}, calls

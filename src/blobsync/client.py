@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import dataclasses
 import functools
 import io
 import time
@@ -20,18 +19,17 @@ from blobsync.backends.registry import parse_location
 from blobsync.blobfile import AsyncBlobReader, AsyncBlobWriter, BlobReader, BlobWriter, check_mode
 from blobsync.clientloop import ClientLoop, track
 from blobsync.config import Overwrite, TransferConfig
-from blobsync.engine.context import RequestPath, job_retrier
-from blobsync.engine.digest import md5_of
+from blobsync.engine.context import EngineContext
+from blobsync.engine.digest import md5_of, new_md5
+from blobsync.engine.fetching import MemorySink, RangeFetch, read_checked
 from blobsync.engine.session import Session
 from blobsync.engine.sources import BufferSource, Data, source_of
 from blobsync.engine.streaming import StreamWriter
-from blobsync.engine.tasks import for_each, in_thread
+from blobsync.engine.tasks import in_thread
 from blobsync.errors import (
     BlobNotFoundError,
     BlobsyncError,
     ChecksumMismatchError,
-    ConflictError,
-    IntegrityError,
     UsageError,
 )
 from blobsync.events import Progress
@@ -39,7 +37,7 @@ from blobsync.jobs import PutSpec, run_job
 from blobsync.journal import Journal, default_journal_path
 from blobsync.local.files import FileIdentity
 from blobsync.redact import strip_query
-from blobsync.report import FileResult, FileStatus, blob_url
+from blobsync.report import FileResult
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -118,12 +116,12 @@ class AsyncClient:
         loc = parse_location(self.url_for(prefix) if prefix else self.url)
         from blobsync.engine.listing import blobs_at
 
-        requests = self._requests(Progress())
+        requests = session.requests(self.config, Progress())
         return [props async for _, props in blobs_at(session.store(loc), loc.path, requests)]
 
-    def _requests(self, progress: Progress) -> RequestPath:
-        session = self._open()
-        return RequestPath(session.limiter, job_retrier(self.config, progress), progress)
+    def _context(self, loc: Location, config: TransferConfig | None = None) -> EngineContext:
+        """The engine context of one call on the Client's session (it opens the journal only if the call does)."""
+        return self._open().context(loc, config or self.config, progress=Progress())
 
     async def put(self, data: Data | Iterable[Buffer] | AsyncIterable[Buffer], name: str,
                   config: TransferConfig | None = None) -> FileResult:
@@ -149,25 +147,15 @@ class AsyncClient:
     async def _put_small(self, src: BufferSource, loc: Location, config: TransferConfig) -> FileResult:
         """Bytes in memory that fit one Put Blob: MD5 sent for the service to check, no job in the journal (a
         crash loses nothing a journal could bring back: the bytes were in memory)."""
-        from blobsync.engine.upload import upload_headers
+        from blobsync.engine.upload import put_once, upload_headers, written
 
-        ctx = self._open().context(loc, config, progress=Progress())
+        ctx = self._context(loc, config)
         ctx.store.check_name(loc.path)
         data = src.view
-        md5 = await in_thread(ctx.io_pool, md5_of, data) if len(data) > (1 << 20) else md5_of(data)
-        headers = dataclasses.replace(upload_headers(config, PurePosixPath(loc.path), src.opened), content_md5=md5)
+        md5 = await in_thread(ctx.io_pool, md5_of, data) if len(data) > INLINE_MD5 else md5_of(data)
+        headers = upload_headers(config, PurePosixPath(loc.path), src.opened)
         conditions = Conditions(if_none_match_any=True) if config.overwrite is Overwrite.FALSE else NO_CONDITIONS
-        try:
-            result = await ctx.request(lambda: ctx.store.put(loc.path, data, headers, conditions))
-        except ConflictError as exc:
-            raise ConflictError(f"blob {loc.path!r} exists: not overwritten (overwrite false)", status=exc.status,
-                                code=exc.code) from None
-        if result.content_md5 is not None and result.content_md5 != md5:
-            raise IntegrityError(f"{loc.path}: the service stored a different MD5 than was sent")
-        size = len(data)
-        return FileResult(loc.path, loc.path, size, FileStatus.TRANSFERRED, bytes_sent=size, etag=result.etag,
-                          content_md5=md5, url=blob_url(ctx.store.container_url, loc.path),
-                          version_id=result.version_id)
+        return written(await put_once(ctx, loc.path, loc.path, data, md5, headers, conditions))
 
     async def _put_stream(self, chunks: Iterable[Buffer] | AsyncIterable[Buffer], loc: Location,
                           config: TransferConfig) -> FileResult:
@@ -198,7 +186,7 @@ class AsyncClient:
 
         config = config or self.config
         loc = parse_location(self.url_for(location)) if isinstance(location, str) else location
-        ctx = self._open().context(loc, config, progress=Progress())
+        ctx = self._context(loc, config)
         headers = upload_headers(config, PurePosixPath(loc.path), FileIdentity(0, time.time_ns(), 0))
         if config.overwrite not in (Overwrite.TRUE, Overwrite.FALSE):
             raise UsageError("a stream is written with overwrite true or false (nothing to compare it with)")
@@ -207,9 +195,8 @@ class AsyncClient:
 
     async def fetch_range(self, location: Location, offset: int, length: int, etag: str | None) -> bytes:
         """`length` bytes of the blob from `offset`, of the version `etag` names (a reader's block)."""
-        store, requests = self._open().store(location), self._requests(Progress())
-        buf = bytearray(length)
-        await requests(lambda: store.read_into(location.path, offset, memoryview(buf), etag))
+        ctx, buf = self._context(location), bytearray(length)
+        await ctx.request(lambda: read_checked(ctx.store, ctx.io_pool, location.path, offset, memoryview(buf), etag))
         return bytes(buf)
 
     async def read_ranges(self, ranges: Sequence[tuple[str, int | None, int | None]]
@@ -246,13 +233,13 @@ class AsyncClient:
         relative to the container, folders ending in '/'). `prefix` starts with the container under an
         account URL."""
         loc = parse_location(self.url_for(prefix.rstrip("/") + "/") if prefix.strip("/") else self.url)
-        store, requests = self._open().store(loc), self._requests(Progress())
+        ctx = self._context(loc)
         path = loc.path.rstrip("/") + "/" if loc.path.strip("/") else ""
         blobs: list[BlobProperties] = []
         folders: list[str] = []
         marker = ""
         while True:
-            page, subs, marker = await requests(functools.partial(store.list_level, path, marker))
+            page, subs, marker = await ctx.request(functools.partial(ctx.store.list_level, path, marker))
             blobs += page
             folders += subs
             if not marker:
@@ -261,20 +248,20 @@ class AsyncClient:
     async def delete(self, name: str) -> bool:
         """Delete the blob `name` (with its snapshots); False when there was none."""
         loc = parse_location(self.url_for(name))
-        store, requests = self._open().store(loc), self._requests(Progress())
-        return await requests(lambda: store.delete(loc.path))
+        ctx = self._context(loc)
+        return await ctx.request(lambda: ctx.store.delete(loc.path))
 
     async def make_container(self, name: str = "") -> bool:
         """Create the container (`name` under an account URL); False when it exists."""
         loc = parse_location(self.url_for(name) if name else self.url)
-        store, requests = self._open().store(loc), self._requests(Progress())
-        return await requests(store.create_container)
+        ctx = self._context(loc)
+        return await ctx.request(ctx.store.create_container)
 
     async def stat(self, name: str) -> BlobProperties:
         """The blob's properties (size, ETag, Content-MD5, metadata...); BlobNotFoundError if there is none."""
         loc = parse_location(self.url_for(name))
-        store, requests = self._open().store(loc), self._requests(Progress())
-        props = await requests(lambda: store.stat(loc.path))
+        ctx = self._context(loc)
+        props = await ctx.request(lambda: ctx.store.stat(loc.path))
         if props is None:
             raise BlobNotFoundError(f"blob {loc.path!r} not found in {loc.container_url}", status=404,
                                     code="BlobNotFound")
@@ -290,35 +277,34 @@ class AsyncClient:
         """The blob `name`'s bytes; with `into` (a writable buffer at least that long), read into it with no copy
         and returned as a memoryview of the part filled. Parallel ranged reads of one version (If-Match), checked
         against the blob's Content-MD5."""
-        session = self._open()
         loc = parse_location(self.url_for(name))
-        store, requests = session.store(loc), self._requests(Progress())
+        ctx = self._context(loc)
         # The first bytes and the blob's properties come in one request (no HEAD first): a small blob is one round
-        # trip; the rest of a larger one is read in parallel at that version.
+        # trip; the rest of a larger one is read in parallel at that version, hashed in order as it comes.
         given = None if into is None else memoryview(into).cast("B")
         first = memoryview(bytearray(FIRST_READ)) if given is None else given[:FIRST_READ]
-        props, got = await requests(lambda: store.read_first(loc.path, first))
+        props, got = await ctx.request(lambda: ctx.store.read_first(loc.path, first))
         if given is not None and len(given) < props.size:
             raise UsageError(f"into= holds {len(given)} bytes; the blob has {props.size}")
-        if given is None and props.size <= got:
-            view = first[:got]
-        else:
-            view = given if given is not None else memoryview(bytearray(props.size))
-            if given is None:
-                view[:got] = first[:got]
+        small = props.size <= got
+        view = given if given is not None else first[:got] if small else memoryview(bytearray(props.size))
+        whole = new_md5() if props.content_md5 is not None else None
+        if props.size > got:
+            view[:got] = first[:got]
             step = self.config.block_size
-
-            async def fetch(offset: int) -> None:
-                part = view[offset:min(offset + step, props.size)]
-                await requests(lambda: store.read_into(loc.path, offset, part, props.etag or None))
-
-            await for_each(range(got, props.size, step), fetch, self.config.start_concurrency)
-        if props.content_md5 is not None:
-            whole = view[:props.size]
-            digest = md5_of(whole) if props.size <= INLINE_MD5 else await in_thread(session.io_pool, md5_of, whole)
-            if digest != props.content_md5:
-                raise ChecksumMismatchError(f"{loc.path}: MD5 of the bytes read differs from the blob's Content-MD5",
-                                            digest=digest)
+            ranges = [(i, offset, min(step, props.size - offset))
+                      for i, offset in enumerate(range(got, props.size, step), start=1)]
+            if whole is not None:  # the first bytes are range 0 of the in-order hash, there already
+                ranges.insert(0, (0, 0, got))
+            await RangeFetch(ctx, loc.path, ranges, MemorySink(view), whole,
+                             lambda offset, part: read_checked(ctx.store, ctx.io_pool, loc.path, offset, part,
+                                                               props.etag or None)).run(done={0})
+        elif whole is not None:
+            head = view[:props.size]
+            await (in_thread(ctx.io_pool, whole.update, head) if props.size > INLINE_MD5 else _now(whole.update, head))
+        if whole is not None and whole.digest() != props.content_md5:
+            raise ChecksumMismatchError(f"{loc.path}: MD5 of the bytes read differs from the blob's Content-MD5",
+                                        digest=whole.digest())
         return bytes(view[:props.size]) if given is None else given[:props.size]
 
     def open(self, name: str, mode: str = "rb", *, config: TransferConfig | None = None,
@@ -492,6 +478,10 @@ _INHERITED: list[tuple[AsyncClient, ClientLoop]] = []  # a forked child's copies
 def _reopened(url: str, config: TransferConfig | None, credential: object, env: Mapping[str, str] | None
               ) -> Client:
     return Client(url, config, credential=credential, env=env)
+
+
+async def _now(fn: Callable[[memoryview], None], view: memoryview) -> None:
+    fn(view)
 
 
 async def _made(make: Callable[[], T]) -> T:

@@ -20,6 +20,7 @@ from blobsync.cluster.work import Publish, check_identity, shard_engine, worker_
 from blobsync.engine.context import EngineContext
 from blobsync.engine.digest import feed, new_md5
 from blobsync.engine.download import FileDownloader
+from blobsync.engine.fetching import FileSink, RangeFetch, read_checked
 from blobsync.engine.listing import as_properties
 from blobsync.engine.mtime import destination_mtime_ns
 from blobsync.engine.plan import block_count, block_ranges
@@ -187,24 +188,12 @@ async def _fetch_range(spec: RangeSpec, publish: Publish | None, worker: str) ->
     async with shard_engine(spec.job, f"{f.nonce}-{spec.first}", _label(spec), publish) as (ctx, relay):
         part = await in_thread(ctx.io_pool, lambda: PartFile(target, f.size, keep=True,
                                                              root=Path(spec.job.local_root), shared=True))
-        downloader = FileDownloader(ctx)
-
-        async def one(idx: int) -> None:
-            nonlocal sent
-            offset = idx * size
-            length = min(size, f.size - offset)
-            buf = await ctx.memory.buffer(size)
-            view = memoryview(buf)[:length]
-            try:
-                await ctx.request(lambda: downloader.get_checked(f.blob, offset, view, f.etag or None))
-                await in_thread(ctx.io_pool, part.write_view, view, offset)
-            finally:
-                ctx.memory.release(buf)
-            sent += length
-            ctx.progress.advanced(f.rel, length, length)
-
+        ranges = [(i, i * size, min(size, f.size - i * size)) for i in range(spec.first, spec.last)]
+        fetch = RangeFetch(ctx, f.rel, ranges, FileSink(ctx, part, None), None,
+                           lambda offset, view: read_checked(ctx.store, ctx.io_pool, f.blob, offset, view,
+                                                             f.etag or None))
         try:
-            await for_each(range(spec.first, spec.last), one, max(1, ctx.config.start_concurrency))
+            sent = await fetch.run()
             await in_thread(ctx.io_pool, part.sync)
         finally:
             part.close()

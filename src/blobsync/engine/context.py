@@ -67,7 +67,7 @@ def job_retrier(config: TransferConfig, progress: Progress) -> Retrier:
 @dataclass
 class EngineContext:
     store: Store
-    journal: Journal
+    journal_of: Callable[[], Journal]  # the session's journal, opened on first use (a get or a put keeps none)
     config: TransferConfig
     memory: MemoryBudget
     requests: RequestPath
@@ -77,6 +77,10 @@ class EngineContext:
     overwrite_prompt: OverwritePrompt | None = None  # answers --overwrite prompt
     bandwidth: TokenBucket | None = None  # the --cap-mbps bucket the store's wire obeys (re-capped live)
     tuning: SharedTuning | None = None  # --concurrency auto's one tuner of the limiter (the session's, if shared)
+
+    @property
+    def journal(self) -> Journal:
+        return self.journal_of()
 
     @property
     def limiter(self) -> RequestLimiter:

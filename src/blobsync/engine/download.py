@@ -9,12 +9,12 @@ from pathlib import Path
 from blobsync.backends.base import BlobProperties
 from blobsync.config import CheckMd5, Overwrite
 from blobsync.engine.context import EngineContext
-from blobsync.engine.digest import EMPTY_MD5, md5_of, new_md5
-from blobsync.engine.fetching import RangeFetch
+from blobsync.engine.digest import EMPTY_MD5, new_md5
+from blobsync.engine.fetching import FileSink, RangeFetch, read_checked
 from blobsync.engine.mtime import destination_mtime_ns
-from blobsync.engine.plan import block_count
+from blobsync.engine.plan import block_count, block_ranges
 from blobsync.engine.tasks import in_thread
-from blobsync.errors import ChecksumMismatchError, ConflictError, CorruptedInTransitError, IntegrityError
+from blobsync.errors import ChecksumMismatchError, ConflictError, IntegrityError
 from blobsync.journal import RESUMABLE, FileRow
 from blobsync.local.target import PartFile, current_boot_id, part_path
 from blobsync.report import FileResult, FileStatus, blob_url
@@ -121,8 +121,10 @@ class FileDownloader:
         if props.size <= self.ctx.config.single_put_limit and not done:
             return await self._single(row, props, part, want_md5, seen)
         whole = new_md5() if want_md5 else None
-        fetch = RangeFetch(self.ctx, row, props, part, whole, block_size,
-                           lambda offset, view: self.get_checked(row.blob, offset, view, props.etag))
+        ctx = self.ctx
+        fetch = RangeFetch(ctx, row.rel, block_ranges(props.size, block_size), FileSink(ctx, part, row.id), whole,
+                           lambda offset, view: read_checked(ctx.store, ctx.io_pool, row.blob, offset, view,
+                                                             props.etag or None))
         sent = await fetch.run(done)
         return sent, whole.digest() if whole is not None else None
 
@@ -150,14 +152,15 @@ class FileDownloader:
         """One GET of the whole blob; returns the bytes sent and their MD5 (when checked or cheap to check)."""
         ctx = self.ctx
         if props.size == 0:  # no range to ask for; the GET still checks the blob is there, as this version
-            await ctx.request(lambda: ctx.store.read_into(row.blob, 0, memoryview(bytearray()), props.etag or None))
+            await ctx.request(lambda: read_checked(ctx.store, None, row.blob, 0, memoryview(bytearray()),
+                                                  props.etag or None))
             ctx.progress.advanced(row.rel, 0, 0)
             return 0, EMPTY_MD5
         buf = await ctx.memory.buffer(props.size)
         view = memoryview(buf)
         try:
-            digest = await ctx.request(lambda: self.get_checked(row.blob, 0, view, props.etag or None,
-                                                                 need_md5=want_md5))
+            digest = await ctx.request(lambda: read_checked(ctx.store, ctx.io_pool, row.blob, 0, view,
+                                                            props.etag or None, need_md5=want_md5))
             if (not want_md5 and digest is not None and props.content_md5 is not None
                     and digest != props.content_md5 and digest not in seen):
                 # Unchecked, but the bytes differ from the stored MD5 the service sent as the range's: damage
@@ -170,23 +173,3 @@ class FileDownloader:
             ctx.memory.release(buf)
         ctx.progress.advanced(row.rel, props.size, props.size)
         return props.size, digest
-
-    async def get_checked(self, blob: str, offset: int, view: memoryview, etag: str | None, *,
-                           need_md5: bool = False) -> bytes | None:
-        """One ranged GET into `view`, verified against the range MD5 the service sends for small ranges: a
-        mismatch was damage in transit, raised as a transient error so that the request path fetches it again.
-        Returns the MD5 of the bytes when it was computed (or `need_md5` asks for it)."""
-        ctx = self.ctx
-        check = len(view) <= ctx.store.capabilities.range_md5_max
-        got = await ctx.store.read_into(blob, offset, view, etag, range_md5=check)
-        if got.range_md5 is None and not need_md5:
-            return None
-        digest = await in_thread(ctx.io_pool, md5_of, view)
-        whole_blob = offset == 0 and len(view) == got.size
-        if got.range_md5 is not None and digest != got.range_md5 and not (whole_blob
-                                                                          and got.range_md5 == got.content_md5):
-            # (For a range that is the whole blob, Azurite answers with the stored Content-MD5: a mismatch with
-            # that may be a wrong stored MD5, not damage; the whole-file check decides, after one refetch.)
-            raise CorruptedInTransitError(f"get blob {blob!r}: bytes {offset}-{offset + len(view) - 1} arrived "
-                                          "damaged (their MD5 differs from the service's)")
-        return digest

@@ -1,19 +1,19 @@
-"""A blob's ranged download, step by step: fetch each missing range into a pooled buffer, write it in place,
-hash the ranges in file order, and make the partial file durable now and then."""
+"""The one ranged read of a blob: each range a checked GET (engine/fetching.read_checked) into its sink (a partial
+file, a buffer in memory), in parallel under the request window, hashed in order when the whole MD5 is wanted."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Protocol
 
-from blobsync.backends.base import BlobProperties
+from blobsync.backends.base import Store
 from blobsync.engine.budget import BlockBuffer, Window
 from blobsync.engine.context import EngineContext
-from blobsync.engine.digest import feed
-from blobsync.engine.plan import block_ranges
+from blobsync.engine.digest import feed, md5_of
 from blobsync.engine.tasks import cancel_all, gather_or_cancel, in_thread, raise_first_failure
-from blobsync.journal import FileRow
+from blobsync.errors import CorruptedInTransitError
 from blobsync.local.target import PartFile, current_boot_id
 
 if TYPE_CHECKING:
@@ -21,99 +21,86 @@ if TYPE_CHECKING:
 
 SYNC_INTERVAL = 2.0  # seconds between fdatasyncs of a partial download (what a power cut can cost)
 
-# One checked ranged GET into a view: (offset, view) -> None. The downloader passes its own.
+# One checked ranged GET into a view: (offset, view) -> anything. The caller binds the blob and its version.
 GetRange = Callable[[int, memoryview], Awaitable[object]]
+Range = tuple[int, int, int]  # index, offset, length
 
 
-class RangeFetch:
-    """Fetches the ranges of one blob not yet on disk, in parallel, each straight into a pooled buffer; writes
-    each with pwrite; hashes them in order as they become available (a buffer goes back once hashed)."""
+async def read_checked(store: Store, pool: ThreadPoolExecutor | None, blob: str, offset: int, view: memoryview,
+                       etag: str | None, *, need_md5: bool = False) -> bytes | None:
+    """One ranged GET into `view` of the version `etag`, verified against the range MD5 the service sends for
+    small ranges: a mismatch was damage in transit, raised as a transient error so that the request path fetches it
+    again. Returns the MD5 of the bytes when it was computed (or `need_md5` asks for it); a large range is hashed
+    in `pool` (None: here, for a caller that is itself a thread of that pool waiting on this)."""
+    check = 0 < len(view) <= store.capabilities.range_md5_max
+    got = await store.read_into(blob, offset, view, etag, range_md5=check)
+    if got.range_md5 is None and not need_md5:
+        return None
+    digest = md5_of(view) if pool is None or len(view) <= 1 << 20 else await in_thread(pool, md5_of, view)
+    whole_blob = offset == 0 and len(view) == got.size
+    if got.range_md5 is not None and digest != got.range_md5 and not (whole_blob
+                                                                      and got.range_md5 == got.content_md5):
+        # (For a range that is the whole blob, Azurite answers with the stored Content-MD5: a mismatch with
+        # that may be a wrong stored MD5, not damage; the whole-file check decides, after one refetch.)
+        raise CorruptedInTransitError(f"get blob {blob!r}: bytes {offset}-{offset + len(view) - 1} arrived "
+                                      "damaged (their MD5 differs from the service's)")
+    return digest
 
-    def __init__(self, ctx: EngineContext, row: FileRow, props: BlobProperties, part: PartFile,
-                 whole: Md5 | None, block_size: int, get: GetRange) -> None:
-        self.ctx = ctx
-        self.row = row
-        self.part = part
-        self.whole = whole
-        self.get = get
-        self.ranges = list(block_ranges(props.size, block_size))
-        self.block_size = block_size
-        loop = asyncio.get_running_loop()
-        # A fetched range waits here (its buffer) until hashed in order; None: it was on disk already.
-        self.results: dict[int, asyncio.Future[BlockBuffer | None]] = {
-            idx: loop.create_future() for idx, _, _ in self.ranges}
-        self.window = Window(lambda: ctx.limiter.limit)
-        self.sent = 0
+
+class Sink(Protocol):
+    """Where the ranges of one read land."""
+
+    def target(self, offset: int, length: int) -> memoryview | None:
+        """The view a range is read straight into, or None: into a pooled buffer, then handed to `landed`."""
+
+    async def landed(self, idx: int, offset: int, view: memoryview) -> None:
+        """A range has arrived (in `view`): store it."""
+
+    def stored(self, offset: int, length: int) -> Iterable[bytes]:
+        """The bytes of a range that was there before this read (a resumed download), for the in-order hash."""
+
+    async def drain(self) -> None:
+        """Wait for what the sink still does in the background."""
+
+
+class MemorySink:
+    """A buffer the caller holds: each range is read straight into its place."""
+
+    def __init__(self, view: memoryview) -> None:
+        self.view = view
+
+    def target(self, offset: int, length: int) -> memoryview:
+        return self.view[offset:offset + length]
+
+    async def landed(self, idx: int, offset: int, view: memoryview) -> None:
+        return None
+
+    def stored(self, offset: int, length: int) -> Iterable[bytes]:
+        return (bytes(self.view[offset:offset + length]),)
+
+    async def drain(self) -> None:
+        return None
+
+
+class FileSink:
+    """A partial file: each range written with pwrite and (with a journal row) journaled as written, the file
+    made durable now and then."""
+
+    def __init__(self, ctx: EngineContext, part: PartFile, row_id: int | None) -> None:
+        self.ctx, self.part, self.row_id = ctx, part, row_id
         self.boot = current_boot_id()
         self.unsynced: list[int] = []  # ranges journaled as written in this boot, not yet fsynced
         self.syncing: list[asyncio.Task[None]] = []
-        self.last_sync = loop.time()
+        self.last_sync = asyncio.get_running_loop().time()
 
-    async def run(self, done: set[int]) -> int:
-        """Fetch every range not in `done`; returns the bytes fetched."""
-        ctx = self.ctx
-        tasks: set[asyncio.Task[None]] = set()
-        hasher = asyncio.create_task(self._hash_in_order()) if self.whole is not None else None
-        try:
-            for idx, offset, length in self.ranges:
-                if idx in done:
-                    self.results[idx].set_result(None)
-                    ctx.progress.advanced(self.row.rel, length, 0)
-                    continue
-                raise_first_failure(tasks)
-                await self.window.acquire()
-                buf = await ctx.memory.buffer(self.block_size)
-                tasks.add(asyncio.create_task(self._fetch(idx, offset, length, buf)))
-            if tasks:
-                await gather_or_cancel(tasks)
-            if hasher is not None:
-                await hasher
-            await asyncio.gather(*self.syncing)
-        except BaseException:
-            await self._abandon([*tasks, *([hasher] if hasher else [])])
-            raise
-        return self.sent
+    def target(self, offset: int, length: int) -> None:
+        return None
 
-    async def _abandon(self, tasks: list[asyncio.Task[None]]) -> None:
-        """Stop every fetch and the hasher; buffers fetched but never hashed go back to the pool."""
-        await cancel_all(tasks)
-        await asyncio.gather(*self.syncing, return_exceptions=True)
-        for future in self.results.values():
-            if future.done() and not future.cancelled() and future.exception() is None:
-                got = future.result()
-                if got is not None:
-                    self.ctx.memory.release(got)
-
-    async def _fetch(self, idx: int, offset: int, length: int, buf: BlockBuffer) -> None:
-        ctx = self.ctx
-        view = memoryview(buf)[:length]
-        try:
-            await ctx.request(lambda: self.get(offset, view))
-            await in_thread(ctx.io_pool, self.part.write_view, view, offset)
-        except BaseException:
-            ctx.memory.release(buf)
-            self.window.release()
-            # The failure itself surfaces through this task; the in-order hasher just stops.
-            if idx in self.results:
-                self.results[idx].cancel()
-            raise
-        finally:
-            view.release()
-        ctx.journal.block_done(self.row.id, idx, length, "", durable=True, boot=self.boot)
-        ctx.progress.advanced(self.row.rel, length, length)
-        self.sent += length
-        self._sync_now_and_then(idx)
-        if self.whole is None:
-            self.window.release()
-            ctx.memory.release(buf)
-            self.results[idx].set_result(None)
-        else:
-            # The window slot stays taken until the range is hashed: fetching may run at most a window ahead of
-            # the in-order MD5, so the hash (the serial part) is never left with a long backlog to work through
-            # alone once the last byte has arrived, and fewer buffers are needed.
-            self.results[idx].set_result(buf)
-
-    def _sync_now_and_then(self, idx: int) -> None:
+    async def landed(self, idx: int, offset: int, view: memoryview) -> None:
+        await in_thread(self.ctx.io_pool, self.part.write_view, view, offset)
+        if self.row_id is None:
+            return
+        self.ctx.journal.block_done(self.row_id, idx, len(view), "", durable=True, boot=self.boot)
         # Periodically, not per range: an fdatasync per 8 MiB would cost more than the write. Until then a killed
         # process loses nothing (the page cache holds the data); a power cut loses these ranges, and the journal
         # says so (their boot).
@@ -124,26 +111,120 @@ class RangeFetch:
             self.syncing.append(asyncio.create_task(self._sync(self.unsynced[:])))
             self.unsynced.clear()
 
+    def stored(self, offset: int, length: int) -> Iterator[bytes]:
+        return self.part.chunks(offset, length)
+
     async def _sync(self, indexes: list[int]) -> None:
         await in_thread(self.ctx.io_pool, self.part.sync)
-        self.ctx.journal.ranges_synced(self.row.id, indexes)
+        assert self.row_id is not None
+        self.ctx.journal.ranges_synced(self.row_id, indexes)
+
+    async def drain(self) -> None:
+        await asyncio.gather(*self.syncing, return_exceptions=True)
+        for task in self.syncing:
+            task.result()
+
+
+class RangeFetch:
+    """Fetches the ranges of one blob not yet in the sink, in parallel, each into the sink's view or a pooled
+    buffer; hashes them in order as they become available (a buffer goes back once stored and hashed)."""
+
+    def __init__(self, ctx: EngineContext, rel: str, ranges: Iterable[Range], sink: Sink, whole: Md5 | None,
+                 get: GetRange) -> None:
+        self.ctx, self.rel, self.sink, self.whole, self.get = ctx, rel, sink, whole, get
+        self.ranges = list(ranges)
+        self.buffer_size = max((length for _, _, length in self.ranges), default=0)  # pooled buffers: one size
+        loop = asyncio.get_running_loop()
+        # A fetched range waits here (its view, and its pooled buffer if any) until hashed in order; None: it was
+        # in the sink already.
+        self.results: dict[int, asyncio.Future[tuple[memoryview, BlockBuffer | None] | None]] = {
+            idx: loop.create_future() for idx, _, _ in self.ranges}
+        self.window = Window(lambda: ctx.limiter.limit)
+        self.sent = 0
+
+    async def run(self, done: set[int] | frozenset[int] = frozenset()) -> int:
+        """Fetch every range not in `done`; returns the bytes fetched."""
+        ctx = self.ctx
+        tasks: set[asyncio.Task[None]] = set()
+        hasher = asyncio.create_task(self._hash_in_order()) if self.whole is not None else None
+        try:
+            for idx, offset, length in self.ranges:
+                if idx in done:
+                    self.results[idx].set_result(None)
+                    ctx.progress.advanced(self.rel, length, 0)
+                    continue
+                raise_first_failure(tasks)
+                await self.window.acquire()
+                view, buf = self.sink.target(offset, length), None
+                if view is None:
+                    buf = await ctx.memory.buffer(self.buffer_size)
+                    view = memoryview(buf)[:length]
+                tasks.add(asyncio.create_task(self._fetch(idx, offset, view, buf)))
+            if tasks:
+                await gather_or_cancel(tasks)
+            if hasher is not None:
+                await hasher
+            await self.sink.drain()
+        except BaseException:
+            await self._abandon([*tasks, *([hasher] if hasher else [])])
+            raise
+        return self.sent
+
+    async def _abandon(self, tasks: list[asyncio.Task[None]]) -> None:
+        """Stop every fetch and the hasher; buffers fetched but never hashed go back to the pool."""
+        await cancel_all(tasks)
+        await asyncio.gather(self.sink.drain(), return_exceptions=True)
+        for future in self.results.values():
+            if future.done() and not future.cancelled() and future.exception() is None:
+                got = future.result()
+                if got is not None:
+                    self._release(*got)
+
+    def _release(self, view: memoryview, buf: BlockBuffer | None) -> None:
+        if buf is not None:
+            view.release()
+            self.ctx.memory.release(buf)
+
+    async def _fetch(self, idx: int, offset: int, view: memoryview, buf: BlockBuffer | None) -> None:
+        ctx = self.ctx
+        try:
+            await ctx.request(lambda: self.get(offset, view))
+            await self.sink.landed(idx, offset, view)
+        except BaseException:
+            self._release(view, buf)
+            self.window.release()
+            # The failure itself surfaces through this task; the in-order hasher just stops.
+            if idx in self.results:
+                self.results[idx].cancel()
+            raise
+        ctx.progress.advanced(self.rel, len(view), len(view))
+        self.sent += len(view)
+        if self.whole is None:
+            self.window.release()
+            self._release(view, buf)
+            self.results[idx].set_result(None)
+        else:
+            # The window slot stays taken until the range is hashed: fetching may run at most a window ahead of
+            # the in-order MD5, so the hash (the serial part) is never left with a long backlog to work through
+            # alone once the last byte has arrived, and fewer buffers are needed.
+            self.results[idx].set_result((view, buf))
 
     async def _hash_in_order(self) -> None:
         # Each range is queued on the one hash thread as soon as it and all before it are here, without waiting
         # for the previous one to be hashed: the thread's queue keeps the order, and the thread never waits for
-        # the event loop between two ranges (~0.6 ms a hop, 128 hops a GiB).
+        # the event loop between two ranges.
         assert self.whole is not None
         whole, pool = self.whole, self.ctx.hash_pool
         hashing: list[asyncio.Future[None]] = []
         try:
             for idx, offset, length in self.ranges:
-                buf = await self.results[idx]
+                got = await self.results[idx]
                 del self.results[idx]  # from here on this buffer is the hasher's to release
-                if buf is None:  # on disk from an earlier run
-                    chunks = self.part.chunks(offset, length)
+                if got is None:  # in the sink before this read
+                    chunks = self.sink.stored(offset, length)
                     hashing.append(asyncio.ensure_future(in_thread(pool, feed, whole, chunks)))
                 else:
-                    hashing.append(self._hash_range(buf, length))
+                    hashing.append(self._hash_range(*got))
                 while hashing and hashing[0].done():
                     hashing.pop(0).result()
             await gather_or_cancel(hashing)
@@ -151,15 +232,13 @@ class RangeFetch:
             await cancel_all(hashing)
             raise
 
-    def _hash_range(self, buf: BlockBuffer, length: int) -> asyncio.Future[None]:
+    def _hash_range(self, view: memoryview, buf: BlockBuffer | None) -> asyncio.Future[None]:
         # Off the event loop: hashing 8 MiB takes ~10 ms, long enough to stall every other request.
         assert self.whole is not None
-        view = memoryview(buf)[:length]
         hashed = asyncio.ensure_future(in_thread(self.ctx.hash_pool, self.whole.update, view))
 
         def done(_: object) -> None:  # also when cancelled before it started: the buffer is never lost
-            view.release()
-            self.ctx.memory.release(buf)
+            self._release(view, buf)
             self.window.release()
 
         hashed.add_done_callback(done)

@@ -8,6 +8,8 @@ from blobsync.engine.context import EngineContext
 from blobsync.engine.mtime import destination_mtime_ns
 from blobsync.errors import ConflictError
 
+EXISTS = "exists at the destination (--overwrite false)"
+
 
 async def write_conditions(ctx: EngineContext, name: str, source_mtime_ns: int) -> Conditions | str:
     """The write's preconditions under ctx.config.overwrite (create-only, or over the version compared), or the
@@ -19,7 +21,7 @@ async def write_conditions(ctx: EngineContext, name: str, source_mtime_ns: int) 
     if props is None:
         return Conditions(if_none_match_any=True)
     if overwrite is Overwrite.FALSE:
-        return "exists at the destination (--overwrite false)"
+        return EXISTS
     if overwrite is Overwrite.IF_SOURCE_NEWER and source_mtime_ns <= destination_mtime_ns(props):
         return "destination is as new or newer (--overwrite ifSourceNewer)"
     prompt = ctx.overwrite_prompt
@@ -36,7 +38,7 @@ async def created_meanwhile(ctx: EngineContext, name: str, size: int, md5: bytes
     props = await ctx.request(lambda: ctx.store.stat(name))
     if props is not None and md5 is not None and props.size == size and props.content_md5 == md5:
         return props
-    return "exists at the destination (--overwrite false)"
+    return EXISTS
 
 
 def created_only(exc: ConflictError, conditions: Conditions) -> bool:

@@ -5,7 +5,6 @@ as an upload of the source's bytes (the same blocks, checks, resume and MD5)."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 from collections.abc import Mapping
 from dataclasses import replace
@@ -14,6 +13,7 @@ from pathlib import PurePosixPath
 from blobsync.backends.base import BlobHeaders, BlobProperties, Capabilities, Conditions, PutResult, Store
 from blobsync.config import TransferConfig
 from blobsync.engine.context import EngineContext
+from blobsync.engine.fetching import read_checked
 from blobsync.engine.mtime import destination_mtime_ns
 from blobsync.engine.overwrite import created_meanwhile, created_only, write_conditions
 from blobsync.engine.plan import block_count, block_ranges, choose_block_size, new_nonce
@@ -24,7 +24,6 @@ from blobsync.errors import (
     BlobNotFoundError,
     ConflictError,
     CopySourceError,
-    CorruptedInTransitError,
     SourceChangedError,
     UsageError,
 )
@@ -244,14 +243,7 @@ class BlobSource:
 
     async def _read(self, buf: memoryview, offset: int) -> None:
         props, store = self._props, self._store
-        checked = 0 < len(buf) <= store.capabilities.range_md5_max
-
-        async def attempt() -> None:
-            got = await store.read_into(props.name, offset, buf, props.etag or None, range_md5=checked)
-            if checked and got.range_md5 is not None and got.range_md5 != hashlib.md5(buf).digest():
-                raise CorruptedInTransitError(f"{props.name}: a range arrived damaged (its MD5 differs)")
-
-        try:
-            await self._ctx.request(attempt)
+        try:  # hashed here: this runs for a thread of the I/O pool that waits for it
+            await self._ctx.request(lambda: read_checked(store, None, props.name, offset, buf, props.etag or None))
         except ConflictError as exc:
             raise SourceChangedError(f"{props.name}: the source changed while it was being copied") from exc

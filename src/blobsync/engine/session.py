@@ -83,7 +83,7 @@ class Session:
         and retry counters. Nothing in it needs closing apart from the session."""
         store = self.store(location)
         requests = self.requests(config, progress)
-        return EngineContext(store, self.journal, config, self.memory, requests, self.io_pool, self.hash_pool,
+        return EngineContext(store, lambda: self.journal, config, self.memory, requests, self.io_pool, self.hash_pool,
                              progress, overwrite_prompt, self.bucket, self.tuning)
 
     def requests(self, config: TransferConfig, progress: Progress) -> RequestPath:

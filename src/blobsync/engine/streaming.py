@@ -14,7 +14,8 @@ from blobsync.engine.digest import new_md5
 from blobsync.engine.plan import new_nonce
 from blobsync.engine.staging import verify_commit
 from blobsync.engine.tasks import cancel_all, in_thread
-from blobsync.errors import IntegrityError, UsageError
+from blobsync.engine.upload import put_once, written
+from blobsync.errors import UsageError
 from blobsync.report import FileResult, FileStatus, blob_url
 
 log = logging.getLogger("blobsync")
@@ -94,14 +95,8 @@ class StreamWriter:
             data = bytes(self._buf)
             self.md5.update(data)
             self.size = len(data)
-            headers = replace(self.headers, content_md5=self.md5.digest())
-            result = await ctx.request(lambda: ctx.store.put(self.blob, data, headers, self.conditions))
-            if result.content_md5 is not None and result.content_md5 != headers.content_md5:
-                raise IntegrityError(f"{self.blob}: the service stored a different MD5 than was sent")
-            ctx.progress.advanced(self.blob, self.size, self.size)
-            return FileResult(self.blob, self.blob, self.size, FileStatus.TRANSFERRED, bytes_sent=self.size,
-                              etag=result.etag, content_md5=headers.content_md5,
-                              url=blob_url(ctx.store.container_url, self.blob), version_id=result.version_id)
+            return written(await put_once(ctx, self.blob, self.blob, data, self.md5.digest(), self.headers,
+                                          self.conditions))
         if self._buf or not self._tokens:
             await self._stage(memoryview(self._buf))
             self._buf.clear()

@@ -8,13 +8,13 @@ import mimetypes
 from dataclasses import replace
 from pathlib import Path, PurePath
 
-from blobsync.backends.base import BlobHeaders, ChunkedWriter, Conditions, PutResult
+from blobsync.backends.base import BlobHeaders, Buffer, ChunkedWriter, Conditions, PutResult
 from blobsync.config import TransferConfig
 from blobsync.engine.context import EngineContext
 from blobsync.engine.delta import DeltaBase, find_base
 from blobsync.engine.digest import md5_of
 from blobsync.engine.mtime import MTIME_KEY, format_mtime
-from blobsync.engine.overwrite import created_meanwhile, created_only, write_conditions
+from blobsync.engine.overwrite import EXISTS, created_meanwhile, created_only, write_conditions
 from blobsync.engine.plan import block_count, choose_block_size, new_nonce
 from blobsync.engine.staging import BlockUploader, BlockWrite, UploadPlan, check_expected
 from blobsync.engine.tasks import in_thread
@@ -99,28 +99,16 @@ class FileUploader:
             if src.identity() != before:
                 raise SourceChangedError(f"{src.path}: file changed while it was being read")
             check_expected(plan, md5)
-            headers = replace(plan.headers, content_md5=md5)
-            try:
-                result = await ctx.request(lambda: ctx.store.put(plan.blob, data, headers, plan.conditions))
-            except ConflictError as exc:
-                if not created_only(exc, plan.conditions):
-                    raise
-                landed = await created_meanwhile(ctx, plan.blob, before.size, md5)
-                if isinstance(landed, str):
-                    return self._skipped(row, before, landed)
-                result = PutResult(landed.etag, landed.content_md5)
+            result = await put_once(ctx, row.rel, plan.blob, data, md5, plan.headers, plan.conditions)
         finally:
             ctx.memory.unreserve(reserved)
-        if result.content_md5 is not None and result.content_md5 != md5:
-            raise IntegrityError(f"{plan.blob}: the service stored a different MD5 than was sent")
-        ctx.progress.advanced(row.rel, before.size, before.size)
+        if result.status is FileStatus.SKIPPED:
+            return result
         # What was sent (a later run of the job knows it by this identity); the runner records the outcome.
         ctx.journal.start_file(row.id, nonce=None, block_size=None, n_blocks=None, size=before.size,
                                mtime_ns=before.mtime_ns, inode=before.inode, reset=True)
         ctx.journal.forget_commit(ctx.store.container_url, plan.blob)
-        return FileResult(row.rel, plan.blob, before.size, FileStatus.TRANSFERRED, bytes_sent=before.size,
-                          etag=result.etag, content_md5=md5, url=blob_url(ctx.store.container_url, plan.blob),
-                          version_id=result.version_id)
+        return result
 
     # --- chunked writes -----------------------------------------------------------------------------------
 
@@ -192,6 +180,46 @@ class FileUploader:
         if plan.conditions.if_none_match_any or plan.conditions.if_match:
             plan.conditions = Conditions(if_match=etag)  # the version left is ours to replace
         return True
+
+
+async def put_once(ctx: EngineContext, rel: str, blob: str, data: Buffer, md5: bytes, headers: BlobHeaders,
+                   conditions: Conditions) -> FileResult:
+    """The one Put Blob outside the backends: `data` whole, its MD5 sent for the service to check and compared
+    with the one it stored. A create-only write refused because the blob exists on a second try counts as done when
+    the blob holds these very bytes (the first try's answer was lost); else it is SKIPPED with the reason."""
+    size = memoryview(data).nbytes
+    headers = replace(headers, content_md5=md5)
+    tries = 0
+
+    async def attempt() -> PutResult:
+        nonlocal tries
+        tries += 1
+        return await ctx.store.put(blob, data, headers, conditions)
+
+    try:
+        result = await ctx.request(attempt)
+    except ConflictError as exc:
+        if not created_only(exc, conditions):
+            raise
+        if tries == 1:
+            return FileResult(rel, blob, size, FileStatus.SKIPPED, reason=EXISTS)
+        landed = await created_meanwhile(ctx, blob, size, md5)
+        if isinstance(landed, str):
+            return FileResult(rel, blob, size, FileStatus.SKIPPED, reason=landed)
+        result = PutResult(landed.etag, landed.content_md5)
+    if result.content_md5 is not None and result.content_md5 != md5:
+        raise IntegrityError(f"{blob}: the service stored a different MD5 than was sent")
+    ctx.progress.advanced(rel, size, size)
+    return FileResult(rel, blob, size, FileStatus.TRANSFERRED, bytes_sent=size, etag=result.etag, content_md5=md5,
+                      url=blob_url(ctx.store.container_url, blob), version_id=result.version_id)
+
+
+def written(result: FileResult) -> FileResult:
+    """A put's result as a library call answers it: what landed, or ConflictError if the blob was left alone."""
+    if result.status is FileStatus.SKIPPED:
+        raise ConflictError(f"blob {result.blob!r} exists: not overwritten ({result.reason})", status=409,
+                            code="BlobAlreadyExists")
+    return result
 
 
 def upload_headers(cfg: TransferConfig, path: PurePath, identity: FileIdentity) -> BlobHeaders:
