@@ -5,7 +5,7 @@
 For each count N it builds what a `sync --cluster` of N new files builds on the client, with the real code: the
 files' entries go into the SQLite scratch index (as the local walk puts them; the walk's own stat() calls are not
 in it: see RESULTS.md for those), every one is compared with an empty destination and marked, journaled as a file
-row of the job, turned into its ShardFile (with its nonce), and cut into shards that are pickled as they would be
+row of the job, turned into its FileOp (with its nonce), and cut into shards that are pickled as they would be
 sent to the scheduler (then dropped: no cluster is needed). It prints seconds, peak RSS and shard figures, one
 markdown row per N. Each N runs in a fresh process so the peak RSS is its own.
 """
@@ -30,7 +30,8 @@ sys.path.insert(0, str(REPO / "src"))
 def plan(n: int, workers: int) -> dict[str, float]:
     from blobsync.backends.base import Capabilities
     from blobsync.cluster.plan import BlockSizer, cut, sizing
-    from blobsync.cluster.spec import JobSpec, ShardFile, ShardSpec, file_nonce
+    from blobsync.cluster.spec import JobSpec, ShardSpec, file_nonce
+    from blobsync.jobs.ops import FileOp, OpKind
     from blobsync.jobs.runner import batches
     from blobsync.journal import JobKind, Journal
     from blobsync.journal.index import Entry, SyncIndex
@@ -60,7 +61,8 @@ def plan(n: int, workers: int) -> dict[str, float]:
                 rows = journal.add_files(job.id, ((e.rel, e.rel, e.size, e.mtime_ns, 0) for e, _ in rows_batch))
                 for e, _ in rows_batch:
                     assert rows[e.rel].id
-                    yield ShardFile(e.rel, e.rel, e.size, e.mtime_ns, file_nonce(job.id, e.rel, e.size, e.mtime_ns))
+                    yield FileOp(OpKind.UPLOAD, e.rel, e.rel, e.size, e.mtime_ns,
+                                 nonce=file_nonce(job.id, e.rel, e.size, e.mtime_ns))
 
         shards = 0
         largest = 0

@@ -165,3 +165,20 @@ def test_a_copy_through_faults_retries_to_the_right_bytes(source: Side, dest: Si
         assert dest.download(f"{overwrite}/f/small.bin") == small and dest.download(f"{overwrite}/f/big.bin") == big
         proxy.clear_rules()
         proxy.add_rule(Rule("copy_blob", reset_after(), nth={1}))
+
+
+def test_a_copy_on_worker_processes_keeps_what_the_plain_copy_keeps(source: Side, dest: Side, azurite: Azurite,
+                                                                   tmp_path: Path) -> None:
+    """--processes runs the operations the plain job makes (one FileOp): the same bytes and the source's tier land,
+    for a blob copied in one request and one staged in ranges."""
+    small, big = os.urandom(3000), os.urandom(6 * MiB + 5)
+    source.client.upload_blob("run/a.bin", small, standard_blob_tier=StandardBlobTier.COOL)
+    source.client.upload_blob("run/w.bin", big, standard_blob_tier=StandardBlobTier.COOL)
+    ep = azurite.base_url
+    out = run(["cp", source.url(ep, "run"), dest.url(ep, "copies"), "-r", "--block-size-mb", "4",
+               "--processes", "2", "--journal", str(tmp_path / "j.db")])
+    assert out.returncode == 0, out.stderr
+    for name, data in (("a.bin", small), ("w.bin", big)):
+        assert dest.download(f"copies/run/{name}") == data
+        props = dest.client.get_blob_client(f"copies/run/{name}").get_blob_properties()
+        assert props.blob_tier == "Cool", name

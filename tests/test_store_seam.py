@@ -179,8 +179,11 @@ class _InProcess:
 
     async def run(self, ctx: object, job_id: str, local_root: Path, report: blobsync.Report,
                   items: object, totals: tuple[int, int], settle: Callable[..., None]) -> None:
+        from blobsync.jobs.ops import Performer
+
+        perform = Performer(ctx, local_root)  # type: ignore[arg-type]
         for item in items:  # type: ignore[attr-defined]
-            settle(report, item.row, await item.run())
+            settle(report, item.row, await perform(item.row, item.op))
             self.files += 1
 
 
@@ -228,11 +231,11 @@ def test_a_failed_cluster_shard_counts_a_download_done_only_if_the_planned_versi
     from types import SimpleNamespace
 
     from blobsync.cluster.client import ClusterTransfer
-    from blobsync.cluster.spec import ShardFile
+    from blobsync.jobs.ops import FileOp, OpKind
 
     target = tmp_path / "f.bin"
     target.write_bytes(b"old bytes!")
-    planned = ShardFile("f.bin", "f.bin", 10, 1_700_000_000_123_456_789, "0" * 16)
+    planned = FileOp(OpKind.DOWNLOAD, "f.bin", "f.bin", 10, 1_700_000_000_123_456_789, nonce="0" * 16)
     transfer = ClusterTransfer(None, "memory://c", upload=False)  # type: ignore[arg-type]
     transfer.local_root = tmp_path
     keeps = SimpleNamespace(config=TransferConfig(preserve_last_modified_time=True))

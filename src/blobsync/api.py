@@ -35,6 +35,7 @@ from blobsync.report import Action, Report
 # upload jobs, remove or watch (and watchfiles), which is a good part of a no-op sync's start-up.
 if TYPE_CHECKING:
     from blobsync.backends.azure.doctor import Diagnosis
+    from blobsync.jobs.spec import RemoteOpener
     from blobsync.jobs.watch import Ready
     from blobsync.journal.jobs import JobBook
 
@@ -208,8 +209,8 @@ async def copy_on(
         filters = Filters.parse(**{**(filters.text if filters is not None else {}),  # type: ignore[arg-type]
                                    "list_of_files": str(list_of_files)})
         config = replace(config, recursive=True)
-    spec, config, hooks = _copy_spec(source, dest, config, as_subdir, filters, dry_run,
-                                     Hooks(on_action, confirm_overwrite, cluster=_cluster_arg(cluster)))
+    spec, config, remote = _copy_spec(source, dest, config, as_subdir, filters, dry_run, _cluster_arg(cluster))
+    hooks = Hooks(on_action, confirm_overwrite, remote=remote)
     async with _session_for(session, config, env, progress) as session:
         report = await run_job(spec, session, config, progress=progress, hooks=hooks)
     return _finish(report, raise_on_error)
@@ -220,17 +221,18 @@ copy = blocking_form(copy_async)
 
 
 def _copy_spec(source: str, dest: str, config: TransferConfig, as_subdir: bool, filters: Filters | None,
-               dry_run: bool, hooks: Hooks) -> tuple[JobSpec, TransferConfig, Hooks]:
-    """The job a cp's two arguments describe: an upload, a download, or a copy between two URLs."""
+               dry_run: bool, cluster: Cluster) -> tuple[JobSpec, TransferConfig, RemoteOpener | None]:
+    """The job a cp's two arguments describe (an upload, a download, or a copy between two URLs), and where its
+    files run."""
     if is_remote(source) and is_remote(dest):
         both = plan_blob_copy(source, dest, recursive=config.recursive, as_subdir=as_subdir,
                               filters=filters or Filters())
         return (CopySpec(both.source, both.dest, both.many, both.filters, dry_run),
-                replace(config, recursive=both.many), replace(hooks, cluster_url=dest, source_url=source))
+                replace(config, recursive=both.many), _remote(cluster, dest, source))
     plan = plan_copy(source, dest, recursive=config.recursive, as_subdir=as_subdir, filters=filters)
     spec: JobSpec = UploadSpec(plan.local, plan.remote, plan.filters, dry_run) if plan.upload else \
         DownloadSpec(plan.remote, plan.local, plan.dest_is_folder, plan.filters, dry_run)
-    return spec, replace(config, recursive=plan.many), replace(hooks, cluster_url=dest if plan.upload else source)
+    return spec, replace(config, recursive=plan.many), _remote(cluster, dest if plan.upload else source)
 
 
 async def sync_on(
@@ -276,7 +278,7 @@ async def sync_on(
     if spec.source is not None and cluster is not None:
         raise UsageError("a sync between two URLs runs on this machine (the service moves the bytes): drop "
                          "--cluster or --processes, or use cp -r with them")
-    hooks = Hooks(on_action, confirm_delete=confirm, cluster=cluster, cluster_url=dst_text if spec.upload else src_text)
+    hooks = Hooks(on_action, confirm_delete=confirm, remote=_remote(cluster, dst_text if spec.upload else src_text))
     async with _session_for(session, config, env, progress) as session:
         report = await run_job(spec, session, config, progress=progress, hooks=hooks)
     return _finish(report, raise_on_error)
@@ -435,6 +437,15 @@ async def resume_on(
 
 resume_async = alone(resume_on)
 resume = blocking_form(resume_async)
+
+
+def _remote(cluster: Cluster, url: str, source_url: str = "") -> RemoteOpener | None:
+    """Where a job's files run: on `cluster` (its code loaded only then), or None: in this process."""
+    if cluster is None:
+        return None
+    from blobsync.cluster.client import remote
+
+    return remote(cluster, url, source_url)
 
 
 def _cluster_arg(cluster: Cluster) -> Cluster:

@@ -4,26 +4,33 @@ flight), their outcomes journaled and reported as they come back, progress relay
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from blobsync.cluster.plan import BlockSizer, SplitFile, cut, sizing
-from blobsync.cluster.spec import JobSpec, ShardFile, ShardReport, ShardSpec, file_nonce
+from blobsync.cluster.spec import JobSpec, ShardReport, ShardSpec, file_nonce
 from blobsync.config import Overwrite
 from blobsync.engine.context import EngineContext
 from blobsync.engine.mtime import MTIME_KEY, format_mtime
 from blobsync.engine.plan import block_count, choose_block_size
 from blobsync.errors import BlobsyncError, ExitCode, Scope, TransientError, UsageError
-from blobsync.jobs.runner import Settle, WorkItem
+from blobsync.jobs.ops import FileOp, OpKind
+from blobsync.jobs.runner import RemoteRunner, Settle, WorkItem
+from blobsync.jobs.spec import Processes
 from blobsync.journal import FileRow
 from blobsync.local.files import FileIdentity, clamp_ns
 from blobsync.local.target import PartFile, safe_join
 from blobsync.report import FileResult, FileStatus, Report, ShardRow
+
+if TYPE_CHECKING:
+    from blobsync.jobs.spec import RemoteOpener
 
 log = logging.getLogger("blobsync")
 WATCH = 2.0  # seconds between looks at the cluster while no result comes back
@@ -122,18 +129,15 @@ class ClusterTransfer:
         return JobSpec(job_id, self.upload, str(self.local_root), self.url, options, ctx.config.proxy, topic,
                        self.source_url)
 
-    def _files(self, ctx: EngineContext, job_id: str, items: Iterable[WorkItem]) -> Iterator[ShardFile]:
+    def _files(self, ctx: EngineContext, job_id: str, items: Iterable[WorkItem]) -> Iterator[FileOp]:
         for item in items:
-            ref = item.ref
-            if ref is None:
-                raise AssertionError("a cluster job needs every item's file reference")
-            ctx.progress.queued(ref.rel, ref.blob, ref.size, counted=True)
-            self._rows[ref.rel] = item.row
-            nonce = file_nonce(job_id, ref.rel, ref.size, ref.mtime_ns)
-            if self.upload and not self.source_url and ref.size > ctx.config.single_put_limit:
-                self._journal_nonce(ctx, item.row, ref.rel, ref.size, nonce)
-            yield ShardFile(ref.rel, ref.blob, ref.size, ref.mtime_ns, nonce, ref.etag or "",
-                            ref.md5.hex() if ref.md5 else None, ref.exact_mtime, ref.source, ref.inode)
+            op = item.op
+            ctx.progress.queued(op.rel, op.blob, op.size, counted=True)
+            self._rows[op.rel] = item.row
+            nonce = file_nonce(job_id, op.rel, op.size, op.mtime_ns)
+            if op.kind is OpKind.UPLOAD and op.size > ctx.config.single_put_limit:
+                self._journal_nonce(ctx, item.row, op.rel, op.size, nonce)
+            yield replace(op, nonce=nonce)
 
     def _journal_nonce(self, ctx: EngineContext, row: FileRow, rel: str, size: int, nonce: str) -> None:
         """The client's journal keeps the nonce the workers stage under: the same command run later without a
@@ -203,7 +207,7 @@ class ClusterTransfer:
                 self._apply(ctx, report, files, outcome)
         return rest
 
-    def _apply(self, ctx: EngineContext, report: Report, files: Iterable[ShardFile], reports: list[ShardReport]
+    def _apply(self, ctx: EngineContext, report: Report, files: Iterable[FileOp], reports: list[ShardReport]
                ) -> None:
         by_rel = {f.rel: f for f in files}
         for shard in reports:
@@ -231,7 +235,7 @@ class ClusterTransfer:
                                  "again to finish it")
         return alone_since if alone_since is not None else now
 
-    async def _failed(self, ctx: EngineContext, report: Report, files: Iterable[ShardFile], error: BaseException
+    async def _failed(self, ctx: EngineContext, report: Report, files: Iterable[FileOp], error: BaseException
                       ) -> None:
         if isinstance(error, BlobsyncError) and error.scope is Scope.RUN:
             raise error  # no other shard fares better: bad credentials, a missing container
@@ -247,7 +251,7 @@ class ClusterTransfer:
             done = await self._completed(ctx, f)
             self._record(ctx, report, row, f, done, False, 0, "" if done else reason, int(ExitCode.PARTIAL))
 
-    async def _completed(self, ctx: EngineContext, f: ShardFile) -> bool:
+    async def _completed(self, ctx: EngineContext, f: FileOp) -> bool:
         """Whether the planned version of `f` is at its destination (an upload verifies before it is visible
         with its source's mtime; a download has its name only once checked, and only its mtime, when it keeps
         the blob's, tells it from an older file of the same size that was there before: without that, no)."""
@@ -264,10 +268,10 @@ class ClusterTransfer:
         if props is None or props.size != f.size:
             return False
         if self.source_url:  # a copy carries the source's MD5 (unknown: it cannot be told from an older copy)
-            return f.md5 is not None and props.content_md5 == bytes.fromhex(f.md5)
+            return f.md5 is not None and props.content_md5 == f.md5
         return props.metadata.get(MTIME_KEY) == format_mtime(f.mtime_ns)
 
-    def _record(self, ctx: EngineContext, report: Report, row: FileRow, f: ShardFile, ok: bool, skipped: bool,
+    def _record(self, ctx: EngineContext, report: Report, row: FileRow, f: FileOp, ok: bool, skipped: bool,
                 sent: int, reason: str, code: int) -> None:
         if ok and skipped:
             result = FileResult(f.rel, f.blob, f.size, FileStatus.SKIPPED, reason=reason)
@@ -284,3 +288,27 @@ def _lost_cluster(error: BaseException) -> bool:
     names = {type(e).__name__ for e in (error, error.__cause__, error.__context__) if e is not None}
     return bool(names & {"CommClosedError", "StreamClosedError", "CancelledError", "FutureCancelledError",
                          "BrokenProcessPool"})
+
+
+def remote(target: object, url: str, source_url: str = "") -> RemoteOpener:
+    """How a job runs its files on `target` (Processes, or a Dask cluster: a distributed.Client, an address,
+    'local:N'): `url` is the remote side as the user gave it (SAS included: what the workers open), `source_url` a
+    blob-to-blob copy's source."""
+
+    @contextlib.asynccontextmanager
+    async def opened(upload: bool) -> AsyncIterator[RemoteRunner]:
+        executor: Executor
+        if isinstance(target, Processes):
+            from blobsync.cluster.processes import ProcessExecutor
+
+            executor = await ProcessExecutor.open(target.count)
+        else:
+            from blobsync.cluster.dask_adapter import DaskExecutor
+
+            executor = await DaskExecutor.open(target)
+        try:
+            yield ClusterTransfer(executor, url, upload, source_url=source_url)
+        finally:
+            await executor.close()
+
+    return opened

@@ -6,22 +6,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
-
-@dataclass(frozen=True)
-class ShardFile:
-    """One file of a shard. `nonce` is fixed by the client: whichever worker runs the shard (once or again after a
-    worker died) stages the same part names, so a rerun finds the parts staged already."""
-
-    rel: str  # path under the local root, '/'-separated
-    blob: str  # the object's name in the container
-    size: int
-    mtime_ns: int
-    nonce: str
-    etag: str = ""  # downloads: the version planned (read If-Match)
-    md5: str | None = None  # downloads: the blob's Content-MD5, hex
-    exact_mtime: bool = False  # downloads: mtime_ns is the source file's own (stored by blobsync)
-    source: str = ""  # blob-to-blob copies: the source blob's name
-    inode: int = 0  # uploads of a walked folder: the file the walk listed (0: a file named by the user)
+from blobsync.jobs.ops import FileOp
 
 
 @dataclass(frozen=True)
@@ -42,7 +27,7 @@ class JobSpec:
 class ShardSpec:
     job: JobSpec
     shard: int
-    files: tuple[ShardFile, ...]
+    files: tuple[FileOp, ...]  # each with its nonce, fixed by the client: a rerun stages the same parts
 
 
 @dataclass(frozen=True)
@@ -50,7 +35,7 @@ class RangeSpec:
     """Blocks [first, last) of one huge file, staged (upload) or fetched into the shared partial file (download)."""
 
     job: JobSpec
-    file: ShardFile
+    file: FileOp
     block_size: int
     first: int
     last: int

@@ -13,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from blobsync.backends.base import PartCheck
+from blobsync.backends.base import PartCheck, Store
 from blobsync.checksums import choose_check
 from blobsync.cluster.spec import FileOutcome, RangeSpec, ShardReport
 from blobsync.cluster.work import Publish, check_identity, shard_engine, worker_name
@@ -21,14 +21,13 @@ from blobsync.engine.context import EngineContext
 from blobsync.engine.digest import feed, new_md5
 from blobsync.engine.download import FileDownloader
 from blobsync.engine.fetching import FileSink, RangeFetch, read_checked
-from blobsync.engine.listing import as_properties
 from blobsync.engine.mtime import destination_mtime_ns
 from blobsync.engine.plan import block_count, block_ranges
+from blobsync.engine.s2s import copy_headers, source_tags
 from blobsync.engine.staging import read_block, verify_commit
 from blobsync.engine.tasks import for_each, in_thread
 from blobsync.engine.upload import upload_headers
-from blobsync.errors import BlobsyncError, InvalidBlockListError, Scope
-from blobsync.journal.index import Entry
+from blobsync.errors import BlobNotFoundError, BlobsyncError, InvalidBlockListError, Scope
 from blobsync.local.files import OpenFile
 from blobsync.local.target import PartFile, safe_join
 
@@ -53,7 +52,7 @@ def stage_range(spec: RangeSpec, publish: Publish | None = None, worker: str | N
 async def _stage_range(spec: RangeSpec, publish: Publish | None, worker: str) -> ShardReport:
     started = time.monotonic()
     f = spec.file
-    async with shard_engine(spec.job, f"{f.nonce}-{spec.first}", _label(spec), publish) as (ctx, relay):
+    async with shard_engine(spec.job, f"{f.nonce}-{spec.first}", _label(spec), publish) as (ctx, relay, source):
         writer = ctx.store.writer(f.blob, f.nonce)
         tokens = [writer.token(i) for i in range(block_count(f.size, spec.block_size))]
         expected = {tokens[i]: length for i, _, length in block_ranges(f.size, spec.block_size)}
@@ -61,11 +60,8 @@ async def _stage_range(spec: RangeSpec, publish: Publish | None, worker: str) ->
         sent = 0
         if [p.token for p in held.committed] != tokens:  # else the commit landed already: nothing to stage
             present = {p.token for p in held.staged if expected.get(p.token) == p.size}
-            if spec.job.source_url:  # a blob-to-blob copy: the destination's service reads each range
-                from blobsync.cluster.copying import source_store, stage_from_url
-
-                async with source_store(spec.job, ctx.config) as source:
-                    sent = await stage_from_url(ctx, spec, source, present)
+            if source is not None:  # a blob-to-blob copy: the destination's service reads each range
+                sent = await stage_from_url(ctx, spec, source, present)
             else:
                 sent = await _stage_blocks(ctx, spec, writer.stage, tokens, present)
         retries = ctx.requests.retrier.retries
@@ -141,13 +137,10 @@ async def _commit_split(spec: RangeSpec, md5_hex: str | None, staged: tuple[Shar
     f = spec.file
     sent = sum(r.sent for r in staged)
     outcome = FileOutcome(f.rel, True, sent)
-    async with shard_engine(spec.job, f"{f.nonce}-commit", f"{f.rel} commit", publish) as (ctx, relay):
+    async with shard_engine(spec.job, f"{f.nonce}-commit", f"{f.rel} commit", publish) as (ctx, relay, source):
         try:
-            if spec.job.source_url:
-                from blobsync.cluster.copying import commit_copy, source_store
-
-                async with source_store(spec.job, ctx.config) as source:
-                    await commit_copy(ctx, spec, source)
+            if source is not None:
+                await commit_copy(ctx, spec, source)
             else:
                 await _commit(ctx, spec, bytes.fromhex(md5_hex) if md5_hex else None)
         except BlobsyncError as exc:
@@ -185,7 +178,7 @@ async def _fetch_range(spec: RangeSpec, publish: Publish | None, worker: str) ->
     f, size = spec.file, spec.block_size
     target = safe_join(Path(spec.job.local_root), f.rel)
     sent = 0
-    async with shard_engine(spec.job, f"{f.nonce}-{spec.first}", _label(spec), publish) as (ctx, relay):
+    async with shard_engine(spec.job, f"{f.nonce}-{spec.first}", _label(spec), publish) as (ctx, relay, _source):
         part = await in_thread(ctx.io_pool, lambda: PartFile(target, f.size, keep=True,
                                                              root=Path(spec.job.local_root), shared=True))
         ranges = [(i, i * size, min(size, f.size - i * size)) for i in range(spec.first, spec.last)]
@@ -214,10 +207,9 @@ async def _finish_download(spec: RangeSpec, fetched: tuple[ShardReport, ...], pu
     f = spec.file
     sent = sum(r.sent for r in fetched)
     outcome = FileOutcome(f.rel, True, sent)
-    async with shard_engine(spec.job, f"{f.nonce}-finish", f"{f.rel} finish", publish) as (ctx, relay):
+    async with shard_engine(spec.job, f"{f.nonce}-finish", f"{f.rel} finish", publish) as (ctx, relay, _source):
         target = safe_join(Path(spec.job.local_root), f.rel)
-        props = as_properties(Entry(f.rel, f.size, f.mtime_ns, f.exact_mtime,
-                                    bytes.fromhex(f.md5) if f.md5 else None, f.etag, f.blob))
+        props = f.listed()
         part = await in_thread(ctx.io_pool, lambda: PartFile(target, f.size, keep=True,
                                                              root=Path(spec.job.local_root), shared=True))
         try:
@@ -236,3 +228,49 @@ async def _finish_download(spec: RangeSpec, fetched: tuple[ShardReport, ...], pu
         relay.on_done_outcome(outcome)
     return ShardReport(f"{f.rel} finish", worker, 1, 0, 0, time.monotonic() - started,
                        ctx.requests.retrier.retries, [outcome])
+
+
+# --- blob-to-blob copies: the destination's service reads each range from the source's URL ---
+
+
+async def stage_from_url(ctx: EngineContext, spec: RangeSpec, source: Store, present: set[str]) -> int:
+    """Stage blocks [first, last) of the copy as ranges the destination's service reads from the source (at the
+    version listed), leaving those the store holds already; the bytes staged."""
+    f = spec.file
+    writer = ctx.store.writer(f.blob, f.nonce)
+    copy_source = await source.copy_source(f.source, f.etag or None, ctx.store.location)
+    staged = 0
+
+    async def one(idx: int) -> None:
+        nonlocal staged
+        offset = idx * spec.block_size
+        length = min(spec.block_size, f.size - offset)
+        if writer.token(idx) not in present:
+            await ctx.request(lambda: writer.stage_from(idx, copy_source, offset, length))
+            staged += length
+        ctx.progress.advanced(f.rel, length, 0)
+
+    await for_each(range(spec.first, spec.last), one, max(1, ctx.config.start_concurrency))
+    return staged
+
+
+async def commit_copy(ctx: EngineContext, spec: RangeSpec, source: Store) -> None:
+    """Commit every part of the copy in order with the source's properties, then verify what the store holds."""
+    f = spec.file
+    props = await ctx.request(lambda: source.stat(f.source))
+    # A listing gives ETags bare, a HEAD quoted (as HTTP has them): the same version either way.
+    if props is None or props.etag.strip('"') != (f.etag or "").strip('"'):
+        raise BlobNotFoundError(f"{f.source}: the source blob is gone or changed since it was listed; run again",
+                                status=404, code="BlobNotFound")
+    writer = ctx.store.writer(f.blob, f.nonce)
+    tokens = [writer.token(i) for i in range(block_count(f.size, spec.block_size))]
+    expected = {tokens[i]: length for i, _, length in block_ranges(f.size, spec.block_size)}
+    tags = await source_tags(ctx.config, source, ctx, f.source)
+    headers = replace(copy_headers(ctx.config, props, ctx.store.capabilities), tags=tags)
+    try:
+        await ctx.request(lambda: writer.commit([(t, False) for t in tokens], headers))
+    except InvalidBlockListError:
+        landed = await ctx.request(lambda: writer.parts(staged=False))
+        if [p.token for p in landed.committed] != tokens:
+            raise  # the staged parts are gone and no commit of ours landed: the job stages them again
+    await verify_commit(ctx, writer, f.blob, tokens, expected, f.size, headers.content_md5)

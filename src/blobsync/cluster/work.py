@@ -5,32 +5,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import os
 import socket
 import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from blobsync.cluster.spec import FileOutcome, JobSpec, ShardFile, ShardReport, ShardSpec
+from blobsync.backends.base import Store
+from blobsync.cluster.spec import FileOutcome, JobSpec, ShardReport, ShardSpec
 from blobsync.config import TransferConfig
 from blobsync.engine.context import EngineContext
-from blobsync.engine.download import FileDownloader
-from blobsync.engine.listing import as_properties
-from blobsync.engine.plan import block_count, choose_block_size
 from blobsync.engine.session import Session
-from blobsync.engine.upload import FileUploader
-from blobsync.errors import BlobsyncError, ExitCode, SourceChangedError, UnsafeNameError
+from blobsync.errors import BlobsyncError, SourceChangedError
 from blobsync.events import BaseSubscriber, Progress
-from blobsync.jobs.runner import JobRunner, Settle, WorkItem
-from blobsync.journal import FileRow, FileState, JobKind, Journal
-from blobsync.journal.index import Entry
+from blobsync.jobs.ops import FileOp
+from blobsync.jobs.runner import JobRunner, WorkItem
+from blobsync.journal import FileState, JobKind, Journal
 from blobsync.local.files import FileIdentity
-from blobsync.local.target import safe_join
 from blobsync.report import FileResult, FileStatus, Report
 
 Publish = Callable[[dict[str, Any]], None]  # sends one progress event to the client (the adapter's channel)
@@ -120,8 +114,9 @@ class _Relay(BaseSubscriber):
 
 @contextlib.asynccontextmanager
 async def shard_engine(job: JobSpec, key: str, label: str, publish: Publish | None
-                       ) -> AsyncIterator[tuple[EngineContext, _Relay]]:
-    """The engine for one task on this worker, with its own journal (`key` names it) and a relay of its progress."""
+                       ) -> AsyncIterator[tuple[EngineContext, _Relay, Store | None]]:
+    """The engine for one task on this worker, with its own journal (`key` names it), a relay of its progress, and
+    a copy's source store (its URL's SAS, or this machine's environment)."""
     relay = _Relay(publish, label)
     with SHARD_FOLDER.used() as folder:
         path = _journal_path(folder, job, key)
@@ -130,7 +125,8 @@ async def shard_engine(job: JobSpec, key: str, label: str, publish: Publish | No
             config, progress = worker_config(job, path), Progress(subscribers=[relay])
             session = Session(config, os.environ, journal, wire_progress=progress)
             try:
-                yield session.context(job.url, config, progress=progress), relay
+                source = session.store(job.source_url) if job.source_url else None
+                yield session.context(job.url, config, progress=progress), relay, source
             finally:
                 await session.close()  # closes the journal too
         finally:
@@ -148,75 +144,23 @@ def run_shard(spec: ShardSpec, publish: Publish | None = None, worker: str | Non
 async def _run_shard(spec: ShardSpec, publish: Publish | None, worker: str) -> ShardReport:
     label = f"shard-{spec.shard}"
     started = time.monotonic()
-    async with shard_engine(spec.job, label, f"shard {spec.shard}", publish) as (ctx, relay):
+    async with shard_engine(spec.job, label, f"shard {spec.shard}", publish) as (ctx, relay, source):
         kind = JobKind.COPY if spec.job.source_url else JobKind.UPLOAD if spec.job.upload else JobKind.DOWNLOAD
         runner = JobRunner(kind, ctx)
         job = runner.open_job(spec.job.local_root, f"{ctx.store.display_url}#{spec.job.job}/{spec.shard}")
         report = Report(job.id, spec.job.local_root, ctx.store.display_url, listener=ctx.progress.finished)
         rows = ctx.journal.add_files(job.id, ((f.rel, f.blob, f.size, f.mtime_ns, 0) for f in spec.files))
-        if spec.job.source_url:
-            from blobsync.cluster.copying import copy_items, source_store
-
-            async with source_store(spec.job, ctx.config) as source:
-                await runner.run(report, copy_items(ctx, spec, rows, source))
-        else:
-            items = _upload_items(ctx, spec, rows) if spec.job.upload else _download_items(ctx, spec, rows, report,
-                                                                                         runner.settle)
-            await runner.run(report, items)
+        # The operations the client made, run as the plain job runs them (the same Performer).
+        runner.performing(Path(spec.job.local_root), source)
+        await runner.run(report, [WorkItem(rows[f.rel], f) for f in spec.files
+                                  if rows[f.rel].state is not FileState.COMMITTED])
         retries = ctx.requests.retrier.retries
     relay.flush()
     return ShardReport(f"shard {spec.shard}", worker, len(spec.files), sum(f.size for f in spec.files),
                        report.bytes_sent, time.monotonic() - started, retries, relay.outcomes)
 
 
-def _upload_items(ctx: EngineContext, spec: ShardSpec, rows: dict[str, FileRow]) -> Iterator[WorkItem]:
-    uploader = FileUploader(ctx)
-    root = Path(spec.job.local_root)
-    for f in spec.files:
-        row = rows[f.rel]
-        if row.state is FileState.COMMITTED:
-            continue
-        path = root / f.rel
-        row = _with_nonce(ctx, row, f, path)
-        # Opened as the walk listed it (its inode; no link unless --follow-symlinks), as the plain job does.
-        yield WorkItem(row, f.size, functools.partial(uploader.upload, row, path, f.inode or None))
-
-
-def _with_nonce(ctx: EngineContext, row: FileRow, f: ShardFile, path: Path) -> FileRow:
-    """A file new to this worker's journal takes the client's nonce: the parts any earlier run staged are found."""
-    if row.nonce is not None or f.size <= ctx.config.single_put_limit:
-        return row
-    try:
-        ident = FileIdentity.of(os.stat(path))
-    except OSError:
-        return row  # the upload itself reports why the file cannot be read
-    block_size = choose_block_size(f.size, ctx.config.block_size, ctx.store.capabilities)
-    ctx.journal.start_file(row.id, nonce=f.nonce, block_size=block_size, n_blocks=block_count(f.size, block_size),
-                           size=ident.size, mtime_ns=ident.mtime_ns, inode=ident.inode, reset=True,
-                           ctime_ns=ident.ctime_ns)
-    ctx.journal.flush()
-    return replace(row, nonce=f.nonce, block_size=block_size, size=ident.size, mtime_ns=ident.mtime_ns,
-                   inode=ident.inode, ctime_ns=ident.ctime_ns, state=FileState.ACTIVE)
-
-
-def _download_items(ctx: EngineContext, spec: ShardSpec, rows: dict[str, FileRow], report: Report,
-                    settle: Settle) -> Iterator[WorkItem]:
-    root = Path(spec.job.local_root)
-    downloader = FileDownloader(ctx, root)
-    for f in spec.files:
-        row = rows[f.rel]
-        try:
-            target = safe_join(root, f.rel)
-        except UnsafeNameError as exc:
-            settle(report, row, FileResult(f.rel, f.blob, f.size, FileStatus.FAILED, reason=str(exc),
-                                           exit_code=ExitCode.PARTIAL))
-            continue
-        props = as_properties(Entry(f.rel, f.size, f.mtime_ns, f.exact_mtime, bytes.fromhex(f.md5) if f.md5
-                                    else None, f.etag, f.blob))
-        yield WorkItem(row, f.size, functools.partial(downloader.download, row, props, target))
-
-
-def check_identity(path: Path, f: ShardFile) -> FileIdentity:
+def check_identity(path: Path, f: FileOp) -> FileIdentity:
     """The file as planned (size, mtime and the inode walked), or SourceChangedError: no part of another version
     (or of another file swapped in under its name) may be staged."""
     try:

@@ -18,7 +18,6 @@ from blobsync.jobs.spec import (
     DownloadSpec,
     Hooks,
     JobSpec,
-    Processes,
     PutSpec,
     RemoveSpec,
     SyncSpec,
@@ -115,25 +114,13 @@ def _written(spec: JobSpec) -> Location | None:
 @asynccontextmanager
 async def _cluster(hooks: Hooks, upload: bool, config: TransferConfig, dry_run: bool
                    ) -> AsyncIterator[RemoteRunner | None]:
-    """The cluster a job's files run on (None: this machine), opened for the job and closed after it."""
-    if hooks.cluster is None or dry_run:
+    """Where a job's files run (None: this process), opened for the job and closed after it (the caller's
+    opener: the cluster sits above the jobs)."""
+    if hooks.remote is None or dry_run:
         yield None
         return
     if config.overwrite is Overwrite.PROMPT:
         raise UsageError("--overwrite prompt cannot be used with --cluster or --processes: use true, false or "
                          "ifSourceNewer")
-    from blobsync.cluster.client import ClusterTransfer, Executor
-
-    executor: Executor
-    if isinstance(hooks.cluster, Processes):
-        from blobsync.cluster.processes import ProcessExecutor
-
-        executor = await ProcessExecutor.open(hooks.cluster.count)
-    else:
-        from blobsync.cluster.dask_adapter import DaskExecutor
-
-        executor = await DaskExecutor.open(hooks.cluster)
-    try:
-        yield ClusterTransfer(executor, hooks.cluster_url, upload, source_url=hooks.source_url)
-    finally:
-        await executor.close()
+    async with hooks.remote(upload) as runner:
+        yield runner

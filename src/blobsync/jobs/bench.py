@@ -14,8 +14,8 @@ from blobsync.backends.base import Location
 from blobsync.config import AUTO_CEILING, TransferConfig
 from blobsync.engine.session import Session
 from blobsync.engine.sources import GeneratedSource
-from blobsync.engine.upload import FileUploader
 from blobsync.events import Progress
+from blobsync.jobs.ops import FileOp, OpKind
 from blobsync.jobs.runner import JobRunner, WorkItem
 from blobsync.jobs.spec import DownloadSpec, RemoveSpec
 from blobsync.journal import JobKind
@@ -101,12 +101,11 @@ async def _upload(spec: BenchSpec, folder: Location, session: Session, config: T
     names = [f"{folder.path}f{i:06d}.bin" for i in range(spec.count)]
     rows = ctx.journal.add_files(job.id, ((name, name, spec.size, 0, 0) for name in names))
     report = Report(job.id, "<generated>", folder.display, listener=ctx.progress.finished)
-    uploader, pattern = FileUploader(ctx), GeneratedSource.pattern()
+    pattern = GeneratedSource.pattern()
 
     def item(i: int, name: str) -> WorkItem:
-        row = rows[name]
-        return WorkItem(row, spec.size, lambda: uploader.upload_source(
-            row, GeneratedSource(name, spec.size, i * 7919, pattern)))
+        data = GeneratedSource(name, spec.size, i * 7919, pattern)
+        return WorkItem(rows[name], FileOp(OpKind.PUT, name, name, spec.size, 0, data=data))
 
     await runner.run(report, (item(i, name) for i, name in enumerate(names)), (spec.count, spec.count * spec.size))
     return report

@@ -3,17 +3,17 @@ each blob under the budgets, the destination's service reading the source where 
 
 from __future__ import annotations
 
-import functools
 import posixpath
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 from blobsync.backends.base import BlobProperties, Store
 from blobsync.engine.context import EngineContext
 from blobsync.engine.listing import RemoteLister, one_blob
-from blobsync.engine.mtime import MTIME_KEY, destination_mtime_ns
-from blobsync.engine.s2s import BlobCopier
+from blobsync.engine.mtime import destination_mtime_ns
 from blobsync.errors import BlobNotFoundError
-from blobsync.jobs.runner import FileRef, JobRunner, RemoteRunner, WorkItem, listed_batches
+from blobsync.jobs.ops import FileOp, OpKind
+from blobsync.jobs.runner import JobRunner, RemoteRunner, WorkItem, listed_batches
 from blobsync.jobs.spec import CopySpec
 from blobsync.journal import FileState, JobKind, JobRow
 from blobsync.journal.index import SyncIndex
@@ -72,11 +72,11 @@ class CopyJob:
         runner.settle_missing(report, spec.filters)
         if self.ctx.config.create_container:
             await runner.requests(self.ctx.store.create_container)
-        copier = BlobCopier(self.ctx, self.source)
-        work = (item for batch in blobs() for item in self._items(batch, copier, report))
+        perform = runner.performing(Path(), self.source)
+        work = (item for batch in blobs() for item in self._items(batch, report))
         await runner.run(report, work, totals)
-        if copier.fallback is not None:
-            report.notes.append(f"copied through this machine: {copier.fallback}")
+        if perform.copier is not None and perform.copier.fallback is not None:
+            report.notes.append(f"copied through this machine: {perform.copier.fallback}")
         return report
 
     def _dry_run(self, blobs: Iterator[list[tuple[str, BlobProperties]]]) -> Report:
@@ -90,8 +90,7 @@ class CopyJob:
                                                         reason=f"would copy to {name}"))
         return report
 
-    def _items(self, blobs: list[tuple[str, BlobProperties]], copier: BlobCopier, report: Report
-               ) -> Iterator[WorkItem]:
+    def _items(self, blobs: list[tuple[str, BlobProperties]], report: Report) -> Iterator[WorkItem]:
         """Journal rows for these blobs (a resumed job's own included), and work for those not done yet."""
         assert self.runner.job is not None
         rows = self.runner.journal.add_files(self.runner.job.id, (
@@ -103,6 +102,4 @@ class CopyJob:
                 self.runner.settle(report, None, FileResult(rel, row.blob, props.size, FileStatus.SKIPPED,
                                                             reason="already copied by this job"))
                 continue
-            ref = FileRef(rel, row.blob, props.size, destination_mtime_ns(props), props.etag or None,
-                          props.content_md5, MTIME_KEY in props.metadata, source=props.name)
-            yield WorkItem(row, props.size, functools.partial(copier.copy, row, props), ref)
+            yield WorkItem(row, FileOp.of_blob(OpKind.COPY, rel, props, row.blob))

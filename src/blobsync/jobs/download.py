@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import functools
 import posixpath
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from blobsync.backends.base import BlobProperties
 from blobsync.engine.context import EngineContext
-from blobsync.engine.download import FileDownloader
 from blobsync.engine.listing import RemoteLister, one_blob
-from blobsync.engine.mtime import MTIME_KEY, destination_mtime_ns
+from blobsync.engine.mtime import destination_mtime_ns
 from blobsync.errors import BlobNotFoundError, ExitCode, UnsafeNameError, UsageError
-from blobsync.jobs.runner import FileRef, JobRunner, RemoteRunner, WorkItem, listed_batches
+from blobsync.jobs.ops import FileOp, OpKind
+from blobsync.jobs.runner import JobRunner, RemoteRunner, WorkItem, listed_batches
 from blobsync.jobs.spec import DownloadSpec
 from blobsync.journal import FileState, JobKind, JobRow
 from blobsync.journal.index import SyncIndex
@@ -88,10 +87,9 @@ class DownloadJob:
         report = Report(job.id, spec.source.display, str(spec.dest), kind="download",
                         listener=self.runner.progress.finished)
         self.runner.settle_missing(report, spec.filters)
-        downloader = FileDownloader(self.ctx, root)
         claims = NameClaims(probe(root))
-        work = (item for batch in blobs() for item in self._items(root, batch, report, downloader, claims))
-        self.runner.local_root = root
+        work = (item for batch in blobs() for item in self._items(root, batch, report, claims))
+        self.runner.performing(root)
         await self.runner.run(report, work, totals)
         return report
 
@@ -112,8 +110,8 @@ class DownloadJob:
                                                         reason=f"would download to {target}"))
         return report
 
-    def _items(self, root: Path, blobs: list[tuple[str, BlobProperties]], report: Report,
-               downloader: FileDownloader, claims: NameClaims) -> Iterator[WorkItem]:
+    def _items(self, root: Path, blobs: list[tuple[str, BlobProperties]], report: Report, claims: NameClaims
+               ) -> Iterator[WorkItem]:
         """Journal rows for these blobs (a resumed job's own included), and work for those not done yet."""
         journal = self.runner.journal
         assert self.runner.job is not None
@@ -135,6 +133,4 @@ class DownloadJob:
                 self.runner.settle(report, None, FileResult(rel, props.name, props.size, FileStatus.SKIPPED,
                                                             reason="already downloaded by this job"))
                 continue
-            ref = FileRef(rel, props.name, props.size, destination_mtime_ns(props), props.etag or None,
-                          props.content_md5, MTIME_KEY in props.metadata)
-            yield WorkItem(row, props.size, functools.partial(downloader.download, row, props, target), ref)
+            yield WorkItem(row, FileOp.of_blob(OpKind.DOWNLOAD, rel, props))

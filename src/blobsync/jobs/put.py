@@ -5,8 +5,8 @@ from __future__ import annotations
 import uuid
 
 from blobsync.engine.context import EngineContext
-from blobsync.engine.upload import FileUploader
 from blobsync.errors import ConflictError, TransferFailedError
+from blobsync.jobs.ops import FileOp, OpKind
 from blobsync.jobs.runner import JobRunner, WorkItem
 from blobsync.jobs.spec import PutSpec
 from blobsync.journal import JobKind, JobState
@@ -30,9 +30,9 @@ class PutJob:
         size = src.opened.size
         row = ctx.journal.add_files(job.id, [(loc.path, loc.path, size, src.opened.mtime_ns, 0)])[loc.path]
         report = Report(job.id, "<memory>", loc.display, kind="upload", listener=ctx.progress.finished)
-        uploader = FileUploader(ctx)
+        op = FileOp(OpKind.PUT, loc.path, loc.path, size, src.opened.mtime_ns, data=src)
         try:
-            await self.runner.run(report, [WorkItem(row, size, lambda: uploader.upload_source(row, src))])
+            await self.runner.run(report, [WorkItem(row, op)])
         finally:
             if key.startswith(MEMORY_SOURCE) and not report.written:  # the bytes die with this call: no resume
                 ctx.journal.set_job_state(job.id, JobState.ABANDONED)

@@ -7,13 +7,13 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TypeVar
 
-from blobsync.backends.base import BlobProperties
+from blobsync.backends.base import BlobProperties, Store
 from blobsync.config import Overwrite
 from blobsync.engine.context import EngineContext, shared_tuning
 from blobsync.engine.controls import follow_cap
@@ -21,6 +21,7 @@ from blobsync.engine.listing import as_properties
 from blobsync.engine.tasks import cancel_all, gather_or_cancel
 from blobsync.errors import BlobsyncError, ExitCode, Scope, UsageError
 from blobsync.filters import Filters
+from blobsync.jobs.ops import FileOp, Performer
 from blobsync.journal import FileRow, FileState, JobKind, JobRow, JobState
 from blobsync.journal.index import SyncIndex
 from blobsync.redact import redact
@@ -54,29 +55,15 @@ def listed_batches(index: SyncIndex) -> Iterator[list[tuple[str, BlobProperties]
 
 
 @dataclass(frozen=True)
-class FileRef:
-    """What another machine needs to transfer the file itself: the local path under the job's root, the object."""
-
-    rel: str  # local path under the job's local root, '/'-separated
-    blob: str
-    size: int
-    mtime_ns: int
-    etag: str | None = None  # downloads: the version listed
-    md5: bytes | None = None  # downloads: the blob's Content-MD5
-    exact_mtime: bool = False  # downloads: mtime_ns is the source file's own (stored by blobsync)
-    source: str = ""  # blob-to-blob copies: the source blob's name
-    inode: int = 0  # uploads of a walked folder: the inode the walk listed (the worker opens only that file)
-
-
-@dataclass(frozen=True)
 class WorkItem:
-    """One file to transfer: its journal row, its size, the coroutine that transfers it here, and (for a cluster)
-    what it is."""
+    """One file to transfer: its journal row and its operation (which the job's Performer, or a cluster, runs)."""
 
     row: FileRow
-    size: int
-    run: Callable[[], Awaitable[FileResult]]
-    ref: FileRef | None = None
+    op: FileOp
+
+    @property
+    def size(self) -> int:
+        return self.op.size
 
 
 Settle = Callable[[Report, FileRow | None, FileResult], None]
@@ -117,7 +104,12 @@ class JobRunner:
         self.requests = ctx.requests
         self.job = job
         self.cluster = cluster  # runs the files on other machines instead of the local pool
-        self.local_root: Path | None = None  # the folder the items' FileRef.rel are under (set by the job)
+        self.perform = Performer(ctx, Path())  # the job sets the folder its operations' paths are under
+
+    def performing(self, root: Path, source: Store | None = None) -> Performer:
+        """The job's operations run under `root` (a copy's: reading `source`)."""
+        self.perform = Performer(self.ctx, root, source)
+        return self.perform
 
     def open_job(self, source: str, dest: str) -> JobRow:
         """Resume the unfinished job for (source, dest) if there is one, else start a new one."""
@@ -157,7 +149,7 @@ class JobRunner:
             self.progress.bytes_total += nbytes
         try:
             if self.cluster is not None:
-                await self.cluster.run(self.ctx, self.job.id, self.local_root or Path(), report, items,
+                await self.cluster.run(self.ctx, self.job.id, self.perform.root, report, items,
                                        totals or (files, self.progress.bytes_total), self.settle)
                 self.tally(report)
             else:
@@ -240,7 +232,7 @@ class JobRunner:
     async def _one(self, item: WorkItem) -> FileResult:
         row = item.row
         try:
-            result = await item.run()
+            result = await self.perform(row, item.op)
             log.debug("%s: %s (%d bytes sent)", row.rel, result.status.value, result.bytes_sent)
             return result
         except BlobsyncError as exc:

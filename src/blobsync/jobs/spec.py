@@ -14,9 +14,15 @@ from blobsync.filters import Filters
 from blobsync.options import CompareMode, DeleteMode, MaxDelete
 
 if TYPE_CHECKING:
+    from contextlib import AbstractAsyncContextManager
+
     from blobsync.engine.prompt import Answer
+    from blobsync.jobs.runner import RemoteRunner
     from blobsync.local.files import Source
     from blobsync.report import Action
+
+    # Opens where a job's files run (upload: whether they write blobs), for the job's length (cluster/client.py).
+    RemoteOpener = Callable[[bool], AbstractAsyncContextManager[RemoteRunner]]
 
 Cluster = Any  # what a caller may pass: None, a distributed.Client, 'tcp://host:8786', 'local:N' or 'processes:N'
 PROCESSES = "processes:"  # the library's spelling of --processes N
@@ -132,6 +138,4 @@ class Hooks:
     on_action: Callable[[Action], None] | None = None  # each decision (a dry run's listing)
     confirm_overwrite: Callable[[str], Answer] | None = None  # --overwrite prompt, asked per file
     confirm_delete: Callable[[int], bool] | None = None  # --delete-destination prompt, asked once
-    cluster: Cluster = None  # run the transfers on Dask workers, or on local worker processes
-    cluster_url: str = ""  # the remote side as the user gave it, SAS included: what the workers open
-    source_url: str = ""  # blob to blob on a cluster: the source as the user gave it, SAS included
+    remote: RemoteOpener | None = None  # runs the transfers elsewhere (Dask workers, local worker processes)

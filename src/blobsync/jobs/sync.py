@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import os
 from collections.abc import Callable, Iterator
@@ -15,15 +14,16 @@ from blobsync.engine.context import EngineContext
 from blobsync.engine.delete import Doomed
 from blobsync.engine.digest import md5_of_file
 from blobsync.engine.enumerate import index_in_thread
-from blobsync.engine.listing import LEVEL_FANOUT, RemoteLister, as_properties
+from blobsync.engine.listing import LEVEL_FANOUT, RemoteLister
 from blobsync.errors import BlobsyncError, ExitCode, UnsafeNameError, UsageError
-from blobsync.jobs.runner import FileRef, JobRunner, RemoteRunner, WorkItem, batches
+from blobsync.jobs.ops import FileOp, OpKind
+from blobsync.jobs.runner import JobRunner, RemoteRunner, WorkItem, batches
 from blobsync.jobs.spec import SyncSpec
 from blobsync.journal import FileRow, JobKind
 from blobsync.journal.index import Entry, SyncIndex
 
 if TYPE_CHECKING:
-    from blobsync.engine.download import FileDownloader
+    pass
 from blobsync.jobs.compare import MTIME_WINDOWS, CompareMode, decide
 from blobsync.local.files import SkippedEntry, SourceFile, local_rel, walk, warm_if_cold
 from blobsync.local.folding import Folding, NameClaims, probe
@@ -166,7 +166,7 @@ class SyncJob:
         if not todo and not orphans:
             return report  # a no-op sync opens no job and writes nothing to the journal
         report.job_id = self.runner.open_job(source, dest).id
-        self.runner.local_root = spec.local
+        self._performing()
         await self.runner.run(report, self._work(index, report), index.todo_totals())
         await self._deletes(index, report, dry_run=False)
         return report
@@ -247,60 +247,49 @@ class SyncJob:
         self.journal.cache_md5(str(path), entry.size, entry.mtime_ns, entry.inode, digest)
         return digest
 
+    def _performing(self) -> None:
+        self.runner.performing(self.local)
+
     def _work(self, index: SyncIndex, report: Report) -> Iterator[WorkItem]:
         """The transfers, built batch by batch as the workers take them: memory stays flat however many."""
-        # Imported here, with the first transfer: a no-op sync never loads them (start-up time).
-        from blobsync.engine.download import FileDownloader
-        from blobsync.engine.upload import FileUploader
-
         spec = self.spec
         assert self.runner.job is not None
         job_id = self.runner.job.id
         prefix = self._prefix
-        ctx = self.ctx
-        uploader = FileUploader(ctx) if spec.upload else None
-        downloader = None if spec.upload else FileDownloader(ctx, self.local)
         claims = NameClaims(probe(self.local) if not spec.upload else Folding())
         if claims.folding.active:  # every blob of the listing holds its name, transferred this run or not
             claims.claim_all(e.rel for e in index.entries("src"))
         for batch in batches(index.todo()):
-            if uploader is not None:
-                warm_if_cold([(self._local_path(e), e.size) for e, _ in batch], ctx.io_pool.submit)
+            if spec.upload:
+                warm_if_cold([(self._local_path(e), e.size) for e, _ in batch], self.ctx.io_pool.submit)
             rows = self.journal.add_files(job_id, (
                 (e.rel, prefix + e.rel if spec.upload else e.name or e.rel, e.size, e.mtime_ns, e.inode)
                 for e, _ in batch))
             for entry, reason in batch:
                 row = rows[entry.rel]
-                if uploader is not None:
+                if spec.upload:
                     self.on_action(Action("upload", entry.rel, reason, entry.size))
-                    ref = FileRef(entry.name or entry.rel, row.blob, entry.size, entry.mtime_ns, inode=entry.inode or 0)
-                    yield WorkItem(row, entry.size, functools.partial(uploader.upload, row, self._local_path(entry),
-                                                                      entry.inode), ref)
-                    continue
-                assert downloader is not None
-                item = self._download_item(entry, reason, row, downloader, claims, report)
-                if item is not None:
-                    yield item
+                    yield WorkItem(row, FileOp(OpKind.UPLOAD, entry.name or entry.rel, row.blob, entry.size,
+                                               entry.mtime_ns, inode=entry.inode))
+                elif self._claimed(entry, row, claims, report):
+                    self.on_action(Action("download", entry.rel, reason, entry.size))
+                    yield WorkItem(row, FileOp.of_entry(OpKind.DOWNLOAD, entry))
 
-    def _download_item(self, entry: Entry, reason: str, row: FileRow, downloader: FileDownloader,
-                       claims: NameClaims, report: Report) -> WorkItem | None:
-        """The work of one download, or None once it failed here (an unsafe or colliding local name)."""
+    def _claimed(self, entry: Entry, row: FileRow, claims: NameClaims, report: Report) -> bool:
+        """Whether a download may write its local name (else its failure is settled here: an unsafe name, or one
+        that collides with another's on this file system)."""
         from blobsync.local.target import safe_join
 
         try:
-            target = safe_join(self.local, entry.rel)
+            safe_join(self.local, entry.rel)
             other = claims.claim(entry.rel)
             if other is not None:
                 raise UnsafeNameError(claims.message(entry.rel, other))
         except UnsafeNameError as exc:
             self.runner.settle(report, row, FileResult(entry.rel, entry.name or entry.rel, entry.size,
                                                        FileStatus.FAILED, reason=str(exc), exit_code=ExitCode.PARTIAL))
-            return None
-        self.on_action(Action("download", entry.rel, reason, entry.size))
-        ref = FileRef(entry.rel, entry.name or entry.rel, entry.size, entry.mtime_ns, entry.etag, entry.md5,
-                      entry.exact_mtime)
-        return WorkItem(row, entry.size, functools.partial(downloader.download, row, as_properties(entry), target),
-                        ref)
+            return False
+        return True
 
     # --- deletes ------------------------------------------------------------------------------------------
 

@@ -4,13 +4,13 @@ by the destination's service (engine/s2s.py), then the destination's orphans del
 from __future__ import annotations
 
 import asyncio
-import functools
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 from blobsync.backends.base import Store
 from blobsync.engine.context import EngineContext
-from blobsync.engine.listing import RemoteLister, as_properties
-from blobsync.engine.s2s import BlobCopier
+from blobsync.engine.listing import RemoteLister
+from blobsync.jobs.ops import FileOp, OpKind
 from blobsync.jobs.runner import WorkItem, batches
 from blobsync.jobs.spec import SyncSpec
 from blobsync.jobs.sync import SyncJob
@@ -31,7 +31,6 @@ class BlobSyncJob(SyncJob):
         super().__init__(spec, ctx, on_action=on_action, confirm=confirm)
         self.source_loc = spec.source
         self.source = source
-        self.copier: BlobCopier | None = None
 
     @staticmethod
     def job_kind(spec: SyncSpec) -> JobKind:
@@ -63,17 +62,20 @@ class BlobSyncJob(SyncJob):
 
     async def _run(self, index: SyncIndex) -> Report:
         report = await super()._run(index)
-        if self.copier is not None and self.copier.fallback is not None:
-            report.notes.append(f"copied through this machine: {self.copier.fallback}")
+        copier = self.runner.perform.copier
+        if copier is not None and copier.fallback is not None:
+            report.notes.append(f"copied through this machine: {copier.fallback}")
         return report
+
+    def _performing(self) -> None:
+        self.runner.performing(Path(), self.source)
 
     def _work(self, index: SyncIndex, report: Report) -> Iterator[WorkItem]:
         assert self.runner.job is not None
         job_id, prefix = self.runner.job.id, self._prefix
-        self.copier = copier = BlobCopier(self.ctx, self.source)
         for batch in batches(index.todo()):
             rows = self.journal.add_files(job_id, ((e.rel, prefix + e.rel, e.size, e.mtime_ns, 0) for e, _ in batch))
             for entry, reason in batch:
                 row = rows[entry.rel]
                 self.on_action(Action("copy", entry.rel, reason, entry.size))
-                yield WorkItem(row, entry.size, functools.partial(copier.copy, row, as_properties(entry)))
+                yield WorkItem(row, FileOp.of_entry(OpKind.COPY, entry, row.blob))

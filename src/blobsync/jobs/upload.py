@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Callable, Iterator, Sequence
 
 from blobsync.engine.context import EngineContext
 from blobsync.engine.enumerate import index_in_thread
-from blobsync.engine.upload import FileUploader
 from blobsync.errors import ExitCode
-from blobsync.jobs.runner import FileRef, JobRunner, RemoteRunner, WorkItem, batches
+from blobsync.jobs.ops import FileOp, OpKind
+from blobsync.jobs.runner import JobRunner, RemoteRunner, WorkItem, batches
 from blobsync.jobs.spec import UploadSpec
 from blobsync.journal import FileState, JobKind, JobRow
 from blobsync.journal.index import Entry, SyncIndex
@@ -45,20 +44,18 @@ class UploadJob:
         if not spec.source.is_dir():
             identity = stat_file(spec.source)
             entry = Entry(spec.source.name, identity.size, identity.mtime_ns, inode=identity.inode)
-            return await self._run((), lambda uploader, report: self._items([entry], uploader, report, single=True),
-                                   None)
+            return await self._run((), lambda report: self._items([entry], report, single=True), None)
         # A folder is walked into a scratch index first (in a worker thread): the totals are known before
         # the first byte moves, and however many files there are, only a batch of them is in memory at once.
         index = SyncIndex(self.runner.journal.path.parent)
         try:
             skipped: list[SkippedEntry] = []
             await index_in_thread(index, "src", lambda: self._walk(skipped))
-            return await self._run(skipped, lambda uploader, report: self._batches(index, uploader, report),
-                                   index, index.totals("src"))
+            return await self._run(skipped, lambda report: self._batches(index, report), index, index.totals("src"))
         finally:
             index.close()
 
-    async def _run(self, skipped: Sequence[SkippedEntry], work: Callable[[FileUploader, Report], Iterator[WorkItem]],
+    async def _run(self, skipped: Sequence[SkippedEntry], work: Callable[[Report], Iterator[WorkItem]],
                    index: SyncIndex | None, totals: tuple[int, int] | None = None) -> Report:
         spec = self.spec
         if spec.dry_run:
@@ -70,8 +67,8 @@ class UploadJob:
         self.runner.settle_missing(report, spec.filters)
         if self.ctx.config.create_container and await self.runner.requests(self.store.create_container):
             log.info("created container %s", spec.dest.container)
-        self.runner.local_root = spec.source if spec.source.is_dir() else spec.source.parent
-        await self.runner.run(report, work(FileUploader(self.ctx), report), totals)
+        self.runner.performing(spec.source if spec.source.is_dir() else spec.source.parent)
+        await self.runner.run(report, work(report), totals)
         return report
 
     def _dry_run(self, index: SyncIndex | None) -> Report:
@@ -101,15 +98,12 @@ class UploadJob:
             if filters.matches(f.rel, f.identity.mtime_ns / 1e9):
                 yield Entry(f.rel, f.identity.size, f.identity.mtime_ns, inode=f.identity.inode)
 
-    def _batches(self, index: SyncIndex, uploader: FileUploader, report: Report) -> Iterator[WorkItem]:
-        entries = index.entries("src")
-        pool = uploader.ctx.io_pool
-        for batch in batches(entries):
-            warm_if_cold([(self.spec.source / e.rel, e.size) for e in batch], pool.submit)
-            yield from self._items(batch, uploader, report, single=False)
+    def _batches(self, index: SyncIndex, report: Report) -> Iterator[WorkItem]:
+        for batch in batches(index.entries("src")):
+            warm_if_cold([(self.spec.source / e.rel, e.size) for e in batch], self.ctx.io_pool.submit)
+            yield from self._items(batch, report, single=False)
 
-    def _items(self, entries: list[Entry], uploader: FileUploader, report: Report, *, single: bool
-               ) -> Iterator[WorkItem]:
+    def _items(self, entries: list[Entry], report: Report, *, single: bool) -> Iterator[WorkItem]:
         """Journal rows for these files (a resumed job's own included), and work for those not done yet."""
         spec = self.spec
         assert self.runner.job is not None
@@ -118,12 +112,10 @@ class UploadJob:
             for e in entries))
         for e in entries:
             row = rows[e.rel]
-            path = spec.source if single else spec.source / e.rel
             same = (row.size, row.mtime_ns, row.inode) == (e.size, e.mtime_ns, e.inode)
             if row.state is FileState.COMMITTED and same:
                 self.runner.settle(report, None, FileResult(e.rel, row.blob, e.size, FileStatus.SKIPPED,
                                                             reason="already uploaded by this job"))
                 continue
-            walked = None if single else e.inode
-            ref = FileRef(path.name if single else e.rel, row.blob, e.size, e.mtime_ns, inode=walked or 0)
-            yield WorkItem(row, e.size, functools.partial(uploader.upload, row, path, walked), ref)
+            rel, walked = (spec.source.name, 0) if single else (e.rel, e.inode)
+            yield WorkItem(row, FileOp(OpKind.UPLOAD, rel, row.blob, e.size, e.mtime_ns, inode=walked))
