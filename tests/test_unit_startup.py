@@ -11,8 +11,8 @@ import blobsync
 
 # Loaded on first use only: a no-op sync never needs them (see blobsync/__init__.py and api.py).
 NOT_AT_START = ("blobsync.backends.azure.doctor", "blobsync.jobs.watch", "watchfiles", "blobsync.jobs.remove",
-                "blobsync.engine.download", "blobsync.engine.upload", "blobsync.jobs.upload", "blobsync.jobs.put",
-                "blobsync.jobs.download", "xml.etree.ElementTree", "email.utils", "aiohttp", "tenacity",
+                "blobsync.engine.download", "blobsync.engine.upload", "blobsync.jobs.transfer", "blobsync.jobs.put",
+                "xml.etree.ElementTree", "email.utils", "aiohttp", "tenacity",
                 "blobsync.cluster.processes", "multiprocessing", "re2")
 
 

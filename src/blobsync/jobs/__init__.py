@@ -66,38 +66,27 @@ async def run_job(spec: JobSpec, session: Session, config: TransferConfig, *, pr
         from blobsync.jobs.put import PutJob
 
         return await PutJob(spec, session.context(spec.dest, config, progress=progress)).run()
-    if isinstance(spec, CopySpec):
-        from blobsync.jobs.copy import CopyJob
-
-        prompt = OverwritePrompt(hooks.confirm_overwrite) if hooks.confirm_overwrite is not None else None
-        ctx = session.context(spec.dest, config, progress=progress, overwrite_prompt=prompt)
-        async with _cluster(hooks, True, config, spec.dry_run) as cluster:
-            return await CopyJob(spec, ctx, session.store(spec.source), job=job, on_action=hooks.on_action,
-                                 cluster=cluster).run()
+    prompt = OverwritePrompt(hooks.confirm_overwrite) if hooks.confirm_overwrite is not None else None
     if isinstance(spec, SyncSpec) and spec.source is not None:
         from blobsync.jobs.sync_copy import BlobSyncJob
 
         ctx = session.context(spec.remote, config, progress=progress)
         return await BlobSyncJob(spec, ctx, session.store(spec.source), on_action=hooks.on_action,
                                  confirm=hooks.confirm_delete).run()
-    upload = isinstance(spec, UploadSpec) or (isinstance(spec, SyncSpec) and spec.upload)
-    remote = spec.dest if isinstance(spec, UploadSpec) else spec.source if isinstance(spec, DownloadSpec) \
-        else spec.remote
-    prompt = OverwritePrompt(hooks.confirm_overwrite) if hooks.confirm_overwrite is not None else None
-    ctx = session.context(remote, config, progress=progress, overwrite_prompt=prompt)
-    async with _cluster(hooks, upload, config, spec.dry_run) as cluster:
-        if isinstance(spec, SyncSpec):
-            from blobsync.jobs.sync import SyncJob
+    if isinstance(spec, SyncSpec):
+        from blobsync.jobs.sync import SyncJob
 
+        ctx = session.context(spec.remote, config, progress=progress, overwrite_prompt=prompt)
+        async with _cluster(hooks, spec.upload, config, spec.dry_run) as cluster:
             return await SyncJob(spec, ctx, on_action=hooks.on_action, confirm=hooks.confirm_delete,
                                  cluster=cluster).run()
-        if isinstance(spec, UploadSpec):
-            from blobsync.jobs.upload import UploadJob
+    from blobsync.jobs.transfer import TransferJob
 
-            return await UploadJob(spec, ctx, job=job, on_action=hooks.on_action, cluster=cluster).run()
-        from blobsync.jobs.download import DownloadJob
-
-        return await DownloadJob(spec, ctx, job=job, on_action=hooks.on_action, cluster=cluster).run()
+    remote = spec.source if isinstance(spec, DownloadSpec) else spec.dest
+    ctx = session.context(remote, config, progress=progress, overwrite_prompt=prompt)
+    source = session.store(spec.source) if isinstance(spec, CopySpec) else None
+    async with _cluster(hooks, not isinstance(spec, DownloadSpec), config, spec.dry_run) as cluster:
+        return await TransferJob(spec, ctx, source, job=job, on_action=hooks.on_action, cluster=cluster).run()
 
 
 def _written(spec: JobSpec) -> Location | None:
