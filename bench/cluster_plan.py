@@ -29,8 +29,8 @@ sys.path.insert(0, str(REPO / "src"))
 
 def plan(n: int, workers: int) -> dict[str, float]:
     from blobsync.backends.base import Capabilities
-    from blobsync.cluster.plan import BlockSizer, cut, sizing
-    from blobsync.cluster.spec import JobSpec, ShardSpec, file_nonce
+    from blobsync.cluster.shards import BlockSizer, cut, sizing
+    from blobsync.cluster.spec import ShardSpec, WorkerJob, file_nonce
     from blobsync.jobs.ops import FileOp, OpKind
     from blobsync.jobs.runner import batches
     from blobsync.journal import JobKind, Journal
@@ -54,7 +54,7 @@ def plan(n: int, workers: int) -> dict[str, float]:
         compared = time.monotonic()
         journal = Journal(Path(tmp) / "j.db")
         job = journal.create_job(JobKind.SYNC_UP, "/src", "memory://c", {})
-        spec = JobSpec(job.id, True, "/src", "memory://c", {})
+        spec = WorkerJob(job.id, True, "/src", "memory://c", {})
 
         def files() -> object:
             for rows_batch in batches(index.todo()):

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from blobsync.cli.azcopy import compatibility_table
-from blobsync.cli.options import flag_table
+from blobsync.cli.config_flags import flag_table
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 

@@ -221,7 +221,7 @@ def test_a_file_swapped_after_the_walk_is_not_uploaded_on_any_path(
 
 def test_a_range_task_stages_and_hashes_only_the_file_walked(tmp_path: Path) -> None:
     """A file too big for one shard is staged by range tasks and hashed by another: each opens it as walked."""
-    from blobsync.cluster.spec import JobSpec, RangeSpec
+    from blobsync.cluster.spec import RangeSpec, WorkerJob
     from blobsync.cluster.split import hash_file
     from blobsync.cluster.work import check_identity
     from blobsync.errors import SourceChangedError
@@ -231,7 +231,7 @@ def test_a_range_task_stages_and_hashes_only_the_file_walked(tmp_path: Path) -> 
     path.write_bytes(b"x" * 1000)
     st = path.stat()
     f = FileOp(OpKind.UPLOAD, "big.bin", "big.bin", 1000, st.st_mtime_ns, inode=st.st_ino, nonce="n")
-    spec = RangeSpec(JobSpec("j", True, str(tmp_path), "memory://m/c", {}), f, 1000, 0, 1)
+    spec = RangeSpec(WorkerJob("j", True, str(tmp_path), "memory://m/c", {}), f, 1000, 0, 1)
     assert hash_file(spec) == hashlib.md5(b"x" * 1000).hexdigest()
     other = tmp_path / "other"
     other.write_bytes(b"y" * 1000)

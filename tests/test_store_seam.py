@@ -255,7 +255,7 @@ def test_a_store_from_outside_plans_its_own_part_sizes(tmp_path: Path, toy_box: 
     3 parts gets a 10 MiB file (1 MiB asked) in 3 parts of 4 MiB."""
     from dataclasses import replace as replaced
 
-    from blobsync.engine.plan import choose_block_size
+    from blobsync.engine.blocks import choose_block_size
 
     name, root = toy_box
     monkeypatch.setattr(toystore.ToyStore, "capabilities", replaced(toystore.ToyStore.capabilities, max_parts=3))

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from blobsync.copying import _wildcard_tail, plan_blob_copy, plan_copy
+from blobsync.cp_arguments import _wildcard_tail, plan_blob_copy, plan_copy
 from blobsync.errors import UsageError
 from blobsync.filters import Filters
 

@@ -14,9 +14,9 @@ from blobsync.backends.azure.location import BlobLocation, parse_location
 from blobsync.backends.azure.rules import MAX_BLOCKS
 from blobsync.backends.azure.writer import BLOCK_ID_LENGTH, block_id
 from blobsync.config import MiB, TransferConfig, parse_metadata
+from blobsync.engine.blocks import block_count, block_ranges, choose_block_size, new_nonce
 from blobsync.engine.budget import MemoryBudget
 from blobsync.engine.mtime import format_mtime, parse_mtime
-from blobsync.engine.plan import block_count, block_ranges, choose_block_size, new_nonce
 from blobsync.engine.retry import RetryPolicy, backoff_delay
 from blobsync.errors import AuthError, ContainerNotFoundError, CorruptedInTransitError, ThrottledError, UsageError
 from blobsync.redact import redact

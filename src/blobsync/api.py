@@ -17,7 +17,7 @@ from blobsync import arguments, stopping
 from blobsync.backends.base import BlobProperties, Location
 from blobsync.backends.registry import is_remote, parse_location
 from blobsync.config import TransferConfig
-from blobsync.copying import plan_blob_copy, plan_copy
+from blobsync.cp_arguments import plan_blob_copy, plan_copy
 from blobsync.engine.delete import batch_enabled
 from blobsync.engine.prompt import Answer
 from blobsync.engine.session import Session

@@ -13,7 +13,7 @@ import click
 from blobsync import stopping
 from blobsync.backends.registry import parse_location
 from blobsync.cli.common import handle_errors, output_options, setup_logging
-from blobsync.cli.options import config_from, config_options
+from blobsync.cli.config_flags import config_from, config_options
 from blobsync.cli.output import JsonLines, human_bytes
 from blobsync.engine.session import Session
 from blobsync.errors import ExitCode, UsageError

@@ -199,7 +199,7 @@ def start_output(command: str, out: OutputMode, **fields: object) -> JsonLines |
     return json_out
 
 
-def run_job(call: Callable[[Progress], Report], out: OutputMode, *, json_out: JsonLines | None,
+def run_command(call: Callable[[Progress], Report], out: OutputMode, *, json_out: JsonLines | None,
             dry_run: bool = False, show_files: bool = True, quiet: bool = False) -> None:
     """Run a job with its progress display, then print the summary and exit with the report's code."""
     subscribers: Sequence[Subscriber] = (JsonEvents(json_out),) if json_out is not None and show_files else ()

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from blobsync.cli.common import Finite, handle_errors, logging_options, setup_logging
-from blobsync.cli.options import config_option
+from blobsync.cli.config_flags import config_option
 from blobsync.cli.output import JsonLines
 from blobsync.config import parse_suffixes
 

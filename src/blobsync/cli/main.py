@@ -15,8 +15,8 @@ import click
 from blobsync import api
 from blobsync._version import __version__
 from blobsync.cli.azcopy import AzCommand, azcopy_flags
-from blobsync.cli.batch import run
 from blobsync.cli.bench import bench
+from blobsync.cli.blobs import ls, rm
 from blobsync.cli.common import (
     Finite,
     OutputMode,
@@ -26,16 +26,16 @@ from blobsync.cli.common import (
     handle_errors,
     logging_options,
     output_options,
-    run_job,
+    run_command,
     run_session,
     setup_logging,
     show_click_error,
     start_output,
 )
+from blobsync.cli.config_flags import config_from, config_option, transfer_options
 from blobsync.cli.doctor import doctor
-from blobsync.cli.listing import ls, rm
-from blobsync.cli.options import config_from, config_option, transfer_options
 from blobsync.cli.output import JsonLines, human_bytes, summary, summary_record
+from blobsync.cli.runfile import run
 from blobsync.config import Overwrite, TransferConfig, parse_suffixes
 from blobsync.engine.prompt import Answer
 from blobsync.errors import BlobsyncError, ExitCode, UsageError
@@ -156,7 +156,7 @@ def cp(source: str, destination: str, as_subdir: bool, dry_run: bool, filters: F
     json_out = start_output("cp", out, source=source, destination=destination, dry_run=dry_run)
     on_action = _echo_action(out, json_out, dry_run)
     copy = api.on_session(api.copy_on, run_session())
-    run_job(lambda progress: copy(source, destination, config, progress=progress, filters=filters,
+    run_command(lambda progress: copy(source, destination, config, progress=progress, filters=filters,
                                   as_subdir=as_subdir, dry_run=dry_run, on_action=on_action,
                                   confirm_overwrite=_ask_overwrite if prompt else None, cluster=address,
                                   list_of_files=list_of_files),
@@ -232,7 +232,7 @@ def sync(source: str, destination: str, recursive: bool, filters: Filters, compa
                     max_delete=limit, dry_run=dry_run, progress=progress, on_action=on_action,
                     confirm=confirm, cluster=address)
 
-    run_job(call, out, json_out=json_out, dry_run=dry_run, show_files=not dry_run, quiet=dry_run)
+    run_command(call, out, json_out=json_out, dry_run=dry_run, show_files=not dry_run, quiet=dry_run)
 
 
 def _run_watch(source: str, destination: str, config: TransferConfig, *, settle: float, filters: Filters,
@@ -342,7 +342,7 @@ def jobs_resume(job_id: str, sas: str | None, journal_path: Path | None, out: Ou
     json_out = start_output("jobs resume", out, job=job_id)
     prompt = sys.stdin.isatty()
     resume = api.on_session(api.resume_on, run_session())
-    run_job(lambda progress: resume(job_id, sas=sas, journal_path=journal_path, progress=progress,
+    run_command(lambda progress: resume(job_id, sas=sas, journal_path=journal_path, progress=progress,
                                     confirm_overwrite=_ask_overwrite if prompt else None),
             out, json_out=json_out)
 

@@ -14,12 +14,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from blobsync.cluster.plan import BlockSizer, SplitFile, cut, sizing
-from blobsync.cluster.spec import JobSpec, ShardReport, ShardSpec, file_nonce
+from blobsync.cluster.shards import BlockSizer, SplitFile, cut, sizing
+from blobsync.cluster.spec import ShardReport, ShardSpec, WorkerJob, file_nonce
 from blobsync.config import Overwrite
+from blobsync.engine.blocks import block_count, choose_block_size
 from blobsync.engine.context import EngineContext
 from blobsync.engine.mtime import MTIME_KEY, format_mtime
-from blobsync.engine.plan import block_count, choose_block_size
 from blobsync.errors import BlobsyncError, ExitCode, Scope, TransientError, UsageError
 from blobsync.jobs.ops import FileOp, OpKind
 from blobsync.jobs.runner import RemoteRunner, Settle, WorkItem
@@ -120,13 +120,13 @@ class ClusterTransfer:
                              + (f" (nor can {len(blind) - 1} more)" if len(blind) > 1 else ""),
                              hint="the local folder must be the same path on every worker: a shared file system")
 
-    def _job_spec(self, ctx: EngineContext, job_id: str, topic: str, workers: int) -> JobSpec:
+    def _job_spec(self, ctx: EngineContext, job_id: str, topic: str, workers: int) -> WorkerJob:
         options = ctx.config.worker_options()
         if ctx.config.cap_mbps:
             options["cap_mbps"] = ctx.config.cap_mbps / workers  # the job's cap, shared by the workers
         if getattr(self.executor, "shares_machine", False):  # one machine's memory budget, shared by its workers
             options["memory"] = max(ctx.config.memory // workers, ctx.config.block_size)
-        return JobSpec(job_id, self.upload, str(self.local_root), self.url, options, ctx.config.proxy, topic,
+        return WorkerJob(job_id, self.upload, str(self.local_root), self.url, options, ctx.config.proxy, topic,
                        self.source_url)
 
     def _files(self, ctx: EngineContext, job_id: str, items: Iterable[WorkItem]) -> Iterator[FileOp]:

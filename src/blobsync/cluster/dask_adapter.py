@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from blobsync.cluster.plan import SplitFile
+from blobsync.cluster.shards import SplitFile
 from blobsync.cluster.spec import RangeSpec, ShardReport, ShardSpec
 from blobsync.errors import TransientError, UsageError
 

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from blobsync.cluster.plan import SplitFile
+from blobsync.cluster.shards import SplitFile
 from blobsync.cluster.spec import RangeSpec, ShardReport, ShardSpec
 
 TASK_RETRIES = 2  # as on Dask: a task that raised runs at most three times in all

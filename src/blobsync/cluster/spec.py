@@ -10,7 +10,7 @@ from blobsync.jobs.ops import FileOp
 
 
 @dataclass(frozen=True)
-class JobSpec:
+class WorkerJob:
     """What every task of one job shares: where the bytes go, and the options the worker runs with."""
 
     job: str  # the client's job id
@@ -25,7 +25,7 @@ class JobSpec:
 
 @dataclass(frozen=True)
 class ShardSpec:
-    job: JobSpec
+    job: WorkerJob
     shard: int
     files: tuple[FileOp, ...]  # each with its nonce, fixed by the client: a rerun stages the same parts
 
@@ -34,7 +34,7 @@ class ShardSpec:
 class RangeSpec:
     """Blocks [first, last) of one huge file, staged (upload) or fetched into the shared partial file (download)."""
 
-    job: JobSpec
+    job: WorkerJob
     file: FileOp
     block_size: int
     first: int

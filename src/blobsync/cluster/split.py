@@ -17,12 +17,12 @@ from blobsync.backends.base import PartCheck, Store
 from blobsync.checksums import choose_check
 from blobsync.cluster.spec import FileOutcome, RangeSpec, ShardReport
 from blobsync.cluster.work import Publish, check_identity, shard_engine, worker_name
+from blobsync.engine.blocks import block_count, block_ranges
 from blobsync.engine.context import EngineContext
 from blobsync.engine.digest import feed, new_md5
 from blobsync.engine.download import FileDownloader
 from blobsync.engine.fetching import FileSink, RangeFetch, read_checked
 from blobsync.engine.mtime import destination_mtime_ns
-from blobsync.engine.plan import block_count, block_ranges
 from blobsync.engine.s2s import copy_headers, source_tags
 from blobsync.engine.staging import read_block, verify_commit
 from blobsync.engine.tasks import for_each, in_thread

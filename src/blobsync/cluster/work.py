@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from blobsync.backends.base import Store
-from blobsync.cluster.spec import FileOutcome, JobSpec, ShardReport, ShardSpec
+from blobsync.cluster.spec import FileOutcome, ShardReport, ShardSpec, WorkerJob
 from blobsync.config import TransferConfig
 from blobsync.engine.context import EngineContext
 from blobsync.engine.session import Session
@@ -34,7 +34,7 @@ def worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def worker_config(job: JobSpec, journal_path: Path) -> TransferConfig:
+def worker_config(job: WorkerJob, journal_path: Path) -> TransferConfig:
     return TransferConfig.from_journal(job.options, journal_path=journal_path, proxy=job.proxy)
 
 
@@ -68,7 +68,7 @@ class _ShardFolder:
 SHARD_FOLDER = _ShardFolder()
 
 
-def _journal_path(folder: Path, job: JobSpec, key: str) -> Path:
+def _journal_path(folder: Path, job: WorkerJob, key: str) -> Path:
     """One task run's journal, on this worker's own disk and for this run only: a rerun (here or on another
     worker) resumes through the client's nonces, asking the store what it holds, never through a journal."""
     return folder / f"{job.job}-{key}-{os.getpid()}-{threading.get_ident()}.db"
@@ -113,7 +113,7 @@ class _Relay(BaseSubscriber):
 
 
 @contextlib.asynccontextmanager
-async def shard_engine(job: JobSpec, key: str, label: str, publish: Publish | None
+async def shard_engine(job: WorkerJob, key: str, label: str, publish: Publish | None
                        ) -> AsyncIterator[tuple[EngineContext, _Relay, Store | None]]:
     """The engine for one task on this worker, with its own journal (`key` names it), a relay of its progress, and
     a copy's source store (its URL's SAS, or this machine's environment)."""

@@ -8,11 +8,11 @@ from pathlib import Path
 
 from blobsync.backends.base import BlobProperties
 from blobsync.config import CheckMd5, Overwrite
+from blobsync.engine.blocks import block_count, block_ranges
 from blobsync.engine.context import EngineContext
 from blobsync.engine.digest import EMPTY_MD5, new_md5
 from blobsync.engine.fetching import FileSink, RangeFetch, read_checked
 from blobsync.engine.mtime import destination_mtime_ns
-from blobsync.engine.plan import block_count, block_ranges
 from blobsync.engine.tasks import in_thread
 from blobsync.errors import ChecksumMismatchError, ConflictError, IntegrityError
 from blobsync.journal import RESUMABLE, FileRow

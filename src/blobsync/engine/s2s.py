@@ -12,11 +12,11 @@ from pathlib import PurePosixPath
 
 from blobsync.backends.base import BlobHeaders, BlobProperties, Capabilities, Conditions, PutResult, Store
 from blobsync.config import TransferConfig
+from blobsync.engine.blocks import block_count, block_ranges, choose_block_size, new_nonce
 from blobsync.engine.context import EngineContext
 from blobsync.engine.fetching import read_checked
 from blobsync.engine.mtime import destination_mtime_ns
 from blobsync.engine.overwrite import created_meanwhile, created_only, write_conditions
-from blobsync.engine.plan import block_count, block_ranges, choose_block_size, new_nonce
 from blobsync.engine.staging import verify_commit
 from blobsync.engine.tasks import for_each
 from blobsync.engine.upload import OCTET_STREAM, FileUploader

@@ -10,11 +10,11 @@ from dataclasses import dataclass, field, replace
 
 from blobsync.backends.base import BlobHeaders, BlockCheck, ChunkedWriter, Conditions, PartCheck, PutResult
 from blobsync.checksums import choose_check, require_crc64
+from blobsync.engine.blocks import block_count, block_ranges
 from blobsync.engine.budget import BlockBuffer, Window
 from blobsync.engine.context import EngineContext
 from blobsync.engine.delta import DeltaBase, committed_record
 from blobsync.engine.digest import block_digests, new_md5
-from blobsync.engine.plan import block_count, block_ranges
 from blobsync.engine.tasks import cancel_all, gather_or_cancel, in_thread, raise_first_failure
 from blobsync.errors import ConflictError, IntegrityError, SourceChangedError
 from blobsync.journal import FileRow

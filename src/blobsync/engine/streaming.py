@@ -9,9 +9,9 @@ from dataclasses import replace
 
 from blobsync.backends.base import BlobHeaders, Buffer, ChunkedWriter, Conditions
 from blobsync.checksums import choose_check, part_check
+from blobsync.engine.blocks import new_nonce
 from blobsync.engine.context import EngineContext
 from blobsync.engine.digest import new_md5
-from blobsync.engine.plan import new_nonce
 from blobsync.engine.staging import verify_commit
 from blobsync.engine.tasks import cancel_all, in_thread
 from blobsync.engine.upload import put_once, written

@@ -10,12 +10,12 @@ from pathlib import Path, PurePath
 
 from blobsync.backends.base import BlobHeaders, Buffer, ChunkedWriter, Conditions, PutResult
 from blobsync.config import TransferConfig
+from blobsync.engine.blocks import block_count, choose_block_size, new_nonce
 from blobsync.engine.context import EngineContext
 from blobsync.engine.delta import DeltaBase, find_base
 from blobsync.engine.digest import md5_of
 from blobsync.engine.mtime import MTIME_KEY, format_mtime
 from blobsync.engine.overwrite import EXISTS, created_meanwhile, created_only, write_conditions
-from blobsync.engine.plan import block_count, choose_block_size, new_nonce
 from blobsync.engine.staging import BlockUploader, BlockWrite, UploadPlan, check_expected
 from blobsync.engine.tasks import in_thread
 from blobsync.errors import (

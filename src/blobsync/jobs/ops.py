@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from blobsync.backends.base import BlobProperties, Store
+from blobsync.engine.blocks import block_count, choose_block_size
 from blobsync.engine.context import EngineContext
 from blobsync.engine.listing import as_properties
 from blobsync.engine.mtime import MTIME_KEY, destination_mtime_ns
-from blobsync.engine.plan import block_count, choose_block_size
 from blobsync.journal import FileRow, FileState
 from blobsync.journal.index import Entry
 from blobsync.local.files import FileIdentity, Source

@@ -18,12 +18,12 @@ from blobsync.cli.common import (
     handle_errors,
     logging_options,
     output_options,
-    run_job,
+    run_command,
     run_session,
     setup_logging,
     start_output,
 )
-from blobsync.cli.options import config_option
+from blobsync.cli.config_flags import config_option
 from blobsync.cli.output import JsonLines, human_bytes
 from blobsync.config import TransferConfig, parse_suffixes
 from blobsync.events import Progress
@@ -127,4 +127,4 @@ def rm(url: str, recursive: bool, filters: Filters, dry_run: bool, list_of_files
         return remove(url, config, recursive=recursive, filters=filters, dry_run=dry_run,
                       list_of_files=list_of_files, progress=progress, on_action=on_action)
 
-    run_job(call, out, json_out=json_out, dry_run=dry_run, quiet=dry_run)
+    run_command(call, out, json_out=json_out, dry_run=dry_run, quiet=dry_run)

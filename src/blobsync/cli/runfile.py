@@ -14,7 +14,7 @@ import click
 
 from blobsync import stopping
 from blobsync.cli.common import handle_errors, output_options, setup_logging, show_click_error
-from blobsync.cli.options import config_from, config_options
+from blobsync.cli.config_flags import config_from, config_options
 from blobsync.cli.output import JsonLines
 from blobsync.engine.session import Session
 from blobsync.errors import ExitCode, UsageError

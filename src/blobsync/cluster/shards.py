@@ -7,8 +7,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from blobsync.backends.base import Capabilities
-from blobsync.cluster.spec import JobSpec, RangeSpec, ShardSpec
-from blobsync.engine.plan import block_count, choose_block_size
+from blobsync.cluster.spec import RangeSpec, ShardSpec, WorkerJob
+from blobsync.engine.blocks import block_count, choose_block_size
 from blobsync.jobs.ops import FileOp
 
 SHARDS_PER_WORKER = 3
@@ -40,7 +40,7 @@ def sizing(files: int, nbytes: int, workers: int) -> Sizing:
                   max(1, min(MAX_FILES_PER_SHARD, -(-files // shards))), max(1, workers))
 
 
-def cut(files: Iterable[FileOp], job: JobSpec, size: Sizing, *, block_size_of: Callable[[int], int],
+def cut(files: Iterable[FileOp], job: WorkerJob, size: Sizing, *, block_size_of: Callable[[int], int],
         split: bool) -> Iterator[ShardSpec | SplitFile]:
     """Shards as the files stream by (nothing is held but the shard being filled)."""
     shard: list[FileOp] = []
@@ -61,7 +61,7 @@ def cut(files: Iterable[FileOp], job: JobSpec, size: Sizing, *, block_size_of: C
         yield ShardSpec(job, number, tuple(shard))
 
 
-def _split(job: JobSpec, f: FileOp, block_size: int, range_bytes: int) -> SplitFile:
+def _split(job: WorkerJob, f: FileOp, block_size: int, range_bytes: int) -> SplitFile:
     """Ranges of whole blocks, at least two per worker: every worker takes part in one huge file."""
     n = block_count(f.size, block_size)
     per = max(1, range_bytes // block_size)
