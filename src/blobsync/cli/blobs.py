@@ -25,7 +25,7 @@ from blobsync.cli.common import (
 )
 from blobsync.cli.config_flags import config_option
 from blobsync.cli.output import JsonLines, human_bytes
-from blobsync.config import TransferConfig, parse_suffixes
+from blobsync.config import Concurrency, TransferConfig, parse_suffixes
 from blobsync.events import Progress
 from blobsync.filters import Filters
 from blobsync.redact import printable
@@ -97,14 +97,14 @@ def ls(url: str, output_type: str, output_level: str, max_retries: int, proxy: s
 @click.option("--dry-run", is_flag=True, help="Print what would be removed; remove nothing.")
 @click.option("--list-of-files", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Remove the blobs this file names, one path (relative to the URL) per line.")
-@click.option("--concurrency", type=int, default=16, show_default=True, help="Deletes in flight.")
+@config_option("concurrency")
 @config_option("max_retries")
 @config_option("proxy")
 @config_option("trusted_suffixes")
 @azcopy_flags("remove")
 @output_options
 def rm(url: str, recursive: bool, filters: Filters, dry_run: bool, list_of_files: Path | None,
-       concurrency: int, max_retries: int, proxy: str | None, trusted_suffixes: str | None, out: OutputMode,
+       concurrency: Concurrency, max_retries: int, proxy: str | None, trusted_suffixes: str | None, out: OutputMode,
        log_level: str, log_file: Path | None) -> None:
     """Remove the blob URL names or, with -r, the blobs under a container or folder URL.
 
