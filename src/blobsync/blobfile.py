@@ -82,7 +82,7 @@ class BlobWriter(io.RawIOBase):
     visible before it) and keeps the record of what landed in `result`. Leaving a `with` block by an exception
     commits nothing and leaves no blob."""
 
-    def __init__(self, name: str, write: Callable[[bytes], Coroutine[Any, Any, int]],
+    def __init__(self, name: str, write: Callable[[memoryview], Coroutine[Any, Any, int]],
                  finish: Callable[[], Coroutine[Any, Any, FileResult]], abort: Callable[[], Coroutine[Any, Any, None]],
                  run: Callable[[Coroutine[Any, Any, Any]], Any]) -> None:
         super().__init__()
@@ -102,8 +102,8 @@ class BlobWriter(io.RawIOBase):
     def write(self, data: Any) -> int:
         if self.closed:
             raise ValueError("write to a closed blob writer")
-        chunk = bytes(memoryview(data).cast("B"))
-        n: int = self._run(self._write(chunk))
+        # Passed as it is: the write is waited for, and the stream copies what it keeps.
+        n: int = self._run(self._write(memoryview(data).cast("B")))
         self._pos += n
         return n
 
@@ -238,7 +238,7 @@ class AsyncBlobWriter:
     """The async writer of a blob: `await write(data)` stages full blocks as they fill, `await close()` commits
     and returns the record of what landed (`result`); leaving `async with` by an exception commits nothing."""
 
-    def __init__(self, name: str, write: Callable[[bytes], Coroutine[Any, Any, int]],
+    def __init__(self, name: str, write: Callable[[memoryview], Coroutine[Any, Any, int]],
                  finish: Callable[[], Coroutine[Any, Any, FileResult]],
                  abort: Callable[[], Coroutine[Any, Any, None]]) -> None:
         self.name = name
@@ -253,7 +253,7 @@ class AsyncBlobWriter:
     async def write(self, data: Any) -> int:
         if self.closed:
             raise ValueError("write to a closed blob writer")
-        n = await self._write(bytes(memoryview(data).cast("B")))
+        n = await self._write(memoryview(data).cast("B"))  # the stream copies what it keeps
         self._pos += n
         return n
 

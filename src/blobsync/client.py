@@ -195,9 +195,32 @@ class AsyncClient:
 
     async def fetch_range(self, location: Location, offset: int, length: int, etag: str | None) -> bytes:
         """`length` bytes of the blob from `offset`, of the version `etag` names (a reader's block)."""
-        ctx, buf = self._context(location), bytearray(length)
-        await ctx.request(lambda: read_checked(ctx.store, ctx.io_pool, location.path, offset, memoryview(buf), etag))
+        buf = bytearray(length)
+        await self._read_range(location, offset, memoryview(buf), etag)
         return bytes(buf)
+
+    async def read_into(self, name: str, into: bytearray | memoryview, offset: int = 0, *,
+                        etag: str | None = None) -> memoryview:
+        """Fill `into` with the blob's bytes from `offset` (of the version `etag` names, if given), in block-size
+        ranges read in parallel straight into it; returns it as a memoryview. Past the end is an error."""
+        view = memoryview(into).cast("B")
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise UsageError(f"invalid offset={offset!r}: a whole number of bytes from the start")
+        await self._read_range(parse_location(self.url_for(name)), offset, view, etag)
+        return view
+
+    async def _read_range(self, loc: Location, offset: int, view: memoryview, etag: str | None) -> None:
+        """`view` filled from the blob at `offset`: one checked GET, or block-size ranges in parallel."""
+        ctx, step = self._context(loc), self.config.block_size
+
+        def get(at: int, part: memoryview) -> Coroutine[Any, Any, bytes | None]:
+            return read_checked(ctx.store, ctx.io_pool, loc.path, at, part, etag)
+
+        if len(view) <= step:
+            await ctx.request(lambda: get(offset, view))
+            return
+        ranges = [(i, offset + at, min(step, len(view) - at)) for i, at in enumerate(range(0, len(view), step))]
+        await RangeFetch(ctx, loc.path, ranges, MemorySink(view, offset), None, get).run()
 
     async def read_ranges(self, ranges: Sequence[tuple[str, int | None, int | None]]
                           ) -> list[bytes | BlobsyncError]:
@@ -461,6 +484,7 @@ class Client:
     delete = _blocking(AsyncClient.delete)
     make_container = _blocking(AsyncClient.make_container)
     get = _blocking(AsyncClient.get)
+    read_into = _blocking(AsyncClient.read_into)
     read_ranges = _blocking(AsyncClient.read_ranges)
 
     def close(self, *, wait: bool = True, cancel: bool = False) -> None:

@@ -64,19 +64,19 @@ class Sink(Protocol):
 
 
 class MemorySink:
-    """A buffer the caller holds: each range is read straight into its place."""
+    """A buffer the caller holds, for the blob's bytes from `base` on: each range is read straight into its place."""
 
-    def __init__(self, view: memoryview) -> None:
-        self.view = view
+    def __init__(self, view: memoryview, base: int = 0) -> None:
+        self.view, self.base = view, base
 
     def target(self, offset: int, length: int) -> memoryview:
-        return self.view[offset:offset + length]
+        return self.view[offset - self.base:offset - self.base + length]
 
     async def landed(self, idx: int, offset: int, view: memoryview) -> None:
         return None
 
     def stored(self, offset: int, length: int) -> Iterable[bytes]:
-        return (bytes(self.view[offset:offset + length]),)
+        return (bytes(self.target(offset, length)),)
 
     async def drain(self) -> None:
         return None

@@ -46,10 +46,17 @@ class StreamWriter:
         if self.closed:
             raise UsageError(f"{self.blob}: write to a closed blob writer")
         view = memoryview(data).cast("B")
-        self._buf += view
-        while len(self._buf) >= self.block_size:
-            await self._stage(memoryview(self._buf)[:self.block_size])
-            del self._buf[:self.block_size]
+        done, block = 0, self.block_size
+        if self._buf:  # the block begun by earlier writes is filled first
+            done = min(len(view), block - len(self._buf))
+            self._buf += view[:done]
+            if len(self._buf) == block:
+                await self._stage(memoryview(self._buf))
+                self._buf.clear()
+        while len(view) - done >= block:  # whole blocks go from the caller's memory (one copy, into the block)
+            await self._stage(view[done:done + block])
+            done += block
+        self._buf += view[done:]
         return len(view)
 
     async def _stage(self, block: memoryview) -> None:

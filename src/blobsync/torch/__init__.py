@@ -1,0 +1,7 @@
+"""blobsync for PyTorch training (`pip install blobsync[torch]`): Distributed Checkpoint storage on Blob
+(BlobStorageWriter, BlobStorageReader), checkpoints kept and found again (Checkpoints), and datasets of blobs for
+DataLoader workers (BlobDataset, IterableBlobDataset)."""
+
+from blobsync.torch.dcp import BlobStorageReader, BlobStorageWriter, IncompleteCheckpointError
+
+__all__ = ["BlobStorageReader", "BlobStorageWriter", "IncompleteCheckpointError"]

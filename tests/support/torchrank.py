@@ -1,0 +1,99 @@
+"""One rank of a real gloo process group, for the DCP tests: `python torchrank.py JSON` saves or loads a model and
+optimizer state dict sharded as DTensors over a CPU mesh, through blobsync.torch, and writes what it found."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import sys
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+
+
+def model_and_optimizer(seed: int, width: int, mesh: Any | None) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """The same model on every rank (seeded), its parameters sharded on dim 0 over `mesh` (None: whole), and an
+    Adam that took one step with known gradients: its state is as sharded as the parameters."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(64, width), nn.ReLU(), nn.Linear(width, 32))
+    if mesh is not None:
+        for module in model.modules():
+            for name, param in list(module.named_parameters(recurse=False)):
+                module.register_parameter(name, nn.Parameter(distribute_tensor(param.data, mesh, [Shard(0)])))
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01, foreach=False)
+    for i, param in enumerate(model.parameters()):
+        param.grad = torch.full_like(param, float(seed % 7 + i + 1))
+    optimizer.step()
+    return model, optimizer
+
+
+def _full(value: Any) -> Any:
+    if isinstance(value, DTensor):
+        return value.full_tensor()
+    if isinstance(value, dict):
+        return {k: _full(v) for k, v in value.items()}
+    return value
+
+
+def _same(got: Any, want: Any, path: str = "") -> list[str]:
+    if isinstance(want, dict):
+        keys = sorted(set(got) | set(want), key=str)
+        return [d for k in keys for d in _same(got.get(k), want.get(k), f"{path}/{k}")]
+    if isinstance(want, torch.Tensor):
+        ok = isinstance(got, torch.Tensor) and got.dtype == want.dtype and torch.equal(got, want)
+        return [] if ok else [path]
+    return [] if got == want else [path]
+
+
+def main(args: dict[str, Any]) -> dict[str, Any]:
+    from blobsync import TransferConfig
+    from blobsync.config import MiB
+    from blobsync.torch import BlobStorageReader, BlobStorageWriter
+
+    rank, world = args["rank"], args["world"]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args['port']}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=args.get("timeout", 120)))
+    try:
+        mesh = init_device_mesh("cpu", (world,))
+        config = TransferConfig(block_size=args.get("block_mib", 4) * MiB)
+        if args["mode"] == "save":
+            model, optimizer = model_and_optimizer(args["seed"], args["width"], mesh)
+            model_sd, optim_sd = get_state_dict(model, optimizer)
+            state = {"model": model_sd, "optim": optim_sd, "extra": {"step": args["seed"], "name": "run7"}}
+            writer = BlobStorageWriter(args["url"], config=config)
+            if args.get("async"):
+                future = dcp.async_save(state, storage_writer=writer)
+                blocked = future.done()  # training would go on here
+                future.result()
+                return {"ok": True, "done_at_return": blocked}
+            dcp.save(state, storage_writer=writer)
+            return {"ok": True}
+        model, optimizer = model_and_optimizer(args["seed"] + 1000, args["width"], mesh)  # other values
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        state = {"model": model_sd, "optim": optim_sd, "extra": {"step": -1, "name": ""}}
+        dcp.load(state, storage_reader=BlobStorageReader(args["url"], config=config))
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        want_model, want_optimizer = model_and_optimizer(args["seed"], args["width"], None)
+        want_m, want_o = get_state_dict(want_model, want_optimizer)
+        got_m, got_o = get_state_dict(model, optimizer)
+        differs = _same(_full(got_m), want_m, "model") + _same(_full(got_o), want_o, "optim")
+        differs += _same(state["extra"], {"step": args["seed"], "name": "run7"}, "extra")
+        return {"ok": not differs, "differs": differs}
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    given = json.loads(sys.argv[1])
+    result = main(given)
+    with open(given["out"] + f".{given['rank']}", "w", encoding="utf-8") as f:
+        json.dump(result, f)
+    sys.stdout.flush()
+    os._exit(0)  # gloo's threads can hold a clean exit up
