@@ -63,6 +63,16 @@ def main(args: dict[str, Any]) -> dict[str, Any]:
     try:
         mesh = init_device_mesh("cpu", (world,))
         config = TransferConfig(block_size=args.get("block_mib", 4) * MiB)
+        if args["mode"] == "ckpt-save":  # steps 1-3 through Checkpoints(keep=2): the last one is the seed's
+            from blobsync.torch import Checkpoints
+
+            with Checkpoints(args["url"], keep=2, config=config) as checkpoints:
+                for step in (1, 2, 3):
+                    model, optimizer = model_and_optimizer(args["seed"] + 3 - step, args["width"], mesh)
+                    model_sd, optim_sd = get_state_dict(model, optimizer)
+                    checkpoints.save(step, {"model": model_sd, "optim": optim_sd,
+                                            "extra": {"step": args["seed"], "name": "run7"}})
+            return {"ok": True}
         if args["mode"] == "save":
             model, optimizer = model_and_optimizer(args["seed"], args["width"], mesh)
             model_sd, optim_sd = get_state_dict(model, optimizer)
@@ -78,7 +88,14 @@ def main(args: dict[str, Any]) -> dict[str, Any]:
         model, optimizer = model_and_optimizer(args["seed"] + 1000, args["width"], mesh)  # other values
         model_sd, optim_sd = get_state_dict(model, optimizer)
         state = {"model": model_sd, "optim": optim_sd, "extra": {"step": -1, "name": ""}}
-        dcp.load(state, storage_reader=BlobStorageReader(args["url"], config=config))
+        if args["mode"] == "ckpt-load":
+            from blobsync.torch import Checkpoints
+
+            with Checkpoints(args["url"], keep=2, config=config) as checkpoints:
+                assert checkpoints.latest() == 3 and checkpoints.list() == [2, 3]
+                checkpoints.load(state=state)
+        else:
+            dcp.load(state, storage_reader=BlobStorageReader(args["url"], config=config))
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         want_model, want_optimizer = model_and_optimizer(args["seed"], args["width"], None)
         want_m, want_o = get_state_dict(want_model, want_optimizer)

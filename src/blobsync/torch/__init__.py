@@ -2,6 +2,7 @@
 (BlobStorageWriter, BlobStorageReader), checkpoints kept and found again (Checkpoints), and datasets of blobs for
 DataLoader workers (BlobDataset, IterableBlobDataset)."""
 
+from blobsync.torch.checkpoints import Checkpoints
 from blobsync.torch.dcp import BlobStorageReader, BlobStorageWriter, IncompleteCheckpointError
 
-__all__ = ["BlobStorageReader", "BlobStorageWriter", "IncompleteCheckpointError"]
+__all__ = ["BlobStorageReader", "BlobStorageWriter", "Checkpoints", "IncompleteCheckpointError"]

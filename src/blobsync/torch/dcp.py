@@ -99,7 +99,7 @@ class _Folder:
         if self._given is None:
             return relative
         base = strip_query(self.url)
-        own = strip_query(self._given.url_for(""))
+        own = strip_query(self._given.aio.url).rstrip("/") + "/"
         if not base.startswith(own):
             raise UsageError(f"the client given is for {own!r}, not an account or container above {base!r}")
         return base[len(own):].lstrip("/") + relative
