@@ -3,6 +3,8 @@
 DataLoader workers (BlobDataset, IterableBlobDataset)."""
 
 from blobsync.torch.checkpoints import Checkpoints
+from blobsync.torch.datasets import BlobDataset, IterableBlobDataset
 from blobsync.torch.dcp import BlobStorageReader, BlobStorageWriter, IncompleteCheckpointError
 
-__all__ = ["BlobStorageReader", "BlobStorageWriter", "Checkpoints", "IncompleteCheckpointError"]
+__all__ = ["BlobDataset", "BlobStorageReader", "BlobStorageWriter", "Checkpoints", "IncompleteCheckpointError",
+           "IterableBlobDataset"]

@@ -21,6 +21,7 @@ from blobsync.client import Client
 from blobsync.config import Overwrite, TransferConfig
 from blobsync.errors import BlobNotFoundError, UsageError
 from blobsync.redact import strip_query
+from blobsync.torch._paths import below, container_path, folder_url
 from blobsync.torch.dcp import METADATA, BlobStorageReader, BlobStorageWriter, IncompleteCheckpointError
 
 POINTER = "latest"
@@ -45,12 +46,11 @@ class Checkpoints:
             raise UsageError(f"invalid keep={keep!r}: how many complete checkpoints to keep, 1 or more")
         if format not in ("auto", "dcp", "torch"):
             raise UsageError(f"invalid format={format!r}: 'auto', 'dcp' or 'torch'")
-        base, sep, query = url.partition("?")
-        self.url = base.rstrip("/") + "/" + (sep + query if sep else "")
+        self.url = folder_url(url)
         self.keep, self.format = keep, format
         self._own = client is None
         self.client = client if client is not None else Client(self.url, config, credential=credential)
-        self._prefix = "" if client is None else _below(self.client, self.url)
+        self._prefix = below(self.client, self.url)
         self._reading: set[int] = set()  # steps this object is loading: never pruned under it
         self._lock = threading.Lock()
         self._uploads: concurrent.futures.ThreadPoolExecutor | None = None
@@ -199,11 +199,7 @@ class Checkpoints:
         return ("dcp" if _distributed() else "torch") if self.format == "auto" else self.format
 
     def _base_path(self) -> str:
-        """The folder's path in its container, as listings name blobs."""
-        from blobsync.backends.registry import parse_location
-
-        path = parse_location(strip_query(self.url)).path
-        return path.rstrip("/") + "/" if path.strip("/") else ""
+        return container_path(self.url)
 
     def _name(self, relative: str) -> str:
         return self._prefix + relative
@@ -228,13 +224,6 @@ class Checkpoints:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _below(client: Client, url: str) -> str:
-    own, base = strip_query(client.aio.url).rstrip("/") + "/", strip_query(url)
-    if not base.startswith(own):
-        raise UsageError(f"the client given is for {own!r}, not an account or container above {base!r}")
-    return base[len(own):].lstrip("/")
 
 
 def _step(step: object) -> int:

@@ -38,6 +38,7 @@ from blobsync.client import Client
 from blobsync.config import Overwrite, TransferConfig
 from blobsync.errors import BlobNotFoundError, IntegrityError, UsageError
 from blobsync.redact import strip_query
+from blobsync.torch._paths import below, folder_url
 
 METADATA = ".metadata"
 SUFFIX = ".distcp"
@@ -71,38 +72,24 @@ def _dtype(name: str) -> torch.dtype:
     return dtype
 
 
-def _folder(url: str | os.PathLike[str]) -> str:
-    text = os.fspath(url)
-    if not isinstance(text, str) or "://" not in text:
-        raise UsageError(f"invalid checkpoint URL {text!r}: a folder URL under a container (https://..., memory://)")
-    base, sep, query = text.partition("?")
-    return base.rstrip("/") + "/" + (sep + query if sep else "")
-
-
 class _Folder:
     """One checkpoint folder on Blob, through a Client whose URL is the folder (names are relative to it)."""
 
     def __init__(self, url: str | os.PathLike[str], client: Client | None, config: TransferConfig | None,
                  credential: object) -> None:
-        self.url = _folder(url)
+        self.url = folder_url(url)
         self._given = client
         self.client = client if client is not None else Client(self.url, config, credential=credential)
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None) -> None:
-        if checkpoint_id is not None and _folder(checkpoint_id) != self.url:
-            self.url = _folder(checkpoint_id)
+        if checkpoint_id is not None and folder_url(checkpoint_id) != self.url:
+            self.url = folder_url(checkpoint_id)
             self.client = self._given if self._given is not None else Client(self.url, self.client.aio.config,
                                                                                credential=self.client.aio.credential)
 
     def name(self, relative: str) -> str:
         """`relative` under the folder, as the Client names it (a Client of the folder itself, or a given one)."""
-        if self._given is None:
-            return relative
-        base = strip_query(self.url)
-        own = strip_query(self._given.aio.url).rstrip("/") + "/"
-        if not base.startswith(own):
-            raise UsageError(f"the client given is for {own!r}, not an account or container above {base!r}")
-        return base[len(own):].lstrip("/") + relative
+        return below(self.client, self.url) + relative
 
     @property
     def display(self) -> str:
