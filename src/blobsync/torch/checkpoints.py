@@ -76,7 +76,7 @@ class Checkpoints:
         if not async_:
             self._write_torch(step, state)
             return None
-        staged = _to_host(state)  # the part training waits for: a copy it may go on changing beside
+        staged = to_host(state)  # the part training waits for: a copy it may go on changing beside
         if self._uploads is None:
             self._uploads = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="blobsync-checkpoints")
         return self._uploads.submit(self._write_torch, step, staged)
@@ -236,13 +236,13 @@ def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
-def _to_host(value: Any, copy: Callable[[torch.Tensor], torch.Tensor] = lambda t: t.detach().to("cpu", copy=True)
+def to_host(value: Any, copy: Callable[[torch.Tensor], torch.Tensor] = lambda t: t.detach().to("cpu", copy=True)
              ) -> Any:
     """A copy of `value` whose tensors are in host memory and owned by it (training may change the originals)."""
     if isinstance(value, torch.Tensor):
         return copy(value)
     if isinstance(value, dict):
-        return {k: _to_host(v, copy) for k, v in value.items()}
+        return {k: to_host(v, copy) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return type(value)(_to_host(v, copy) for v in value)
+        return type(value)(to_host(v, copy) for v in value)
     return value

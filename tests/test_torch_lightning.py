@@ -1,0 +1,77 @@
+"""Lightning on Blob (issue 40): a 2-epoch CPU fit of a tiny model saving through BlobCheckpointIO (sync and async),
+then a fit resumed from the checkpoint on Blob; no checkpoint file on the local disk, and the one on Blob read back
+with the SDK."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import lightning  # pinned in the dev set-up beside torch: these tests run in CI
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from conftest import Side
+from support.azurite import Azurite
+
+
+class Tiny(lightning.LightningModule):  # type: ignore[misc,name-defined]
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layer = nn.Linear(8, 1)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], index: int) -> torch.Tensor:
+        x, y = batch
+        return nn.functional.mse_loss(self.layer(x), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def _data() -> DataLoader[tuple[torch.Tensor, ...]]:
+    torch.manual_seed(1)
+    x = torch.randn(64, 8)
+    return DataLoader(TensorDataset(x, x.sum(dim=1, keepdim=True)), batch_size=16)
+
+
+def _trainer(tmp: Path, plugin: object, epochs: int) -> object:
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    checkpoint = ModelCheckpoint(dirpath=tmp / "ckpts", save_top_k=1, monitor=None, save_last=True)
+    return lightning.Trainer(max_epochs=epochs, accelerator="cpu", devices=1, plugins=[plugin],
+                             callbacks=[checkpoint], logger=False, enable_progress_bar=False,
+                             enable_model_summary=False, default_root_dir=tmp)
+
+
+@pytest.mark.parametrize("async_", [False, True])
+def test_a_fit_saves_to_blob_and_a_second_fit_resumes_from_it(async_: bool, source: Side, azurite: Azurite,
+                                                              tmp_path: Path) -> None:
+    from blobsync.torch.lightning import BlobCheckpointIO
+
+    url = source.url(azurite.base_url, "lightning/run1")
+    model = Tiny()
+    trainer = _trainer(tmp_path, BlobCheckpointIO(url, root=tmp_path, async_=async_), 2)
+    trainer.fit(model, _data())  # type: ignore[attr-defined]
+    names = sorted(b.name for b in source.client.list_blobs(name_starts_with="lightning/run1/"))
+    assert "lightning/run1/ckpts/last.ckpt" in names and len(names) == 2, names  # top-1 and last
+    assert not list(tmp_path.rglob("*.ckpt"))  # nothing on the local disk
+    saved = torch.load(io.BytesIO(source.download("lightning/run1/ckpts/last.ckpt")), weights_only=False)
+    assert saved["epoch"] == 1 and torch.equal(saved["state_dict"]["layer.weight"], model.layer.weight.detach())
+
+    resumed = Tiny()
+    again = _trainer(tmp_path, BlobCheckpointIO(url, root=tmp_path, async_=async_), 3)
+    again.fit(resumed, _data(), ckpt_path=str(tmp_path / "ckpts" / "last.ckpt"))  # type: ignore[attr-defined]
+    assert again.current_epoch == 3  # type: ignore[attr-defined]
+    after = torch.load(io.BytesIO(source.download("lightning/run1/ckpts/last.ckpt")), weights_only=False)
+    assert after["epoch"] == 2 and after["global_step"] == 12  # 4 batches an epoch, 3 epochs in all
+
+
+def test_a_missing_checkpoint_is_file_not_found(source: Side, azurite: Azurite, tmp_path: Path) -> None:
+    from blobsync.torch.lightning import BlobCheckpointIO
+
+    io_ = BlobCheckpointIO(source.url(azurite.base_url, "lightning/none"), root=tmp_path)
+    with pytest.raises(FileNotFoundError, match="checkpoint .* not found"):
+        io_.load_checkpoint(tmp_path / "nothing.ckpt")
