@@ -73,5 +73,5 @@ def test_a_missing_checkpoint_is_file_not_found(source: Side, azurite: Azurite, 
     from blobsync.torch.lightning import BlobCheckpointIO
 
     io_ = BlobCheckpointIO(source.url(azurite.base_url, "lightning/none"), root=tmp_path)
-    with pytest.raises(FileNotFoundError, match="checkpoint .* not found"):
+    with pytest.raises(FileNotFoundError, match=r"checkpoint .* not found"):
         io_.load_checkpoint(tmp_path / "nothing.ckpt")
