@@ -66,8 +66,17 @@ class BlobReader(io.RawIOBase):
             if i not in self._blocks:
                 offset = i * self._block
                 self._blocks[i] = self._submit(self._fetch(offset, min(self._block, self.size - offset)))
-        for i in [i for i in self._blocks if i < index or i > index + self._ahead]:
-            self._blocks.pop(i).cancel()  # behind the position (or far ahead after a seek back)
+        # Outside the window (behind the position, or far ahead after a seek back): a block still coming is
+        # cancelled; one here already is kept, a window's worth at most, for the reader that seeks back to it
+        # (torch.load reads a zip's end, then its records from the start).
+        outside = [i for i in self._blocks if i < index or i > index + self._ahead]
+        kept = 0
+        for i in reversed(outside):  # the most recently fetched first
+            future = self._blocks[i]
+            if future.done() and not future.cancelled() and future.exception() is None and kept < self._ahead + 1:
+                kept += 1
+                continue
+            self._blocks.pop(i).cancel()
         return self._blocks[index].result()
 
     def close(self) -> None:

@@ -207,9 +207,15 @@ class BlobStorageReader(StorageReader):
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         items = [(req, self.storage[req.storage_index]) for req in plan.items]
-        raws = _read_ranges(self.folder, [info for _, info in items])
-        for (req, info), raw in zip(items, raws, strict=True):
-            _load_item(planner, req, info, raw)
+        # A tensor the checkpoint holds whole, bound for a contiguous CPU tensor of its type and shape, is read
+        # straight into it; the others into a buffer of their own, then copied in.
+        targets = [_direct(planner, req, info) for req, info in items]
+        raws = _read_ranges(self.folder, [info for _, info in items], targets)
+        for (req, info), raw, target in zip(items, raws, targets, strict=True):
+            if target is not None:
+                planner.commit_tensor(req, target)
+            else:
+                _load_item(planner, req, info, raw)
         done: Future[None] = Future()
         done.set_result(None)
         return done
@@ -286,9 +292,23 @@ def _check_parts(folder: _Folder, infos: Sequence[BlobStorageInfo] | Any) -> Non
                                  ".metadata written")
 
 
-def _read_ranges(folder: _Folder, infos: Sequence[BlobStorageInfo]) -> list[torch.Tensor]:
-    """The bytes of each item, as uint8 tensors filled in place, all ranges in flight at once."""
-    raws = [torch.empty(info.length, dtype=torch.uint8) for info in infos]
+def _direct(planner: LoadPlanner, req: ReadItem, info: BlobStorageInfo) -> torch.Tensor | None:
+    """The tensor an item can be read straight into (all of the stored chunk, into memory laid out as stored)."""
+    if req.type is not LoadItemType.TENSOR or info.dtype is None or any(req.storage_offsets) or \
+            tuple(req.lengths) != info.shape:
+        return None
+    target = planner.resolve_tensor(req).detach()
+    if target.device.type != "cpu" or not target.is_contiguous() or str(target.dtype) != info.dtype or \
+            tuple(target.shape) != info.shape:
+        return None
+    return target
+
+
+def _read_ranges(folder: _Folder, infos: Sequence[BlobStorageInfo], targets: Sequence[torch.Tensor | None]
+                 ) -> list[torch.Tensor]:
+    """The bytes of each item, all ranges in flight at once: into its target's memory, or a uint8 tensor."""
+    raws = [t.reshape(-1).view(torch.uint8) if t is not None else torch.empty(info.length, dtype=torch.uint8)
+            for info, t in zip(infos, targets, strict=True)]
     client = folder.client
     futures = [client.submit(client.aio.read_into, folder.name(info.relative_path), _view(raw), info.offset)
                for info, raw in zip(infos, raws, strict=True) if info.length]
