@@ -5,21 +5,16 @@ its bytes those the SDK wrote."""
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from conftest import Side
-from support.azurite import Azurite, free_port
+from support import ranks
+from support.azurite import Azurite
 
 DATA = Path(__file__).resolve().parent / "support" / "torchdata.py"
-SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 
 def _blobs(side: Side, prefix: str, count: int) -> list[str]:
@@ -33,22 +28,7 @@ def _blobs(side: Side, prefix: str, count: int) -> list[str]:
 
 
 def _ranks(args: dict[str, object], tmp: Path, world: int = 2) -> list[list[str]]:
-    out, port = tmp / f"items-{time.monotonic_ns()}", free_port()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, str(DATA.parent)]), "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, str(DATA), json.dumps({**args, "rank": rank, "world": world,
-                                                                      "port": port, "out": str(out)})],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-             for rank in range(world)]
-    try:
-        for proc in procs:
-            _, err = proc.communicate(timeout=240)
-            assert proc.returncode == 0, err.decode(errors="replace")[-3000:]
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-    return [json.loads(Path(f"{out}.{rank}").read_text()) for rank in range(world)]
+    return ranks.run(DATA, args, world, tmp)
 
 
 @pytest.mark.parametrize("start", ["fork", "spawn"])

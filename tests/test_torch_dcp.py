@@ -6,11 +6,9 @@ the SDK: every item's range of every rank's blob against the tensors the ranks h
 from __future__ import annotations
 
 import io
-import json
 import os
 import pickle
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -21,34 +19,16 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from conftest import Side
+from support import ranks
 from support.azurite import Azurite, free_port
 from support.proxy import FaultProxy, Rule, hold
 
 RANK = Path(__file__).resolve().parent / "support" / "torchrank.py"
-SRC = str(Path(__file__).resolve().parents[1] / "src")
-
-
-def _start(args: dict[str, Any], rank: int, world: int, port: int, out: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, str(RANK.parent.parent)]), "OMP_NUM_THREADS": "1"}
-    given = {**args, "rank": rank, "world": world, "port": port, "out": str(out)}
-    return subprocess.Popen([sys.executable, str(RANK), json.dumps(given)], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True)
 
 
 def _group(args: dict[str, Any], world: int, tmp: Path, timeout: float = 240) -> list[dict[str, Any]]:
-    """Run `world` ranks to the end; each one's result."""
-    out, port = tmp / f"result-{time.monotonic_ns()}", free_port()
-    procs = [_start(args, rank, world, port, out) for rank in range(world)]
-    try:
-        for proc in procs:
-            _, err = proc.communicate(timeout=timeout)
-            assert proc.returncode == 0, err.decode(errors="replace")[-3000:]
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-    return [json.loads(Path(f"{out}.{rank}").read_text()) for rank in range(world)]
+    """Run `world` ranks of support/torchrank.py to the end; each one's result."""
+    return ranks.run(RANK, args, world, tmp, timeout)
 
 
 def _expected(seed: int, width: int) -> dict[str, torch.Tensor]:
@@ -129,7 +109,7 @@ def test_a_rank_killed_mid_save_leaves_no_metadata_and_the_last_checkpoint_loads
     assert all(r["ok"] for r in _group({**args, "url": first}, 2, tmp_path))
     proxy.add_rule(Rule("put_block", hold(), blob="kill/step-2/__1_", nth=3))
     out, port = tmp_path / "killed", free_port()
-    procs = [_start({**args, "url": second, "seed": 2}, rank, 2, port, out) for rank in range(2)]
+    procs = [ranks.start(RANK, {**args, "url": second, "seed": 2}, rank, 2, port, out) for rank in range(2)]
     try:
         proxy.wait_for_held(1, timeout=120)
         os.killpg(procs[1].pid, signal.SIGKILL)  # rank 1, half its blocks staged

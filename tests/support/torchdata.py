@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import datetime
 import hashlib
-import json
-import os
-import sys
 from typing import Any
 
 import torch.distributed as dist
@@ -45,9 +42,6 @@ def main(args: dict[str, Any]) -> list[str]:
 
 
 if __name__ == "__main__":
-    given = json.loads(sys.argv[1])
-    items = main(given)
-    with open(given["out"] + f".{given['rank']}", "w", encoding="utf-8") as f:
-        json.dump(items, f)
-    sys.stdout.flush()
-    os._exit(0)
+    from support.ranks import rank_main
+
+    rank_main(main)

@@ -4,9 +4,6 @@ optimizer state dict sharded as DTensors over a CPU mesh, through blobsync.torch
 from __future__ import annotations
 
 import datetime
-import json
-import os
-import sys
 from typing import Any
 
 import torch
@@ -108,9 +105,6 @@ def main(args: dict[str, Any]) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    given = json.loads(sys.argv[1])
-    result = main(given)
-    with open(given["out"] + f".{given['rank']}", "w", encoding="utf-8") as f:
-        json.dump(result, f)
-    sys.stdout.flush()
-    os._exit(0)  # gloo's threads can hold a clean exit up
+    from support.ranks import rank_main
+
+    rank_main(main)
