@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import subprocess
 from collections.abc import Iterator
@@ -254,3 +255,27 @@ def test_after_a_power_cut_only_fsynced_ranges_are_trusted(
     assert second.returncode == 0, second.stderr
     assert proxy.stats.bytes_out["get_blob"] == SIZE - synced  # everything not known to be on disk
     assert dest.read_bytes() == data
+
+
+def test_a_blob_without_md5_moves_bytes_only_and_fails_before_any_byte_when_asked(
+        container: ContainerHandle, proxy: FaultProxy, tmp_path: Path) -> None:
+    """No stored Content-MD5 (rclone's, AzCopy's and the SDK's chunked uploads): nothing to compare a whole-file
+    MD5 with, so none is computed (the record holds none); FailIfDifferentOrMissing refuses it before a GET."""
+    data = random_file(tmp_path / "src.bin", 5 * MiB + 11, seed=9)
+    blob = container.client.get_blob_client("plain.bin")  # staged blocks and a list: no Content-MD5 is stored
+    ids = [base64.b64encode(f"{i:08d}".encode()).decode() for i in range(0, len(data), MiB)]
+    for block_id, at in zip(ids, range(0, len(data), MiB), strict=True):
+        blob.stage_block(block_id, data[at:at + MiB])
+    blob.commit_block_list(ids)
+    assert container.client.get_blob_client("plain.bin").get_blob_properties().content_settings.content_md5 is None
+    url = f"{proxy.endpoint()}/{container.name}/plain.bin"
+    report = _get(url, tmp_path / "a.bin", tmp_path, block_size_mb=1)
+    assert report.files_transferred == 1 and report.written[0].content_md5 is None
+    assert (tmp_path / "a.bin").read_bytes() == container.download("plain.bin") == data
+    proxy.reset_stats()
+    refused = _get(url, tmp_path / "b.bin", tmp_path, check_md5=CheckMd5.FAIL_IF_DIFFERENT_OR_MISSING)
+    assert refused.files_failed == 1 and "no Content-MD5" in refused.failures[0].reason
+    assert proxy.stats.requests["get_blob"] == 0 and not (tmp_path / "b.bin").exists()
+    _put(container, "with.bin", data)  # a stored MD5: checked, and the record holds it
+    report = _get(f"{container.url}/with.bin", tmp_path / "c.bin", tmp_path, block_size_mb=1)
+    assert report.written[0].content_md5 == hashlib.md5(data).digest()

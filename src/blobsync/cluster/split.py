@@ -17,6 +17,7 @@ from blobsync.backends.base import PartCheck, Store
 from blobsync.checksums import choose_check
 from blobsync.cluster.spec import FileOutcome, RangeSpec, ShardReport
 from blobsync.cluster.work import Publish, check_identity, shard_engine, worker_name
+from blobsync.config import CheckMd5
 from blobsync.engine.blocks import block_count, block_ranges
 from blobsync.engine.context import EngineContext
 from blobsync.engine.digest import feed, new_md5
@@ -213,9 +214,13 @@ async def _finish_download(spec: RangeSpec, fetched: tuple[ShardReport, ...], pu
         part = await in_thread(ctx.io_pool, lambda: PartFile(target, f.size, keep=True,
                                                              root=Path(spec.job.local_root), shared=True))
         try:
-            whole = new_md5()
-            await in_thread(ctx.io_pool, feed, whole, part.chunks(0, f.size))
-            FileDownloader(ctx).check_md5(f.blob, props, whole.digest())
+            digest = None  # hashed only where a stored MD5 is there to compare it with
+            if props.content_md5 is not None and ctx.config.check_md5 is not CheckMd5.NO_CHECK:
+                whole = new_md5()
+                await in_thread(ctx.io_pool, feed, whole, part.chunks(0, f.size))
+                digest = whole.digest()
+            if ctx.config.check_md5 is not CheckMd5.NO_CHECK:
+                FileDownloader(ctx).check_md5(f.blob, props, digest)
             mtime = destination_mtime_ns(props) if ctx.config.preserve_last_modified_time else None
             await in_thread(ctx.io_pool, part.finish, mtime)
         except BlobsyncError as exc:

@@ -14,6 +14,7 @@ from blobsync.config import AUTO_CEILING, AUTO_START, TransferConfig
 from blobsync.engine.autotune import SharedTuning
 from blobsync.engine.bandwidth import TokenBucket
 from blobsync.engine.budget import MemoryBudget, RequestLimiter
+from blobsync.engine.digest import HashLanes
 from blobsync.engine.prompt import OverwritePrompt
 from blobsync.engine.retry import Retrier, RetryPolicy
 from blobsync.errors import ThrottledError
@@ -72,7 +73,7 @@ class EngineContext:
     memory: MemoryBudget
     requests: RequestPath
     io_pool: ThreadPoolExecutor  # positional reads + per-block MD5
-    hash_pool: ThreadPoolExecutor  # whole-file MD5, one thread: updates stay in order per file
+    hashing: HashLanes  # whole-file MD5s: a file's updates on one lane (in order), files on lanes side by side
     progress: Progress
     overwrite_prompt: OverwritePrompt | None = None  # answers --overwrite prompt
     bandwidth: TokenBucket | None = None  # the --cap-mbps bucket the store's wire obeys (re-capped live)

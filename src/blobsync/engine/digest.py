@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-from collections.abc import Iterable
+import os
+import threading
+from collections.abc import Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -53,3 +57,53 @@ def md5_of_file(path: Path) -> bytes:
         while chunk := f.read(_FILE_STEP):
             digest.update(chunk)
     return digest.digest()
+
+
+class HashLanes:
+    """The threads whole-file MD5s run on: every update of one file goes to the one lane it took (a file's MD5 is
+    serial, in order), and files hashing at once take different lanes, as many as there are cores (hashlib lets go
+    of the GIL). A lane is one thread; it is started when first used."""
+
+    def __init__(self, lanes: int) -> None:
+        self._pools = [ThreadPoolExecutor(1, thread_name_prefix=f"bs-md5-{i}") for i in range(max(1, lanes))]
+        self._users = [0] * len(self._pools)
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._pools)
+
+    def take(self) -> int:
+        """A lane for one file's hash (the least used one); give it back with `give_back`."""
+        with self._lock:
+            lane = min(range(len(self._users)), key=self._users.__getitem__)
+            self._users[lane] += 1
+        return lane
+
+    def give_back(self, lane: int) -> None:
+        with self._lock:
+            self._users[lane] -= 1
+
+    def pool(self, lane: int) -> ThreadPoolExecutor:
+        return self._pools[lane]
+
+    @contextlib.contextmanager
+    def lane(self) -> Iterator[ThreadPoolExecutor]:
+        """A lane's thread for the length of a `with` block: one file's whole hash."""
+        taken = self.take()
+        try:
+            yield self._pools[taken]
+        finally:
+            self.give_back(taken)
+
+    def shutdown(self) -> None:
+        for pool in self._pools:
+            pool.shutdown(wait=True)
+
+
+def hash_threads(env: Mapping[str, str]) -> int:
+    """How many files may hash at once: the cores this process may use (BLOBSYNC_HASH_THREADS overrides: 1 is the
+    one serial thread of before, for comparisons)."""
+    given = env.get("BLOBSYNC_HASH_THREADS", "").strip()
+    if given.isdigit() and 0 < int(given) <= 1024:
+        return int(given)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

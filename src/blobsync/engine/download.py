@@ -72,14 +72,18 @@ class FileDownloader:
                      ) -> FileResult:
         ctx = self.ctx
         cfg = ctx.config
+        if props.content_md5 is None and cfg.check_md5 is CheckMd5.FAIL_IF_DIFFERENT_OR_MISSING:
+            self.check_md5(row.blob, props, None)  # fails before a byte is fetched
         block_size, done = self._resumable(row, props, target)
         part = await in_thread(ctx.io_pool, lambda: PartFile(target, props.size, keep=done is not None,
                                                              root=self.root))
         done = done or set()
-        want_md5 = cfg.check_md5 is not CheckMd5.NO_CHECK
+        # The whole MD5 only where there is a stored one to compare it with: with none, it would check nothing
+        # (the ranges keep the checks the service gives them).
+        want_md5 = cfg.check_md5 is not CheckMd5.NO_CHECK and props.content_md5 is not None
         try:
             sent, digest = await self._fetch_into(row, props, part, block_size, done, want_md5, seen)
-            if want_md5:
+            if cfg.check_md5 is not CheckMd5.NO_CHECK:
                 self.check_md5(row.blob, props, digest)
             mtime = destination_mtime_ns(props) if cfg.preserve_last_modified_time else None
             await in_thread(ctx.io_pool, part.finish, mtime)

@@ -141,9 +141,16 @@ class RangeFetch:
             idx: loop.create_future() for idx, _, _ in self.ranges}
         self.window = Window(lambda: ctx.limiter.limit)
         self.sent = 0
+        self.pool: ThreadPoolExecutor | None = None  # the hash lane, while the whole MD5 is fed
 
     async def run(self, done: set[int] | frozenset[int] = frozenset()) -> int:
         """Fetch every range not in `done`; returns the bytes fetched."""
+        if self.whole is None:
+            return await self._run(done)
+        with self.ctx.hashing.lane() as self.pool:  # this blob's MD5: one thread, in order
+            return await self._run(done)
+
+    async def _run(self, done: set[int] | frozenset[int]) -> int:
         ctx = self.ctx
         tasks: set[asyncio.Task[None]] = set()
         hasher = asyncio.create_task(self._hash_in_order()) if self.whole is not None else None
@@ -214,7 +221,8 @@ class RangeFetch:
         # for the previous one to be hashed: the thread's queue keeps the order, and the thread never waits for
         # the event loop between two ranges.
         assert self.whole is not None
-        whole, pool = self.whole, self.ctx.hash_pool
+        whole, pool = self.whole, self.pool
+        assert pool is not None
         hashing: list[asyncio.Future[None]] = []
         try:
             for idx, offset, length in self.ranges:
@@ -234,8 +242,8 @@ class RangeFetch:
 
     def _hash_range(self, view: memoryview, buf: BlockBuffer | None) -> asyncio.Future[None]:
         # Off the event loop: hashing 8 MiB takes ~10 ms, long enough to stall every other request.
-        assert self.whole is not None
-        hashed = asyncio.ensure_future(in_thread(self.ctx.hash_pool, self.whole.update, view))
+        assert self.whole is not None and self.pool is not None
+        hashed = asyncio.ensure_future(in_thread(self.pool, self.whole.update, view))
 
         def done(_: object) -> None:  # also when cancelled before it started: the buffer is never lost
             self._release(view, buf)

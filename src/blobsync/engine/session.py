@@ -20,6 +20,7 @@ from blobsync.engine.context import (
     memory_budget,
     shared_tuning,
 )
+from blobsync.engine.digest import HashLanes, hash_threads
 from blobsync.engine.prompt import OverwritePrompt
 from blobsync.errors import UsageError
 from blobsync.events import Progress
@@ -49,7 +50,7 @@ class Session:
         self.limiter = RequestLimiter(config.start_concurrency, config.max_concurrency)
         self.tuning = shared_tuning(self.limiter)  # one tuner for every call in flight on the one limiter
         self.io_pool = ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2) + 2), thread_name_prefix="bs-io")
-        self.hash_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bs-md5")
+        self.hashing = HashLanes(hash_threads(env))  # whole-file MD5s: one lane a file, files side by side
         self._stores: dict[tuple[str, str], Store] = {}
         self.closed = False
 
@@ -83,7 +84,7 @@ class Session:
         and retry counters. Nothing in it needs closing apart from the session."""
         store = self.store(location)
         requests = self.requests(config, progress)
-        return EngineContext(store, lambda: self.journal, config, self.memory, requests, self.io_pool, self.hash_pool,
+        return EngineContext(store, lambda: self.journal, config, self.memory, requests, self.io_pool, self.hashing,
                              progress, overwrite_prompt, self.bucket, self.tuning)
 
     def requests(self, config: TransferConfig, progress: Progress) -> RequestPath:
@@ -100,7 +101,7 @@ class Session:
         finally:
             self._stores.clear()
             await asyncio.to_thread(self.io_pool.shutdown, wait=True)
-            self.hash_pool.shutdown(wait=True)
+            self.hashing.shutdown()
             if self._journal is not None:
                 self._journal.close()
 

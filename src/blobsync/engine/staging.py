@@ -6,6 +6,7 @@ import asyncio
 import collections
 import functools
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 from blobsync.backends.base import BlobHeaders, BlockCheck, ChunkedWriter, Conditions, PartCheck, PutResult
@@ -141,8 +142,14 @@ class BlockUploader:
 
     async def _stage_all(self, w: BlockWrite, src: Source) -> bytes | None:
         """Read every block, stage the ones the store lacks, and hash the file in order; returns its MD5."""
+        if not self.ctx.config.put_md5:
+            return await self._stage_blocks(w, src, None)
+        with self.ctx.hashing.lane() as lane:  # this file's MD5: one thread, in order; other files on others
+            return await self._stage_blocks(w, src, lane)
+
+    async def _stage_blocks(self, w: BlockWrite, src: Source, lane: ThreadPoolExecutor | None) -> bytes | None:
         ctx = self.ctx
-        whole = new_md5() if ctx.config.put_md5 else None
+        whole = new_md5() if lane is not None else None
         hashed: asyncio.Future[None] | None = None  # the last block queued on the one hash thread
         queued: collections.deque[asyncio.Future[None]] = collections.deque()
         sends: set[asyncio.Task[None]] = set()
@@ -156,7 +163,7 @@ class BlockUploader:
                     await queued.popleft()
                 buf, view, check = await self._read_block(w, src, window, idx, offset, length)
                 if whole is not None:
-                    hashed = asyncio.get_running_loop().run_in_executor(ctx.hash_pool, whole.update, view)
+                    hashed = asyncio.get_running_loop().run_in_executor(lane, whole.update, view)
                     queued.append(hashed)
                 if self._found(w, idx, length):
                     self._release_after(buf, hashed)

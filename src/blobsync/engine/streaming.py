@@ -39,6 +39,7 @@ class StreamWriter:
         self._lengths: dict[str, int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._check = choose_check(ctx.store.capabilities.part_checks, ctx.config.block_check)
+        self._lane: int | None = None
         self.closed = False
 
     async def write(self, data: Buffer) -> int:
@@ -70,7 +71,9 @@ class StreamWriter:
         buf = await ctx.memory.buffer(len(block))
         view = memoryview(buf)[:len(block)]
         view[:] = block
-        await in_thread(ctx.hash_pool, self.md5.update, view)  # in order: one thread
+        if self._lane is None:  # this object's MD5: one lane (in order) from the first block to the commit
+            self._lane = ctx.hashing.take()
+        await in_thread(ctx.hashing.pool(self._lane), self.md5.update, view)
         self.size += len(view)
         if self._writer is None:
             self._writer = ctx.store.writer(self.blob, new_nonce())
@@ -97,6 +100,17 @@ class StreamWriter:
         if self.closed:
             raise UsageError(f"{self.blob}: the blob writer is closed")
         self.closed = True
+        try:
+            return await self._finish()
+        finally:
+            self._give_back()
+
+    def _give_back(self) -> None:
+        if self._lane is not None:
+            self.ctx.hashing.give_back(self._lane)
+            self._lane = None
+
+    async def _finish(self) -> FileResult:
         ctx = self.ctx
         if self._writer is None and len(self._buf) <= ctx.config.single_put_limit:
             data = bytes(self._buf)
@@ -121,6 +135,7 @@ class StreamWriter:
     async def abort(self) -> None:
         """Give up: no commit, the staged parts dropped where the store can."""
         self.closed = True
+        self._give_back()
         await cancel_all(list(self._tasks))
         self._buf.clear()
         if self._writer is not None:
