@@ -2,11 +2,12 @@
 
     python bench/run.py WORKLOAD [WORKLOAD ...] [--tools blobsync,sdk,...] [--repeat N] [--markdown] [--out FILE]
 
-Workloads: upload-large (1 GiB up), upload-small (2,000 x 16 KiB up), download-large (1 GiB down), noop-sync
-(no-op re-sync of 10,000 files), resume (1 GiB up, SIGKILL at 50%, run again), slow-link (64 MiB up over a
-rate-limited veth between two network namespaces plus per-request latency; needs root), slow-small (1,000 x 16 KiB
-over the same link), sparse-rss (blobsync's peak RSS uploading sparse files of 1 and 20 GiB), throttled (1 GiB up
-with 10% of Put Blocks answered 503 through the fault proxy), delta (1 GiB re-synced after 2 blocks changed), all.
+Workloads: upload-large (1 GiB up), upload-small (2,000 x 16 KiB up), download-large (1 GiB down; and
+download-large-nomd5, a blob stored without a Content-MD5), noop-sync (no-op re-sync of 10,000 files), resume
+(1 GiB up, SIGKILL at 50%, run again), slow-link (64 MiB up over a rate-limited veth between two network
+namespaces plus per-request latency; needs root), slow-small (1,000 x 16 KiB over the same link), sparse-rss
+(blobsync's peak RSS uploading sparse files of 1 and 20 GiB), throttled (1 GiB up with 10% of Put Blocks answered
+503 through the fault proxy), delta (1 GiB re-synced after 2 blocks changed), all.
 
 Each run starts Azurite, runs ONE tool in a child process (wall time, its CPU and peak RSS from wait4 rusage,
 Azurite's CPU), checks the result independently (listing count + bytes; downloads: size + SHA-256), and stops
@@ -37,6 +38,7 @@ from harness.workloads import (
     DEFAULT_CACHE,
     Delta,
     Download,
+    DownloadNoMd5,
     NoopSync,
     NullDownload,
     Resume,
@@ -51,9 +53,9 @@ from harness.workloads import (
     small_tree,
 )
 
-WORKLOADS = ("upload-large", "upload-small", "download-large", "noop-sync", "resume", "slow-link", "slow-small",
-             "sparse-rss", "null-upload-large", "null-upload-small", "null-download-large", "cluster", "throttled",
-             "delta")  # fmt: skip
+WORKLOADS = ("upload-large", "upload-small", "download-large", "download-large-nomd5", "noop-sync", "resume",
+             "slow-link", "slow-small", "sparse-rss", "null-upload-large", "null-upload-small", "null-download-large",
+             "cluster", "throttled", "delta")  # fmt: skip
 ORIG_ARGV_ENV = "BLOBSYNC_BENCH_ORIG_ARGV"  # survives the re-exec under the venv so the report shows what was typed
 
 
@@ -126,6 +128,8 @@ def make_workload(name: str, a: argparse.Namespace) -> Workload:
                       f"{a.small_files:,} files of {a.small_kib} KiB (random bytes) up, 20 nested folders")  # fmt: skip
     if name == "download-large":
         return Download(cache, a.large_mib)
+    if name == "download-large-nomd5":
+        return DownloadNoMd5(cache, a.large_mib)
     # The same against the null server: what each client costs, with no server on the two cores.
     if name == "null-upload-large":
         return Upload(name, lambda: large_file(cache, a.large_mib), False,

@@ -785,6 +785,30 @@ class SparseRss(Upload):
         ]
 
 
+class DownloadNoMd5(Download):
+    """download-large with the blob stored without a Content-MD5 (as rclone's, AzCopy's and the SDK's chunked
+    uploads leave it): nothing for any tool to check the whole file against."""
+
+    def __init__(self, cache: Path, size_mib: int) -> None:
+        super().__init__(cache, size_mib)
+        self.name = "download-large-nomd5"
+        self.description = f"one {size_label(size_mib)} blob of random bytes, stored without a Content-MD5, down"
+
+    def seed(self, target: Target) -> None:
+        from azure.storage.blob import BlobServiceClient
+
+        svc = BlobServiceClient.from_connection_string(target.connection_string)
+        svc.create_container(self.container)
+        with self.src.open("rb") as f:  # blocks and a block list: no Content-MD5 stored
+            svc.get_blob_client(self.container, self.src.name).upload_blob(f, length=self.total_bytes,
+                                                                            overwrite=True, max_concurrency=8)
+
+    def notes(self) -> list[str]:
+        return ["The blob has no Content-MD5 (SDK block upload, none set afterwards): blobsync moves the bytes with "
+                "the per-range checks only, as rclone's multi-stream download does; every download is still compared "
+                "with the source by size and SHA-256 after the tool exits."]
+
+
 class NullDownload(Download):
     """download-large against the null server: a zero-filled blob with its true MD5, served from memory."""
 
