@@ -165,3 +165,19 @@ def test_a_small_put_whose_answer_is_lost_is_sent_again_and_lands(
     assert proxy.stats.requests["put_blob"] == 2
     assert container.download("lost.bin") == data
     assert result.etag == container.client.get_blob_client("lost.bin").get_blob_properties().etag
+
+
+def test_read_into_fills_a_range_in_parallel_and_refuses_a_bad_offset(container: ContainerHandle,
+                                                                      tmp_path: Path) -> None:
+    data = os.urandom(3 * MiB + 123)
+    container.client.upload_blob("r.bin", data)
+    with blobsync.Client(container.url, _config(tmp_path)) as client:
+        buf = bytearray(2 * MiB + 5)  # more than one 1 MiB block: ranges in parallel
+        view = client.read_into("r.bin", buf, 1000)
+        assert bytes(view) == data[1000:1000 + len(buf)] == container.download("r.bin")[1000:1000 + len(buf)]
+        assert bytes(client.read_into("r.bin", bytearray(10))) == data[:10]
+        for bad in (-1, "10", True):
+            with pytest.raises(blobsync.UsageError, match="invalid offset"):
+                client.read_into("r.bin", bytearray(10), bad)  # type: ignore[arg-type]
+        with pytest.raises(blobsync.BlobsyncError):
+            client.read_into("r.bin", bytearray(10), len(data) + 100)  # past the end: an error, never short bytes
