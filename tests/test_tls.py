@@ -21,15 +21,16 @@ from support.azurite import Azurite
 from support.cli import random_file, run
 
 
-def _self_signed(folder: Path) -> tuple[Path, Path]:
+def _self_signed(folder: Path, *dns_names: str) -> tuple[Path, Path]:
+    """A certificate (its own CA) for 127.0.0.1 and `dns_names`, and its key."""
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
     now = datetime.datetime.now(datetime.UTC)
     cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
             .serial_number(x509.random_serial_number())
             .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                           critical=False)
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                                                        *(x509.DNSName(n) for n in dns_names)]), critical=False)
             .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
             .sign(key, hashes.SHA256()))
     cert_path, key_path = folder / "cert.pem", folder / "key.pem"

@@ -75,7 +75,8 @@ class Azurite:
 
     def __init__(self, port: int | None = None, *, startup_timeout: float = 30.0,
                  tls: tuple[Path, Path] | None = None, workdir: Path | None = None, in_memory: bool = True,
-                 netns: str | None = None) -> None:
+                 netns: str | None = None, oauth: bool = False) -> None:
+        self._oauth = oauth  # accept Azure AD bearer tokens (Azurite checks their claims, not their signature)
         self._port = 10001 if netns and port is None else port  # a fresh namespace has every port free
         self._tls = tls  # (certificate, key) PEM files: serve HTTPS
         self._startup_timeout = startup_timeout
@@ -155,6 +156,8 @@ class Azurite:
             cmd += ["--location", str(self._workdir / "azurite-data")]
         if self._tls:
             cmd += ["--cert", str(self._tls[0]), "--key", str(self._tls[1])]
+        if self._oauth:
+            cmd += ["--oauth", "basic"]
         return cmd
 
     def start(self) -> None:

@@ -12,7 +12,10 @@ from types import TracebackType
 class ConnectProxy:
     """Tunnels CONNECT host:port (nothing else: plain-HTTP proxying gets 501), in a thread of its own."""
 
-    def __init__(self, user: str | None = None, password: str | None = None) -> None:
+    def __init__(self, user: str | None = None, password: str | None = None,
+                 routes: dict[str, tuple[str, int]] | None = None) -> None:
+        # "host:port" -> where its tunnel really goes (a public name served by a local emulator; nothing leaves)
+        self.routes = routes or {}
         self.credentials = f"{user}:{password}" if user is not None else None
         self.tunnels = 0
         self.refused = 0  # requests answered 407
@@ -72,6 +75,8 @@ class ConnectProxy:
                 writer.close()
                 return
         host, _, port = target.rpartition(":")
+        if target in self.routes:
+            host, port = self.routes[target][0], str(self.routes[target][1])
         try:
             up_reader, up_writer = await asyncio.open_connection(host.strip("[]"), int(port))
         except OSError:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from blobsync.backends.base import Buffer
+from blobsync.backends.trust_store import import_aiohttp
 from blobsync.local.platform import features
 from blobsync.redact import redact, register_secret
 
@@ -165,8 +166,7 @@ class HttpClient:
         self._proxy_auth: Any = None
 
     def _open(self) -> aiohttp.ClientSession:
-        import aiohttp
-
+        aiohttp = import_aiohttp()
         connector = aiohttp.TCPConnector(limit=self.connections, ssl=ssl_context(self.env) if self.https else False,
                                          enable_cleanup_closed=True)
         # The environment's proxy (and its credentials, from the URL or ~/.netrc; NO_PROXY honoured) is looked up
@@ -224,10 +224,10 @@ class HttpClient:
 
     async def _exchange(self, method: str, target: str, headers: Mapping[str, str], sink: memoryview | None,
                         body: Buffer | None, watch: _Watch) -> Response:
+        session = self._session or self._open()  # loads aiohttp, the first time
         import aiohttp
         from yarl import URL
 
-        session = self._session or self._open()
         data = self._payload(body, watch) if body is not None else None
         # aiohttp's exceptions carry the request URL, SAS and all: none is chained to what we raise (raised after
         # the except block, so not even as __context__).

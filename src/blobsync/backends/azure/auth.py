@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import quote, urlencode
 
+from blobsync.backends import trust_store
 from blobsync.backends.azure.location import BlobLocation, is_loopback_host
 from blobsync.errors import AuthError, UsageError
 from blobsync.redact import register_secret
@@ -195,6 +196,7 @@ class TokenCredential:
         request.headers["Authorization"] = f"Bearer {self._token}"
 
     async def _fetch(self) -> None:
+        trust_store.load()  # an azure-identity async credential verifies with aiohttp's default context
         try:
             token = await self.source.get_token(STORAGE_SCOPE)
         except Exception as exc:  # azure-identity raises its own tree; name it for the user
@@ -425,7 +427,12 @@ def _default_azure_credential() -> Credential | None:
         from azure.identity.aio import DefaultAzureCredential
     except ImportError:
         return None
-    return TokenCredential(DefaultAzureCredential())
+    try:
+        return TokenCredential(DefaultAzureCredential())
+    except ValueError as exc:  # azure-identity refuses what it reads from the environment (an empty AZURE_CLIENT_ID)
+        raise AuthError(f"Azure AD credentials from the environment are not usable: {exc}",
+                        hint="set AZURE_CLIENT_ID, AZURE_TENANT_ID and AZURE_CLIENT_SECRET together (or unset "
+                             "them), or use a SAS URL or AZURE_STORAGE_KEY") from None
 
 
 # Where AzCopy sends tokens and keys by default (its --trusted-microsoft-suffixes): the public and national
