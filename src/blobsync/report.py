@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import Enum
 
 from blobsync.errors import ExitCode
@@ -100,6 +100,18 @@ class Report:
     shards: list[ShardRow] = field(default_factory=list)  # a job run on a cluster: one row per task
     # Sees every result as it is added: the live progress and the subscribers hang off it.
     listener: Callable[[FileResult], None] | None = field(default=None, repr=False, compare=False)
+
+    def __repr__(self) -> str:
+        # The lists by their length: a Report of 100,000 files would print (and cost) megabytes. asyncio formats
+        # the repr of a job's task, result and all, as its run ends (Runner.run's signal check).
+        shown = []
+        for f in fields(self):
+            if not f.repr:
+                continue
+            value = getattr(self, f.name)
+            shown.append(f"{f.name}=[{len(value)} entries]" if isinstance(value, list) and value else
+                         f"{f.name}={value!r}")
+        return f"Report({', '.join(shown)})"
 
     def add(self, result: FileResult) -> None:
         if self.listener is not None:

@@ -192,13 +192,12 @@ class HttpClient:
         """Send `method target` (path and query) with `body` if given (its Content-Length among `headers`); a
         2xx answer's body goes into `sink` if given, else it is collected. Every failure is an HttpError."""
         watch = _Watch()
-        exchange = asyncio.ensure_future(self._exchange(method, target, headers, sink, body, watch))
+        task = asyncio.current_task()
+        assert task is not None
         loop = asyncio.get_running_loop()
         tick = min(1.0, max(0.05, self.stall_timeout / 4))
 
         def watchdog() -> None:
-            if exchange.done():
-                return
             now = time.monotonic()
             if watch.holding or watch.moved():
                 watch.last = now
@@ -208,16 +207,15 @@ class HttpClient:
             watch.stalled = (f"no progress sending the body for {self.stall_timeout:g}s (the other end stopped "
                              "reading; --stall-timeout)" if body is not None and (watch.sending or watch.queued)
                              else f"no data for {self.stall_timeout:g}s (--stall-timeout)")
-            exchange.cancel()
+            task.cancel()  # as asyncio.timeout does: the exchange runs in the caller's task, no task of its own
 
         handle = [loop.call_later(tick, watchdog)]
         try:
-            return await asyncio.shield(exchange)
+            return await self._exchange(method, target, headers, sink, body, watch)
         except asyncio.CancelledError:
-            if watch.stalled and not _cancelling():
+            # Ours alone (no other cancel pending): the stall, as an HttpError. A cancel from outside stays one.
+            if watch.stalled and task.uncancel() == 0:
                 raise HttpError(watch.stalled) from None
-            exchange.cancel()
-            await asyncio.wait([exchange])
             raise
         finally:
             handle[0].cancel()
@@ -298,11 +296,6 @@ class HttpClient:
         if self._session is not None:
             await self._session.close()
             self._session = None
-
-
-def _cancelling() -> bool:
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
 
 
 def _mapped(exc: Exception, netloc: str, proxy: str | None) -> HttpError:
