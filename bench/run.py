@@ -125,7 +125,8 @@ def make_workload(name: str, a: argparse.Namespace) -> Workload:
                       tools=(*UPLOAD_TOOLS, *(t for t in REFERENCE_TOOLS if t in a.tools)))  # fmt: skip
     if name == "upload-small":
         return Upload(name, lambda: small_tree(cache, a.small_files, a.small_kib * 1024), True,
-                      f"{a.small_files:,} files of {a.small_kib} KiB (random bytes) up, 20 nested folders")  # fmt: skip
+                      f"{a.small_files:,} files of {a.small_kib} KiB (random bytes) up, 20 nested folders",
+                      tools=(*UPLOAD_TOOLS, *(t for t in REFERENCE_TOOLS if t in a.tools)))  # fmt: skip
     if name == "download-large":
         return Download(cache, a.large_mib)
     if name == "download-large-nomd5":

@@ -48,9 +48,10 @@ DESCRIPTIONS = {
     "download: one `get_async` stream",
     "rclone": "Debian rclone, `--transfers 16` (`--checkers 16` for sync; `--multi-thread-streams 8` for a "
     "download), `--retries 1 --low-level-retries 1`, remote `type = azureblob`, `use_emulator = true`, `endpoint`",
-    "minimal": "reference, not a peer: a ~40-line aiohttp client (`child.py minimal-upload`) that reads each 8 MiB "
-    "block, MD5s it and PUTs it, 16 in flight, then commits; no journal, whole-file MD5, checks or retries: the "
-    "ceiling this Azurite allows a client (one file up only)",
+    "minimal": "reference, not a peer: a ~60-line aiohttp client (`child.py minimal-upload`): one file read in 8 MiB "
+    "blocks, each MD5ed and PUT, 16 in flight, then committed; a tree one Put Blob (with Content-MD5) per file, 16 "
+    "in flight; no journal, whole-file MD5, safety checks or retries: the ceiling aiohttp on this Azurite allows a "
+    "Python client",
     "rclone-1stream": "rclone download with `--multi-thread-streams 0`: one GET, MD5 checked as it arrives",
     "azcopy": "AzCopy 10.32.2 (npm @azure-tools/azcopy-linux), `--from-to LocalBlob|BlobLocal --block-size-mb 8`, a "
     "container SAS; defaults otherwise (no `--put-md5`; downloads `--check-md5 FailIfDifferent`, its default); "
@@ -252,7 +253,7 @@ def upload_cmd(
         cmd = [*_blobsync(tool, st), "cp", str(src), url, *(["-r"] if recursive else []),
                *(["--block-check", "crc64"] if target.like_azure and tool != "blobsync-base" else []),
                *_blobsync_tail(tool, tmp, st)]  # fmt: skip
-    elif kind in ("sdk", "obstore") or (kind == "minimal" and not recursive):
+    elif kind in ("sdk", "obstore", "minimal"):
         cmd = [str(st.python), str(CHILD), f"{kind}-upload", str(src), container]
         cmd += ["--recursive"] if recursive else []
         cmd += ["--validate"] if tool == "sdk-validate" else []
