@@ -116,6 +116,38 @@ async def reads_check_the_version_and_may_send_the_range_md5(store: Store, read_
     assert empty.size == 0
 
 
+class _Pieces:
+    """Consecutive buffers of the given sizes, as the engine hands them to a span read."""
+
+    def __init__(self, *sizes: int) -> None:
+        self.buffers = [bytearray(n) for n in sizes]
+        self.given = 0
+        self.filled: list[bytes] = []
+
+    async def next(self) -> memoryview | None:
+        if self.given == len(self.buffers):
+            return None
+        self.given += 1
+        return memoryview(self.buffers[self.given - 1])
+
+    def full(self, view: memoryview) -> None:
+        self.filled.append(bytes(view))
+
+
+@case
+async def a_span_fills_its_pieces_in_order_at_the_version_asked(store: Store, read_back: ReadBack) -> None:
+    if not store.capabilities.spans:
+        return
+    data = os.urandom(10_000)
+    put = await store.put("s.bin", data, HEADERS)
+    pieces = _Pieces(3000, 3000, 2500)
+    got = await store.read_span("s.bin", 1000, 8500, pieces, put.etag)
+    assert pieces.filled == [data[1000:4000], data[4000:7000], data[7000:9500]]
+    assert got.size == 10_000 and got.etag == put.etag
+    with pytest.raises(ConflictError):
+        await store.read_span("s.bin", 0, 10, _Pieces(10), '"0xdeadbeef"')
+
+
 @case
 async def a_chunked_write_commits_its_parts_in_order(store: Store, read_back: ReadBack) -> None:
     nonce = "00112233aabbccdd"

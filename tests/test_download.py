@@ -149,6 +149,54 @@ def test_response_cut_mid_body_is_fetched_again(container: ContainerHandle, prox
     assert (tmp_path / "out.bin").read_bytes() == data
 
 
+def _put_unhashed(container: ContainerHandle, name: str, data: bytes) -> None:
+    """Stored without a Content-MD5, as rclone's, AzCopy's and the SDK's chunked uploads leave a blob."""
+    blob = container.client.get_blob_client(name)
+    ids = []
+    for at in range(0, len(data), 4 * MiB):
+        ids.append(base64.b64encode(f"{at:012d}".encode()).decode())
+        blob.stage_block(ids[-1], data[at:at + 4 * MiB])
+    blob.commit_block_list(ids)
+    assert blob.get_blob_properties().content_settings.content_md5 is None
+
+
+def _ranges(proxy: FaultProxy) -> list[tuple[int, int]]:
+    got = [e.headers["x-ms-range"].removeprefix("bytes=").split("-") for e in proxy.log if e.op == "get_blob"]
+    return sorted((int(first), int(last)) for first, last in got)
+
+
+SPANNED = 6 * 8 * MiB + 5  # six blocks of 8 MiB and one of 5 bytes; two requests in flight: spans of 4 and 3
+
+
+def test_with_nothing_to_hash_one_get_spans_several_blocks(container: ContainerHandle, proxy: FaultProxy,
+                                                          tmp_path: Path) -> None:
+    data = random_file(tmp_path / "src.bin", SPANNED, seed=11)
+    _put_unhashed(container, "big.bin", data)
+    report = _get(f"{proxy.endpoint()}/{container.name}/big.bin", tmp_path / "out.bin", tmp_path, concurrency=2,
+                  put_blob_size_mb=0)
+    assert (report.files_transferred, report.files_failed) == (1, 0), report.failures
+    assert (tmp_path / "out.bin").read_bytes() == data
+    assert _ranges(proxy) == [(0, 32 * MiB - 1), (32 * MiB, SPANNED - 1)]  # two GETs, not seven
+    assert all(e.headers.get("if-match") for e in proxy.log if e.op == "get_blob")
+
+
+def test_a_span_cut_mid_body_goes_on_from_the_first_block_not_stored(container: ContainerHandle, proxy: FaultProxy,
+                                                                     tmp_path: Path) -> None:
+    data = random_file(tmp_path / "src.bin", SPANNED, seed=12)
+    _put_unhashed(container, "big.bin", data)
+    proxy.add_rule(Rule("get_blob", reset_mid_response(0.6), nth=1))
+    report = _get(f"{proxy.endpoint()}/{container.name}/big.bin", tmp_path / "out.bin", tmp_path, concurrency=2,
+                  put_blob_size_mb=0)
+    assert report.files_transferred == 1 and report.retries == 1, report.failures
+    assert (tmp_path / "out.bin").read_bytes() == data
+    cut = next(e for e in proxy.log if e.op == "get_blob" and e.fault)
+    first, last = (int(x) for x in cut.headers["x-ms-range"].removeprefix("bytes=").split("-"))
+    # 60% of the cut span arrived: its whole blocks were stored, and the retry asks for the rest only.
+    kept = int(0.6 * (last + 1 - first)) // (8 * MiB) * 8 * MiB
+    assert kept >= 8 * MiB and (first + kept, last) in _ranges(proxy)
+    assert sum(b + 1 - a for a, b in _ranges(proxy)) == SPANNED + (last + 1 - first - kept)  # nothing else again
+
+
 def test_malicious_names_are_refused_and_the_rest_continue(container: ContainerHandle, tmp_path: Path) -> None:
     for name in ("/abs.txt", "dir\\..\\..\\escape.txt", "C:/drive.txt", "fine/ok.txt"):
         container.client.upload_blob(name, b"x")

@@ -98,6 +98,7 @@ class Capabilities:
     max_parts: int = 50_000  # parts in one committed object
     max_part_size: int = 4000 * 1024 * 1024
     range_md5_max: int = 0  # the largest range whose MD5 the store sends with it (0: it never does)
+    spans: bool = False  # read_span(): one read into consecutive pieces (a range over several blocks)
     batch_delete_max: int = 0  # deletes one delete_many request takes (0: delete_many is not offered)
     keeps_parts: bool = False  # a commit may name parts of the current version (delta uploads)
     lists_levels: bool = False  # list_level: one level at a time (a huge listing then runs one prefix per task)
@@ -112,6 +113,18 @@ class Capabilities:
     tiers: tuple[str, ...] = ()  # the access tiers a write may name
     properties: tuple[str, ...] = ()  # BlobHeaders.properties names it stores and returns (cache_control, ...)
     metadata_name: Callable[[str], bool] | None = None  # the metadata names it keeps (None: any)
+
+
+class Pieces(Protocol):
+    """Where one read's body goes piece by piece: consecutive buffers, each handed over as soon as it is full, so
+    that a read spanning many blocks holds one or two of them at a time, not all."""
+
+    async def next(self) -> memoryview | None:
+        """The buffer the next bytes go into (it may wait for memory; the read pauses meanwhile); None: no more
+        are expected."""
+
+    def full(self, view: memoryview) -> None:
+        """`view`, the buffer `next` gave last, is full."""
 
 
 class Location(Protocol):
@@ -236,6 +249,12 @@ class Store(Protocol):
                         range_md5: bool = False) -> BlobProperties:
         """Read len(buf) bytes from `offset` into `buf`, with the properties as of that read; `range_md5` asks
         for the range's MD5 (ranges up to capabilities.range_md5_max only)."""
+        ...
+
+    async def read_span(self, name: str, offset: int, length: int, pieces: Pieces,
+                        if_match: str | None = None) -> BlobProperties:
+        """Read `length` bytes from `offset` in one request into `pieces` (capabilities.spans), with the properties
+        as of that read. A short body is a retryable NetworkError (the pieces already full stay full)."""
         ...
 
     async def read_first(self, name: str, buf: memoryview) -> tuple[BlobProperties, int]:

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from blobsync.backends.base import Buffer
+from blobsync.backends.base import Buffer, Pieces
 from blobsync.backends.trust_store import import_aiohttp
 from blobsync.local.platform import features
 from blobsync.redact import redact, register_secret
@@ -188,9 +188,10 @@ class HttpClient:
         return self._session
 
     async def request(self, method: str, target: str, headers: Mapping[str, str],
-                      sink: memoryview | None = None, body: Buffer | None = None) -> Response:
+                      sink: memoryview | Pieces | None = None, body: Buffer | None = None) -> Response:
         """Send `method target` (path and query) with `body` if given (its Content-Length among `headers`); a
-        2xx answer's body goes into `sink` if given, else it is collected. Every failure is an HttpError."""
+        2xx answer's body goes into `sink` if given (one buffer, or consecutive pieces), else it is collected.
+        Every failure is an HttpError."""
         watch = _Watch()
         task = asyncio.current_task()
         assert task is not None
@@ -220,8 +221,8 @@ class HttpClient:
         finally:
             handle[0].cancel()
 
-    async def _exchange(self, method: str, target: str, headers: Mapping[str, str], sink: memoryview | None,
-                        body: Buffer | None, watch: _Watch) -> Response:
+    async def _exchange(self, method: str, target: str, headers: Mapping[str, str],
+                        sink: memoryview | Pieces | None, body: Buffer | None, watch: _Watch) -> Response:
         session = self._session or self._open()  # loads aiohttp, the first time
         import aiohttp
         from yarl import URL
@@ -238,7 +239,8 @@ class HttpClient:
                 watch.touch()
                 answer = {k.lower(): v for k, v in resp.headers.items()}
                 if sink is not None and 200 <= resp.status < 300:
-                    got = await self._into(resp, sink, watch)
+                    got = await (self._into(resp, sink, watch) if isinstance(sink, memoryview)
+                                 else self._into_pieces(resp, sink, watch))
                     return Response(resp.status, answer, got, b"")
                 collected = await self._collect(resp, watch)
                 return Response(resp.status, answer, len(collected), collected)
@@ -270,16 +272,43 @@ class HttpClient:
                 raise HttpError(f"the response body does not fit the {sink.nbytes}-byte range asked for")
             sink[pos:pos + n] = chunk
             pos += n
-            watch.touch()
-            if self.on_wire is not None:
-                self.on_wire(n)
-            if self.throttle is not None:
-                watch.holding = True
-                try:
-                    await self.throttle(n)
-                finally:
-                    watch.holding = False
+            await self._took(n, watch)
         return pos
+
+    async def _into_pieces(self, resp: aiohttp.ClientResponse, pieces: Pieces, watch: _Watch) -> int:
+        got, view, pos = 0, None, 0
+        async for chunk, _ in resp.content.iter_chunks():
+            data, at = memoryview(chunk), 0
+            while at < len(data):
+                if view is None:
+                    watch.holding = True  # waiting for memory is not a stall of the other end
+                    try:
+                        view, pos = await pieces.next(), 0
+                    finally:
+                        watch.holding = False
+                    if view is None:
+                        raise HttpError("the response body is longer than the range asked for")
+                n = min(len(data) - at, len(view) - pos)
+                view[pos:pos + n] = data[at:at + n]
+                pos, at = pos + n, at + n
+                if pos == len(view):
+                    pieces.full(view)
+                    view = None
+            got += len(data)
+            await self._took(len(data), watch)
+        return got
+
+    async def _took(self, n: int, watch: _Watch) -> None:
+        """`n` bytes of a body arrived: the stall clock restarts, the wire counts them, the cap may hold on."""
+        watch.touch()
+        if self.on_wire is not None:
+            self.on_wire(n)
+        if self.throttle is not None:
+            watch.holding = True
+            try:
+                await self.throttle(n)
+            finally:
+                watch.holding = False
 
     async def _collect(self, resp: aiohttp.ClientResponse, watch: _Watch) -> bytes:
         parts = []

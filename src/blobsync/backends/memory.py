@@ -28,6 +28,7 @@ from blobsync.backends.base import (
     Part,
     PartCheck,
     Parts,
+    Pieces,
     PutResult,
     Requester,
     direct,
@@ -187,7 +188,7 @@ def _source(source: CopySource, what: str) -> tuple[str, _Object]:
 class MemoryStore:
     """Store over one in-process container."""
 
-    capabilities = Capabilities(range_md5_max=RANGE_MD5_MAX, batch_delete_max=256, keeps_parts=True,
+    capabilities = Capabilities(range_md5_max=RANGE_MD5_MAX, spans=True, batch_delete_max=256, keeps_parts=True,
                                 lists_levels=True, part_checks=(BlockCheck.CRC64, BlockCheck.MD5),
                                 copy_max=256 * 1024 * 1024, stage_copy_max=4000 * 1024 * 1024, copy_sources=True,
                                 tags=True, tiers=_TIERS, properties=_PROPERTIES)
@@ -278,6 +279,29 @@ class MemoryStore:
             props = replace(props, range_md5=hashlib.md5(chunk).digest())
         box.faults.take("read_into", name, after=True)
         return props
+
+    async def read_span(self, name: str, offset: int, length: int, pieces: Pieces,
+                        if_match: str | None = None) -> BlobProperties:
+        box = await self._enter("read_span", name)
+        obj = box.objects.get(name)
+        if obj is None:
+            raise BlobNotFoundError(f"get blob {name!r}: HTTP 404 BlobNotFound: not found", status=404,
+                                    code="BlobNotFound")
+        _check(obj, Conditions(if_match=if_match), f"get blob {name!r}")
+        if offset + length > len(obj.data):
+            raise ServiceError(f"get blob {name!r}: HTTP 416 InvalidRange", status=416, code="InvalidRange")
+        data, at = memoryview(obj.data)[offset:offset + length], 0
+        while at < length:
+            view = await pieces.next()
+            if view is None:
+                raise ServiceError(f"get blob {name!r}: the range does not fit the pieces given")
+            n = min(len(view), length - at)
+            view[:n] = data[at:at + n]
+            at += n
+            if n == len(view):
+                pieces.full(view)
+        box.faults.take("read_span", name, after=True)
+        return _props(name, obj)
 
     async def read_first(self, name: str, buf: memoryview) -> tuple[BlobProperties, int]:
         box = await self._enter("read_first", name)

@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Protocol
 
-from blobsync.backends.base import Store
+from blobsync.backends.base import Pieces, Store
 from blobsync.engine.budget import BlockBuffer, Window
 from blobsync.engine.context import EngineContext
 from blobsync.engine.digest import feed, md5_of
@@ -23,7 +23,13 @@ SYNC_INTERVAL = 2.0  # seconds between fdatasyncs of a partial download (what a 
 
 # One checked ranged GET into a view: (offset, view) -> anything. The caller binds the blob and its version.
 GetRange = Callable[[int, memoryview], Awaitable[object]]
+# One GET over several blocks, into pieces: (offset, length, pieces) -> anything (Store.read_span, bound).
+GetSpan = Callable[[int, int, Pieces], Awaitable[object]]
 Range = tuple[int, int, int]  # index, offset, length
+# Blocks one GET may span when nothing is hashed in order: 8 MiB blocks -> 64 MiB a request, as many requests in
+# flight as before. Measured against Azurite (1 GiB down): fewer, longer GETs cost the server and the client less
+# per byte; each block is still stored and journaled on its own as soon as it is full.
+SPAN_BLOCKS = 8
 
 
 async def read_checked(store: Store, pool: ThreadPoolExecutor | None, blob: str, offset: int, view: memoryview,
@@ -130,8 +136,9 @@ class RangeFetch:
     buffer; hashes them in order as they become available (a buffer goes back once stored and hashed)."""
 
     def __init__(self, ctx: EngineContext, rel: str, ranges: Iterable[Range], sink: Sink, whole: Md5 | None,
-                 get: GetRange) -> None:
+                 get: GetRange, span: GetSpan | None = None) -> None:
         self.ctx, self.rel, self.sink, self.whole, self.get = ctx, rel, sink, whole, get
+        self.span = span if whole is None else None  # several blocks a GET: only when none waits for a hash
         self.ranges = list(ranges)
         self.buffer_size = max((length for _, _, length in self.ranges), default=0)  # pooled buffers: one size
         loop = asyncio.get_running_loop()
@@ -151,6 +158,8 @@ class RangeFetch:
             return await self._run(done)
 
     async def _run(self, done: set[int] | frozenset[int]) -> int:
+        if self.span is not None:
+            return await self._run_spans(done)
         ctx = self.ctx
         tasks: set[asyncio.Task[None]] = set()
         hasher = asyncio.create_task(self._hash_in_order()) if self.whole is not None else None
@@ -176,6 +185,51 @@ class RangeFetch:
             await self._abandon([*tasks, *([hasher] if hasher else [])])
             raise
         return self.sent
+
+    async def _run_spans(self, done: set[int] | frozenset[int]) -> int:
+        todo = []
+        for idx, offset, length in self.ranges:
+            if idx in done:
+                self.ctx.progress.advanced(self.rel, length, 0)
+            else:
+                todo.append((idx, offset, length))
+        # Long spans, but never fewer of them than requests may be in flight (a mid-sized blob keeps its parallelism).
+        per = max(1, min(SPAN_BLOCKS, -(-len(todo) // max(1, self.ctx.limiter.limit))))
+        tasks: set[asyncio.Task[None]] = set()
+        try:
+            for span in _spans(todo, per):
+                raise_first_failure(tasks)
+                await self.window.acquire()
+                tasks.add(asyncio.create_task(self._fetch_span(span)))
+            if tasks:
+                await gather_or_cancel(tasks)
+            await self.sink.drain()
+        except BaseException:
+            await cancel_all(list(tasks))
+            await asyncio.gather(self.sink.drain(), return_exceptions=True)
+            raise
+        return self.sent
+
+    async def _fetch_span(self, span: list[Range]) -> None:
+        assert self.span is not None
+        pieces = _SpanPieces(self, span)
+        try:
+            await self.ctx.request(pieces.attempt)
+            await gather_or_cancel(pieces.storing)
+        finally:
+            await cancel_all(pieces.storing)
+            pieces.release()
+            self.window.release()
+
+    async def _store(self, idx: int, offset: int, view: memoryview, buf: BlockBuffer) -> None:
+        """A full block of a span: into the sink, then its buffer back to the pool."""
+        n = len(view)
+        try:
+            await self.sink.landed(idx, offset, view)
+        finally:
+            self._release(view, buf)
+        self.ctx.progress.advanced(self.rel, n, n)
+        self.sent += n
 
     async def _abandon(self, tasks: list[asyncio.Task[None]]) -> None:
         """Stop every fetch and the hasher; buffers fetched but never hashed go back to the pool."""
@@ -251,3 +305,52 @@ class RangeFetch:
 
         hashed.add_done_callback(done)
         return hashed
+
+
+def _spans(todo: list[Range], per: int) -> Iterator[list[Range]]:
+    """Consecutive blocks in runs of up to `per` (a gap, a block present already, starts a new run)."""
+    run: list[Range] = []
+    for r in todo:
+        if run and (len(run) == per or r[0] != run[-1][0] + 1):
+            yield run
+            run = []
+        run.append(r)
+    if run:
+        yield run
+
+
+class _SpanPieces:
+    """A span's blocks as the pieces of one GET: a pooled buffer each, stored as soon as it is full. A retried GET
+    starts at the first block not yet full (reusing its buffer); the blocks before it are stored already."""
+
+    def __init__(self, fetch: RangeFetch, span: list[Range]) -> None:
+        self.fetch, self.span = fetch, span
+        self.filled = 0  # blocks of the span full (stored, or being stored)
+        self.current: tuple[memoryview, BlockBuffer] | None = None  # the block being filled
+        self.storing: list[asyncio.Task[None]] = []
+
+    def attempt(self) -> Awaitable[object]:
+        assert self.fetch.span is not None
+        _, offset, _ = self.span[self.filled]
+        return self.fetch.span(offset, sum(length for _, _, length in self.span[self.filled:]), self)
+
+    async def next(self) -> memoryview | None:
+        if self.filled == len(self.span):
+            return None
+        if self.current is None:
+            buf = await self.fetch.ctx.memory.buffer(self.fetch.buffer_size)
+            self.current = (memoryview(buf)[:self.span[self.filled][2]], buf)
+        return self.current[0]
+
+    def full(self, view: memoryview) -> None:
+        assert self.current is not None and view is self.current[0]
+        idx, offset, _ = self.span[self.filled]
+        self.storing.append(asyncio.ensure_future(self.fetch._store(idx, offset, *self.current)))
+        self.current = None
+        self.filled += 1
+
+    def release(self) -> None:
+        """The buffer of a block left half-filled (the GET failed for good) goes back to the pool."""
+        if self.current is not None:
+            self.fetch._release(*self.current)
+            self.current = None

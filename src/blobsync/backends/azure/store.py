@@ -46,6 +46,7 @@ from blobsync.backends.base import (
     Part,
     PartCheck,
     Parts,
+    Pieces,
     PutResult,
     Requester,
     direct,
@@ -167,8 +168,8 @@ class AzureContainerStore:
 
     page_size = 5000  # blobs per List Blobs page: the service's maximum
     capabilities = Capabilities(max_parts=rules.MAX_BLOCKS, max_part_size=rules.MAX_BLOCK_SIZE,
-                                range_md5_max=RANGE_MD5_MAX, batch_delete_max=BATCH_MAX, keeps_parts=True,
-                                lists_levels=True, part_checks=(BlockCheck.CRC64, BlockCheck.MD5),
+                                range_md5_max=RANGE_MD5_MAX, spans=True, batch_delete_max=BATCH_MAX,
+                                keeps_parts=True, lists_levels=True, part_checks=(BlockCheck.CRC64, BlockCheck.MD5),
                                 copy_max=rules.MAX_COPY_SIZE, stage_copy_max=rules.MAX_BLOCK_SIZE, copy_sources=True,
                                 tags=True, tiers=rules.TIERS, properties=rules.BLOB_PROPERTIES,
                                 metadata_name=rules.is_metadata_name)
@@ -438,26 +439,33 @@ class AzureContainerStore:
         """Read len(buf) bytes from `offset` straight into `buf` (no intermediate copies), with the blob's
         properties as of that read. A short body is a retryable NetworkError. An empty `buf` reads the whole
         blob, which must then be empty: a check that it is there (as this version)."""
+        return await self._get(name, offset, len(buf), buf, if_match, range_md5 and 0 < len(buf) <= RANGE_MD5_MAX)
+
+    async def read_span(self, name: str, offset: int, length: int, pieces: Pieces,
+                        if_match: str | None = None) -> BlobProperties:
+        return await self._get(name, offset, length, pieces, if_match, False)
+
+    async def _get(self, name: str, offset: int, length: int, sink: memoryview | Pieces, if_match: str | None,
+                   range_md5: bool) -> BlobProperties:
         what = f"get blob {name!r}"
-        headers = {"x-ms-range": f"bytes={offset}-{offset + len(buf) - 1}"} if len(buf) else {}
+        headers = {"x-ms-range": f"bytes={offset}-{offset + length - 1}"} if length else {}
         if if_match:
             headers["If-Match"] = if_match
-        range_md5 = range_md5 and 0 < len(buf) <= RANGE_MD5_MAX
         if range_md5:
             headers["x-ms-range-get-content-md5"] = "true"
         target, request = await self._sign("GET", name, [], headers, None)
         try:
-            response = await self._raw.request("GET", target, request.headers, buf)
+            response = await self._raw.request("GET", target, request.headers, sink)
         except HttpError as exc:
             raise _transport_error(exc, what) from exc
         if log.isEnabledFor(logging.DEBUG):
             log.debug("GET %s -> %d (raw)", redact(target), response.status)
         if response.status not in (200, 206):
             raise await self._refused(request, response.status, response.headers, response.body, "GET", what)
-        if response.body_length != len(buf):
-            raise NetworkError(f"{what}: response cut short ({response.body_length} of {len(buf)} bytes)")
+        if response.body_length != length:
+            raise NetworkError(f"{what}: response cut short ({response.body_length} of {length} bytes)")
         h = response.headers
-        check_read(what, response.status, h, offset, len(buf), if_match)
+        check_read(what, response.status, h, offset, length, if_match)
         props = properties_from_headers(name, h)
         if response.status == 200:
             return props

@@ -20,6 +20,7 @@ from blobsync.backends.base import (
     Conditions,
     CopySource,
     Location,
+    Pieces,
     PutResult,
     Requester,
     direct,
@@ -142,7 +143,7 @@ class S3Store:
     """One bucket, read as a copy's source (the bytes pass through this machine: the destination's service cannot
     sign requests to S3). Writes are refused: blobsync writes to Azure."""
 
-    capabilities = Capabilities(max_parts=10_000, max_part_size=5 * 1024 ** 3, writes=False)
+    capabilities = Capabilities(max_parts=10_000, max_part_size=5 * 1024 ** 3, spans=True, writes=False)
 
     def __init__(self, loc: S3Location, endpoint: Endpoint, creds: AwsCredentials | None, *, connections: int,
                  read_timeout: float, on_wire: Callable[[int], None] | None = None, proxy: str | None = None,
@@ -172,8 +173,8 @@ class S3Store:
         self._source_only()
 
     async def _call(self, method: str, key: str | None, query: Mapping[str, str], headers: Mapping[str, str],
-                    what: str, expect: tuple[int, ...], sink: memoryview | None = None) -> tuple[int, Mapping[str, str],
-                                                                                              bytes, int]:
+                    what: str, expect: tuple[int, ...], sink: memoryview | Pieces | None = None
+                    ) -> tuple[int, Mapping[str, str], bytes, int]:
         path = self._endpoint.base_path + ("/" + key if key is not None else "/")
         sent = dict(headers) if self._creds is None else sign(
             self._creds, self._endpoint.region, method, self._endpoint.netloc, path, query, headers)
@@ -212,14 +213,22 @@ class S3Store:
 
     async def read_into(self, name: str, offset: int, buf: memoryview, if_match: str | None = None, *,
                         range_md5: bool = False) -> BlobProperties:
-        headers = {"Range": f"bytes={offset}-{offset + len(buf) - 1}"} if len(buf) else {}
+        return await self._get(name, offset, len(buf), buf if len(buf) else None, if_match)
+
+    async def read_span(self, name: str, offset: int, length: int, pieces: Pieces,
+                        if_match: str | None = None) -> BlobProperties:
+        return await self._get(name, offset, length, pieces, if_match)
+
+    async def _get(self, name: str, offset: int, length: int, sink: memoryview | Pieces | None,
+                   if_match: str | None) -> BlobProperties:
+        headers = {"Range": f"bytes={offset}-{offset + length - 1}"} if length else {}
         if if_match:
             headers["If-Match"] = if_match
         what = f"get {self._loc.bucket}/{name}"
-        status, h, _, got = await self._call("GET", name, {}, headers, what, (200, 206), buf if len(buf) else None)
-        if got != len(buf):
-            raise NetworkError(f"{what}: response cut short ({got} of {len(buf)} bytes)")
-        check_read(what, status, h, offset, len(buf), if_match)
+        status, h, _, got = await self._call("GET", name, {}, headers, what, (200, 206), sink)
+        if got != length:
+            raise NetworkError(f"{what}: response cut short ({got} of {length} bytes)")
+        check_read(what, status, h, offset, length, if_match)
         props = _props_from_headers(name, h)
         total = h.get("content-range", "").rpartition("/")[2]
         if status == 206 and total.isdigit():
