@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +18,7 @@ from blobsync import CheckMd5, TransferConfig
 from blobsync.config import MiB
 from blobsync.local.target import PART_SUFFIX
 from conftest import ContainerHandle
-from support.cli import kill_when_held, random_file, run
+from support.cli import kill_when_held, random_file, run, start
 from support.proxy import FaultProxy, Rule, reset_mid_response
 
 BLOCKS = 24
@@ -195,6 +197,33 @@ def test_a_span_cut_mid_body_goes_on_from_the_first_block_not_stored(container: 
     kept = int(0.6 * (last + 1 - first)) // (8 * MiB) * 8 * MiB
     assert kept >= 8 * MiB and (first + kept, last) in _ranges(proxy)
     assert sum(b + 1 - a for a, b in _ranges(proxy)) == SPANNED + (last + 1 - first - kept)  # nothing else again
+
+
+def test_a_killed_spanned_download_resumes_with_every_block_it_stored(container: ContainerHandle, proxy: FaultProxy,
+                                                                      tmp_path: Path) -> None:
+    data = random_file(tmp_path / "src.bin", SPANNED, seed=13)
+    _put_unhashed(container, "big.bin", data)
+    dest = tmp_path / "out" / "big.bin"
+    args = ["cp", f"{proxy.endpoint()}/{container.name}/big.bin", str(dest), "--journal", str(tmp_path / "j.db"),
+            "--put-blob-size-mb", "0", "--concurrency", "2", "--quiet"]
+    proxy.hold_after("get_blob", 1)  # the second span's GET waits; the first goes through
+    proc = start(args)
+    try:
+        proxy.wait_until(lambda: proxy.held == 1 and proxy.stats.bytes_out["get_blob"] >= 32 * MiB)
+        time.sleep(1)  # its four blocks stored and journaled
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=30)
+    proxy.clear_rules()
+    proxy.release_holds()
+    proxy.wait_idle()
+    assert not dest.exists()
+    proxy.reset_stats()
+    second = run(args)
+    assert second.returncode == 0, second.stderr
+    # The first span's blocks were not fetched again; the rest once (in two spans: two requests in flight).
+    assert _ranges(proxy) == [(32 * MiB, 48 * MiB - 1), (48 * MiB, SPANNED - 1)]
+    assert dest.read_bytes() == data
 
 
 def test_malicious_names_are_refused_and_the_rest_continue(container: ContainerHandle, tmp_path: Path) -> None:
