@@ -120,7 +120,7 @@ def test_one_put_and_one_ranged_read_outside_the_backends() -> None:
     """A whole-blob Put goes through engine/upload.put_once (a file's, a stream's end, a Client's bytes), and every
     ranged read through engine/fetching.read_checked (a download's ranges, a Client's get and reader, a blob read as
     a copy's source), whose parallel loop is fetching.RangeFetch (issue 39, point 2)."""
-    calls = {"put": [], "read_into": [], "RangeFetch loop": []}
+    calls = {"put": [], "read_into": [], "read_span": [], "RangeFetch loop": []}
     for path in _sources():
         rel = str(path.relative_to(SRC))
         if rel.startswith("backends/"):
@@ -128,6 +128,7 @@ def test_one_put_and_one_ranged_read_outside_the_backends() -> None:
         text = path.read_text(encoding="utf-8")
         calls["put"] += [rel] * len(re.findall(r"store\.put\(", text))
         calls["read_into"] += [rel] * len(re.findall(r"store\.read_into\(", text))
+        calls["read_span"] += [rel] * len(re.findall(r"store\.read_span\(", text))
         calls["RangeFetch loop"] += [rel] * len(re.findall(r"^class \w*Fetch\w*\b", text, re.M))
     assert calls == {"put": ["engine/upload.py"], "read_into": ["engine/fetching.py"],
-                     "RangeFetch loop": ["engine/fetching.py"]}, calls
+                     "read_span": ["engine/fetching.py"], "RangeFetch loop": ["engine/fetching.py"]}, calls

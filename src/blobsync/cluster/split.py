@@ -22,7 +22,7 @@ from blobsync.engine.blocks import block_count, block_ranges
 from blobsync.engine.context import EngineContext
 from blobsync.engine.digest import feed, new_md5
 from blobsync.engine.download import FileDownloader
-from blobsync.engine.fetching import FileSink, RangeFetch, read_checked
+from blobsync.engine.fetching import FileSink, RangeFetch, read_checked, span_reader
 from blobsync.engine.mtime import destination_mtime_ns
 from blobsync.engine.s2s import copy_headers, source_tags
 from blobsync.engine.staging import read_block, verify_commit
@@ -185,7 +185,8 @@ async def _fetch_range(spec: RangeSpec, publish: Publish | None, worker: str) ->
         ranges = [(i, i * size, min(size, f.size - i * size)) for i in range(spec.first, spec.last)]
         fetch = RangeFetch(ctx, f.rel, ranges, FileSink(ctx, part, None), None,
                            lambda offset, view: read_checked(ctx.store, ctx.io_pool, f.blob, offset, view,
-                                                             f.etag or None))
+                                                             f.etag or None),
+                           span_reader(ctx.store, f.blob, f.etag or None, size))
         try:
             sent = await fetch.run()
             await in_thread(ctx.io_pool, part.sync)

@@ -53,6 +53,15 @@ async def read_checked(store: Store, pool: ThreadPoolExecutor | None, blob: str,
     return digest
 
 
+def span_reader(store: Store, blob: str, etag: str | None, block_size: int) -> GetSpan | None:
+    """The span read of `blob` (version `etag`) where the store has one and no per-range MD5 is lost by it
+    (blocks too large for the service to send one)."""
+    caps = store.capabilities
+    if not caps.spans or block_size <= caps.range_md5_max:
+        return None
+    return lambda offset, length, pieces: store.read_span(blob, offset, length, pieces, etag)
+
+
 class Sink(Protocol):
     """Where the ranges of one read land."""
 
