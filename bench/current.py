@@ -40,7 +40,7 @@ def rows(data: dict[str, dict[str, object]], meta: dict[str, str]) -> list[str]:
         base = walls.get("blobsync", float("nan"))
         for tool in tools:
             mine = [r for r in runs if r["tool"] == tool]
-            if not mine:
+            if not mine or tool == "blobsync-base":  # an A/B's earlier code: RESULTS.md tells of it, not this table
                 continue
             wall = walls[tool]
             cpu = _median([r["cpu_s"] for r in mine])
@@ -98,9 +98,8 @@ def keep(raw_path: Path) -> Path:
     meta = {"date": time.strftime("%Y-%m-%d"), "src": first.get("src", "?"), "command": first.get("command", "?"),
             "machine": _machine()}
     DATA.mkdir(exist_ok=True)
-    out = DATA / f"{meta['date']}-{'-'.join(raw)}.json"
-    if out.exists():  # an earlier run of the same workloads that day stays; the time sorts this one after it
-        out = DATA / f"{meta['date']}T{time.strftime('%H%M')}-{'-'.join(raw)}.json"
+    # Named by date and time: the files sort in the order they ran (a later run of a workload wins).
+    out = DATA / f"{meta['date']}T{time.strftime('%H%M')}-{'-'.join(raw)}.json"
     out.write_text(json.dumps({"meta": meta, "workloads": raw}, indent=1) + "\n")
     return out
 
