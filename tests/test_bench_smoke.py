@@ -40,8 +40,8 @@ def test_harness_smoke_run(tmp_path: Path) -> None:
 
     runs = json.loads(raw.read_text())
     assert set(runs) == {"upload-large", "upload-small", "noop-sync", "throttled", "delta"}
-    assert runs["upload-large"]["tools"] == ["blobsync", "sdk", "minimal"]  # the reference: one file up only
-    assert runs["upload-small"]["tools"] == ["blobsync", "sdk"]
+    assert runs["upload-large"]["tools"] == ["blobsync", "sdk", "minimal"]  # the reference: a file or a tree up
+    assert runs["upload-small"]["tools"] == ["blobsync", "sdk", "minimal"]
     assert runs["noop-sync"]["tools"] == runs["delta"]["tools"] == ["blobsync"]  # the SDK has no sync
     assert runs["throttled"]["tools"] == ["blobsync", "sdk"]
     assert all(r["extra"]["requests"] >= 2 for r in runs["throttled"]["runs"])  # it went through the proxy
