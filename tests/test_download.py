@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +16,7 @@ from blobsync import CheckMd5, TransferConfig
 from blobsync.config import MiB
 from blobsync.local.target import PART_SUFFIX
 from conftest import ContainerHandle
-from support.cli import kill_when_held, random_file, run, start
+from support.cli import kill_when_held, random_file, run
 from support.proxy import FaultProxy, Rule, reset_mid_response
 
 BLOCKS = 24
@@ -207,16 +205,8 @@ def test_a_killed_spanned_download_resumes_with_every_block_it_stored(container:
     args = ["cp", f"{proxy.endpoint()}/{container.name}/big.bin", str(dest), "--journal", str(tmp_path / "j.db"),
             "--put-blob-size-mb", "0", "--concurrency", "2", "--quiet"]
     proxy.hold_after("get_blob", 1)  # the second span's GET waits; the first goes through
-    proc = start(args)
-    try:
-        proxy.wait_until(lambda: proxy.held == 1 and proxy.stats.bytes_out["get_blob"] >= 32 * MiB)
-        time.sleep(1)  # its four blocks stored and journaled
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.communicate(timeout=30)
-    proxy.clear_rules()
-    proxy.release_holds()
-    proxy.wait_idle()
+    # Killed once the first span has arrived and a second later (its four blocks stored and journaled).
+    kill_when_held(args, proxy, until=lambda: proxy.stats.bytes_out["get_blob"] >= 32 * MiB, linger=1)
     assert not dest.exists()
     proxy.reset_stats()
     second = run(args)

@@ -7,7 +7,8 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from support.processes import as_from_a_terminal
@@ -55,14 +56,19 @@ def random_file(path: Path, size: int, seed: int = 0) -> bytes:
     return data
 
 
-def kill_when_held(args: Sequence[str], proxy: FaultProxy, env: Mapping[str, str] | None = None) -> None:
-    """Start blobsync, SIGKILL it once the proxy holds one of its requests, and settle the proxy.
+def kill_when_held(args: Sequence[str], proxy: FaultProxy, env: Mapping[str, str] | None = None, *,
+                   until: Callable[[], bool] | None = None, linger: float = 0.0) -> None:
+    """Start blobsync, SIGKILL it once the proxy holds one of its requests (and `until()` holds, then `linger`
+    seconds more), and settle the proxy.
 
     Afterwards nothing of the killed run is in flight or still being counted (wait_idle), so the test can
     reset the proxy's stats and measure a second run alone."""
     proc = start(args, env)
     try:
         proxy.wait_for_held(1, timeout=60)
+        if until is not None:
+            proxy.wait_until(until)
+        time.sleep(linger)
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.communicate(timeout=30)

@@ -260,14 +260,19 @@ class MemoryStore:
         objects = [_props(k, box.objects[k]) for k in page if entries[k] is not None]
         return objects, [k for k in page if entries[k] is None], quote(page[-1]) if len(keys) > self.page_size else ""
 
-    async def read_into(self, name: str, offset: int, buf: memoryview, if_match: str | None = None, *,
-                        range_md5: bool = False) -> BlobProperties:
-        box = await self._enter("read_into", name)
+    async def _readable(self, op: str, name: str, if_match: str | None) -> tuple[Container, _Object]:
+        """The object a read asks for, as that version (404 and If-Match as the service answers them)."""
+        box = await self._enter(op, name)
         obj = box.objects.get(name)
         if obj is None:
             raise BlobNotFoundError(f"get blob {name!r}: HTTP 404 BlobNotFound: not found", status=404,
                                     code="BlobNotFound")
         _check(obj, Conditions(if_match=if_match), f"get blob {name!r}")
+        return box, obj
+
+    async def read_into(self, name: str, offset: int, buf: memoryview, if_match: str | None = None, *,
+                        range_md5: bool = False) -> BlobProperties:
+        box, obj = await self._readable("read_into", name, if_match)
         if len(buf) and offset + len(buf) > len(obj.data):
             raise ServiceError(f"get blob {name!r}: HTTP 416 InvalidRange", status=416, code="InvalidRange")
         if not len(buf) and obj.data:
@@ -282,12 +287,7 @@ class MemoryStore:
 
     async def read_span(self, name: str, offset: int, length: int, pieces: Pieces,
                         if_match: str | None = None) -> BlobProperties:
-        box = await self._enter("read_span", name)
-        obj = box.objects.get(name)
-        if obj is None:
-            raise BlobNotFoundError(f"get blob {name!r}: HTTP 404 BlobNotFound: not found", status=404,
-                                    code="BlobNotFound")
-        _check(obj, Conditions(if_match=if_match), f"get blob {name!r}")
+        box, obj = await self._readable("read_span", name, if_match)
         if offset + length > len(obj.data):
             raise ServiceError(f"get blob {name!r}: HTTP 416 InvalidRange", status=416, code="InvalidRange")
         data, at = memoryview(obj.data)[offset:offset + length], 0
