@@ -15,9 +15,10 @@ import blobsync
 from blobsync import CheckMd5, TransferConfig
 from blobsync.config import MiB
 from blobsync.local.target import PART_SUFFIX
-from conftest import ContainerHandle
+from conftest import ContainerHandle, container_sas
+from support.azurite import Azurite
 from support.cli import kill_when_held, random_file, run
-from support.proxy import FaultProxy, Rule, reset_mid_response
+from support.proxy import FaultProxy, Rule, reset_mid_response, shift_range
 
 BLOCKS = 24
 SIZE = BLOCKS * MiB - 1000
@@ -195,6 +196,20 @@ def test_a_span_cut_mid_body_goes_on_from_the_first_block_not_stored(container: 
     kept = int(0.6 * (last + 1 - first)) // (8 * MiB) * 8 * MiB
     assert kept >= 8 * MiB and (first + kept, last) in _ranges(proxy)
     assert sum(b + 1 - a for a, b in _ranges(proxy)) == SPANNED + (last + 1 - first - kept)  # nothing else again
+
+
+def test_a_span_answered_with_other_bytes_stores_none_of_them(container: ContainerHandle, proxy: FaultProxy,
+                                                              azurite: Azurite, tmp_path: Path) -> None:
+    # The answer's headers are checked before any block of the span is stored: another range (or another version)
+    # must never be journaled as this one's blocks, which a blob without a Content-MD5 could not catch later.
+    data = random_file(tmp_path / "src.bin", SPANNED, seed=14)
+    _put_unhashed(container, "big.bin", data)
+    proxy.add_rule(Rule("get_blob", shift_range(8 * MiB), nth=1))  # a SAS: Shared Key would sign the range
+    sas = container_sas(azurite.account, azurite.key, container.name)
+    report = _get(f"{proxy.endpoint()}/{container.name}/big.bin?{sas}", tmp_path / "out.bin", tmp_path,
+                  concurrency=2, put_blob_size_mb=0)
+    assert report.files_transferred == 1, report.failures
+    assert (tmp_path / "out.bin").read_bytes() == data
 
 
 def test_a_killed_spanned_download_resumes_with_every_block_it_stored(container: ContainerHandle, proxy: FaultProxy,

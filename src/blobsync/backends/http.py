@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     import aiohttp
 
 Throttle = Callable[[int], Awaitable[None]]
+Accept = Callable[[int, Mapping[str, str]], None]  # a 2xx answer's status and headers, before its body
 
 SLICE = 256 * 1024  # a body larger than this goes out this much at a time (paced by the cap and the transport)
 _MAX_COLLECTED = 256 * 1024 * 1024  # a listing page is a few MiB; anything far bigger is not for us
@@ -188,10 +189,13 @@ class HttpClient:
         return self._session
 
     async def request(self, method: str, target: str, headers: Mapping[str, str],
-                      sink: memoryview | Pieces | None = None, body: Buffer | None = None) -> Response:
+                      sink: memoryview | Pieces | None = None, body: Buffer | None = None,
+                      accept: Accept | None = None) -> Response:
         """Send `method target` (path and query) with `body` if given (its Content-Length among `headers`); a
-        2xx answer's body goes into `sink` if given (one buffer, or consecutive pieces), else it is collected.
-        Every failure is an HttpError."""
+        2xx answer's body goes into `sink` if given (one buffer, or consecutive pieces), else it is collected,
+        after `accept(status, headers)` (if given) has found the answer to be the one asked for (it raises if
+        not: pieces are handed on as they fill, so a wrong answer must be refused before its first byte).
+        Every other failure is an HttpError."""
         watch = _Watch()
         task = asyncio.current_task()
         assert task is not None
@@ -212,7 +216,7 @@ class HttpClient:
 
         handle = [loop.call_later(tick, watchdog)]
         try:
-            return await self._exchange(method, target, headers, sink, body, watch)
+            return await self._exchange(method, target, headers, sink, body, watch, accept)
         except asyncio.CancelledError:
             # Ours alone (no other cancel pending): the stall, as an HttpError. A cancel from outside stays one.
             if watch.stalled and task.uncancel() == 0:
@@ -222,7 +226,8 @@ class HttpClient:
             handle[0].cancel()
 
     async def _exchange(self, method: str, target: str, headers: Mapping[str, str],
-                        sink: memoryview | Pieces | None, body: Buffer | None, watch: _Watch) -> Response:
+                        sink: memoryview | Pieces | None, body: Buffer | None, watch: _Watch,
+                        accept: Accept | None) -> Response:
         session = self._session or self._open()  # loads aiohttp, the first time
         import aiohttp
         from yarl import URL
@@ -238,6 +243,8 @@ class HttpClient:
                 watch.sending = False
                 watch.touch()
                 answer = {k.lower(): v for k, v in resp.headers.items()}
+                if accept is not None and 200 <= resp.status < 300:
+                    accept(resp.status, answer)
                 if sink is not None and 200 <= resp.status < 300:
                     got = await (self._into(resp, sink, watch) if isinstance(sink, memoryview)
                                  else self._into_pieces(resp, sink, watch))

@@ -455,7 +455,8 @@ class AzureContainerStore:
             headers["x-ms-range-get-content-md5"] = "true"
         target, request = await self._sign("GET", name, [], headers, None)
         try:
-            response = await self._raw.request("GET", target, request.headers, sink)
+            response = await self._raw.request("GET", target, request.headers, sink, accept=lambda status, h: (
+                check_read(what, status, h, offset, length, if_match)))
         except HttpError as exc:
             raise _transport_error(exc, what) from exc
         if log.isEnabledFor(logging.DEBUG):
@@ -465,7 +466,6 @@ class AzureContainerStore:
         if response.body_length != length:
             raise NetworkError(f"{what}: response cut short ({response.body_length} of {length} bytes)")
         h = response.headers
-        check_read(what, response.status, h, offset, length, if_match)
         props = properties_from_headers(name, h)
         if response.status == 200:
             return props

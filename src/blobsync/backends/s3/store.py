@@ -26,7 +26,7 @@ from blobsync.backends.base import (
     direct,
     each_object,
 )
-from blobsync.backends.http import HttpClient, HttpError
+from blobsync.backends.http import Accept, HttpClient, HttpError
 from blobsync.backends.s3.location import Endpoint, S3Location
 from blobsync.backends.s3.sigv4 import AwsCredentials, canonical_query, canonical_uri, sign
 from blobsync.errors import (
@@ -173,14 +173,14 @@ class S3Store:
         self._source_only()
 
     async def _call(self, method: str, key: str | None, query: Mapping[str, str], headers: Mapping[str, str],
-                    what: str, expect: tuple[int, ...], sink: memoryview | Pieces | None = None
-                    ) -> tuple[int, Mapping[str, str], bytes, int]:
+                    what: str, expect: tuple[int, ...], sink: memoryview | Pieces | None = None,
+                    accept: Accept | None = None) -> tuple[int, Mapping[str, str], bytes, int]:
         path = self._endpoint.base_path + ("/" + key if key is not None else "/")
         sent = dict(headers) if self._creds is None else sign(
             self._creds, self._endpoint.region, method, self._endpoint.netloc, path, query, headers)
         target = canonical_uri(path) + ("?" + canonical_query(query) if query else "")
         try:
-            response = await self._http.request(method, target, sent, sink)
+            response = await self._http.request(method, target, sent, sink, accept=accept)
         except HttpError as exc:
             raise NetworkError(f"{what}: {exc}") from exc
         if response.status not in expect:
@@ -225,10 +225,10 @@ class S3Store:
         if if_match:
             headers["If-Match"] = if_match
         what = f"get {self._loc.bucket}/{name}"
-        status, h, _, got = await self._call("GET", name, {}, headers, what, (200, 206), sink)
+        status, h, _, got = await self._call("GET", name, {}, headers, what, (200, 206), sink, accept=lambda st, hs: (
+            check_read(what, st, hs, offset, length, if_match)))
         if got != length:
             raise NetworkError(f"{what}: response cut short ({got} of {length} bytes)")
-        check_read(what, status, h, offset, length, if_match)
         props = _props_from_headers(name, h)
         total = h.get("content-range", "").rpartition("/")[2]
         if status == 206 and total.isdigit():
