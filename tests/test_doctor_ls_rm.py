@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from urllib.parse import unquote
 
+import pytest
 from azure.storage.blob import ContainerSasPermissions, StandardBlobTier, generate_container_sas
 
-from blobsync.backends.azure.doctor import Diagnosis, Level, read_sas
+import blobsync
+from blobsync.backends.azure.doctor import read_sas
 from blobsync.backends.azure.location import parse_location
+from blobsync.backends.diagnosis import Diagnosis, Level
 from conftest import ContainerHandle
 from support.azurite import Azurite
 from support.cli import run
@@ -88,6 +92,19 @@ def test_doctor_missing_container_and_dead_endpoint(azurite: Azurite, azurite_en
     dead = run(["doctor", f"http://127.0.0.1:{port}/devstoreaccount1/cont", "--timeout", "3"])
     assert dead.returncode == 1
     assert "does not answer" in dead.stdout and "Traceback" not in dead.stderr
+
+
+def test_doctor_goes_by_the_url_s_backend_and_a_store_without_credentials_says_so() -> None:
+    """The registry hands doctor to the backend the scheme selects: memory:// and s3:// have no SAS or endpoint
+    of Azure's to check, and say so in a line (exit 2), the library's call too."""
+    for url in ("memory://box/x", "s3://bucket/x"):
+        done = run(["doctor", url])
+        assert done.returncode == 2, done.stderr
+        assert "doctor checks Azure Blob URLs" in done.stderr and "Traceback" not in done.stderr
+    with pytest.raises(blobsync.UsageError, match="doctor checks Azure Blob URLs"):
+        blobsync.diagnose("memory://box")
+    with pytest.raises(blobsync.UsageError, match="timeout=-1 is out of range"):
+        asyncio.run(blobsync.aio.diagnose("memory://box", timeout=-1))  # the async call checks its arguments too
 
 
 def test_read_sas_catches_the_usual_mistakes() -> None:

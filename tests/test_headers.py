@@ -58,12 +58,36 @@ def test_header_flags_with_line_breaks_or_non_latin1_text_are_usage_errors(
 
 @pytest.mark.parametrize("fields", [
     {"metadata": {"run": "a\r\nx-ms-meta-injected: yes"}},
-    {"metadata": {"bad-name": "v"}},
+    {"metadata": {"bad name": "v"}},
     {"content_type": "a\rb"},
 ])
 def test_library_header_values_are_checked_too(fields: dict[str, object]) -> None:
     with pytest.raises(UsageError):
         TransferConfig(**fields)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("fields", "named"), [
+    ({"metadata": {"bad-name": "v"}}, "--metadata name 'bad-name'"),
+    ({"blob_tags": {f"k{i}": "v" for i in range(11)}}, "at most 10"),
+    ({"blob_tags": {"k": "a!b"}}, "--blob-tags item k=a!b"),
+])
+def test_the_destination_store_s_own_rules_refuse_a_write_on_every_path_before_any_request(
+    fields: dict[str, object], named: str, container: ContainerHandle, proxy: FaultProxy, tmp_path: Path
+) -> None:
+    """Metadata names and tags are the store's to rule on (Azure: a C# identifier; at most 10 tags of its
+    characters): a job, a Client's one-request put and its stream writer all ask it first."""
+    random_file(tmp_path / "a.txt", 10)
+    config = TransferConfig(journal_path=tmp_path / "j.db", **fields)  # type: ignore[arg-type]
+    url = f"{proxy.endpoint()}/{container.name}"
+    with pytest.raises(UsageError, match=named):
+        blobsync.copy(tmp_path / "a.txt", f"{url}/a.txt", config)
+    with blobsync.Client(url, config) as client:
+        with pytest.raises(UsageError, match=named):
+            client.put(b"small", "b.txt")
+        with pytest.raises(UsageError, match=named):
+            client.open("c.txt", "wb")
+    assert sum(proxy.stats.requests.values()) == 0
+    assert container.blob_names() == []
 
 
 def test_a_hash_in_a_url_is_refused_with_the_way_to_write_it(container: ContainerHandle, tmp_path: Path) -> None:

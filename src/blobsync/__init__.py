@@ -31,8 +31,8 @@ if TYPE_CHECKING:
         watch as watch,
         watch_async as watch_async,
     )
-    from blobsync.backends.azure.doctor import Diagnosis as Diagnosis, Finding as Finding
     from blobsync.backends.base import BlobProperties as BlobProperties
+    from blobsync.backends.diagnosis import Diagnosis as Diagnosis, Finding as Finding
     from blobsync.client import Client as Client
     from blobsync.config import CheckMd5 as CheckMd5, Overwrite as Overwrite, TransferConfig as TransferConfig
     from blobsync.errors import (
@@ -103,7 +103,7 @@ _HOMES = {
     "sync_async": "blobsync.api", "watch": "blobsync.api", "watch_async": "blobsync.api",
     "BlobProperties": "blobsync.backends.base", "Client": "blobsync.client",
     "CheckMd5": "blobsync.config", "Overwrite": "blobsync.config", "TransferConfig": "blobsync.config",
-    "Diagnosis": "blobsync.backends.azure.doctor", "Finding": "blobsync.backends.azure.doctor",
+    "Diagnosis": "blobsync.backends.diagnosis", "Finding": "blobsync.backends.diagnosis",
     "Progress": "blobsync.events",
     **dict.fromkeys(_ERRORS, "blobsync.errors"),
     "BaseSubscriber": "blobsync.events", "QueuedFile": "blobsync.events", "Subscriber": "blobsync.events",

@@ -2,6 +2,7 @@
 
 from blobsync.api import (
     copy_async as copy,
+    diagnose_async as diagnose,
     list_blobs_async as list_blobs,
     make_container_async as make_container,
     remove_async as remove,
@@ -9,7 +10,6 @@ from blobsync.api import (
     sync_async as sync,
     watch_async as watch,
 )
-from blobsync.backends.azure.doctor import diagnose
 from blobsync.client import AsyncClient as Client
 
 __all__ = ["Client", "copy", "diagnose", "list_blobs", "make_container", "remove", "resume", "sync", "watch"]

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, Literal, ParamSpec, TypeVar
 from blobsync import arguments, stopping
 from blobsync.backends.base import BlobProperties, Location
 from blobsync.backends.registry import is_remote, parse_location
-from blobsync.config import TransferConfig
+from blobsync.config import TransferConfig, check_proxy_url
 from blobsync.cp_arguments import plan_blob_copy, plan_copy
 from blobsync.engine.delete import batch_enabled
 from blobsync.engine.prompt import Answer
@@ -34,7 +34,7 @@ from blobsync.report import Action, Report
 # Imported where used: `blobsync sync` (and `import blobsync`) then never load the doctor, the download and
 # upload jobs, remove or watch (and watchfiles), which is a good part of a no-op sync's start-up.
 if TYPE_CHECKING:
-    from blobsync.backends.azure.doctor import Diagnosis
+    from blobsync.backends.diagnosis import Diagnosis
     from blobsync.jobs.spec import RemoteOpener
     from blobsync.jobs.watch import Ready
     from blobsync.journal.jobs import JobBook
@@ -629,14 +629,22 @@ remove_async = alone(remove_on)
 remove = blocking_form(remove_async)
 
 
-def diagnose(url: str, *, write_test: bool = False, env: Mapping[str, str] | None = None, timeout: float = 15.0,
-             proxy: str | None = None, trusted_suffixes: Sequence[str] = ()) -> Diagnosis:
-    """Blocking form of `blobsync.aio.diagnose`: what `blobsync doctor` checks, as a Diagnosis."""
-    from blobsync.backends.azure.doctor import diagnose as diagnose_async
+async def diagnose_async(url: str, *, write_test: bool = False, env: Mapping[str, str] | None = None,
+                         timeout: float = 15.0, proxy: str | None = None, trusted_suffixes: Sequence[str] = ()
+                         ) -> Diagnosis:
+    """What `blobsync doctor` checks, as a Diagnosis: what the URL's credentials (its SAS, a key, Azure AD) allow
+    and what each operation still lacks, which proxy the requests take, whether the endpoint answers and the
+    container exists; with `write_test`, a probe blob put, read back and deleted."""
+    from blobsync.backends.registry import Connection, diagnose
 
     url, env = arguments.url(url, "url"), arguments.env(env)
     arguments.boolean(write_test, "write_test")
     timeout = arguments.number(timeout, "timeout", 0.1, 3600, " seconds")
     arguments.optional(proxy, "proxy", str, "a proxy URL")
-    return _blocking(diagnose_async(url, write_test=write_test, env=env, timeout=timeout, proxy=proxy,
-                                    trusted_suffixes=_suffixes(trusted_suffixes)))
+    if proxy is not None:
+        check_proxy_url(proxy)
+    connection = Connection(4, timeout, proxy, _suffixes(trusted_suffixes))
+    return await diagnose(url, connection, env, write_test=write_test, timeout=timeout)
+
+
+diagnose = blocking_form(diagnose_async)

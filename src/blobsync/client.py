@@ -33,7 +33,7 @@ from blobsync.errors import (
     UsageError,
 )
 from blobsync.events import Progress
-from blobsync.jobs import PutSpec, run_job
+from blobsync.jobs import PutSpec, check_writes, run_job
 from blobsync.journal import Journal, default_journal_path
 from blobsync.local.files import FileIdentity
 from blobsync.redact import strip_query
@@ -119,9 +119,15 @@ class AsyncClient:
         requests = session.requests(self.config, Progress())
         return [props async for _, props in blobs_at(session.store(loc), loc.path, requests)]
 
-    def _context(self, loc: Location, config: TransferConfig | None = None) -> EngineContext:
-        """The engine context of one call on the Client's session (it opens the journal only if the call does)."""
-        return self._open().context(loc, config or self.config, progress=Progress())
+    def _context(self, loc: Location, config: TransferConfig | None = None, *, writes: bool = False
+                 ) -> EngineContext:
+        """The engine context of one call on the Client's session (it opens the journal only if the call does); a
+        write's options are checked against what the store keeps first, as a job's are."""
+        config = config or self.config
+        ctx = self._open().context(loc, config, progress=Progress())
+        if writes:
+            check_writes(config, ctx.store.capabilities, loc.display)
+        return ctx
 
     async def put(self, data: Data | Iterable[Buffer] | AsyncIterable[Buffer], name: str,
                   config: TransferConfig | None = None) -> FileResult:
@@ -149,7 +155,7 @@ class AsyncClient:
         crash loses nothing a journal could bring back: the bytes were in memory)."""
         from blobsync.engine.upload import put_once, upload_headers, written
 
-        ctx = self._context(loc, config)
+        ctx = self._context(loc, config, writes=True)
         ctx.store.check_name(loc.path)
         data = src.view
         md5 = await in_thread(ctx.io_pool, md5_of, data) if len(data) > INLINE_MD5 else md5_of(data)
@@ -186,7 +192,7 @@ class AsyncClient:
 
         config = config or self.config
         loc = parse_location(self.url_for(location)) if isinstance(location, str) else location
-        ctx = self._context(loc, config)
+        ctx = self._context(loc, config, writes=True)
         headers = upload_headers(config, PurePosixPath(loc.path), FileIdentity(0, time.time_ns(), 0))
         if config.overwrite not in (Overwrite.TRUE, Overwrite.FALSE):
             raise UsageError("a stream is written with overwrite true or false (nothing to compare it with)")

@@ -15,7 +15,6 @@ from typing import Any, Literal, Self
 from urllib.parse import quote
 
 from blobsync.arguments import HEADER_CONTROL, FlagEnum, boolean, check_header_text, choice, number, optional_path
-from blobsync.backends.azure import rules
 from blobsync.checksums import BlockCheck as BlockCheck
 from blobsync.errors import UsageError
 from blobsync.redact import register_secret
@@ -23,6 +22,13 @@ from blobsync.redact import register_secret
 MiB = 1024 * 1024
 MIN_BLOCK_SIZE = 1024
 MAX_MEMORY = 1 << 40
+MAX_BLOCK_SIZE = 4000 * MiB  # --block-size-mb's range, as AzCopy's (a store's own part limit: its capabilities)
+MAX_PUT_BLOB_SIZE = 5000 * MiB  # --put-blob-size-mb's
+# The words --block-blob-tier takes and the header properties a write may set (AzCopy's --cache-control, ...):
+# whether the destination keeps them is its store's to say (jobs.check_writes), before anything moves.
+TIERS = ("Hot", "Cool", "Cold", "Archive")
+BLOB_PROPERTIES = ("cache_control", "content_disposition", "content_encoding", "content_language")
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # an HTTP token: what a metadata name becomes part of
 _RESERVED_METADATA = ("mtime",)  # blobsync keeps the source's mtime there
 AUTO: Literal["auto"] = "auto"
 AUTO_START = 16  # --concurrency auto starts here: the old fixed default (a start at 8 cost short jobs)
@@ -80,14 +86,18 @@ def check_proxy_url(url: str) -> None:
 
 
 def check_metadata(key: str, value: str, what: str = "metadata") -> None:
-    """One metadata pair as the user gives it: Azure's rules, and not a name blobsync keeps for itself."""
-    rules.check_metadata(key, value, what)
+    """One metadata pair as the user gives it: header text, and not a name blobsync keeps for itself (the names a
+    store takes are its own: checked against the destination before anything moves)."""
+    if not _HEADER_NAME.fullmatch(key):
+        raise UsageError(f"invalid {what} name {key!r}: a name becomes part of an HTTP header (no spaces or "
+                         "separators; letters, digits and '_' are taken everywhere)")
+    check_header_text(value, f"{what} value for {key!r}", ascii_only=True)
     if key.lower() in _RESERVED_METADATA:
         raise UsageError(f"{what} name {key!r} is reserved: blobsync stores the source mtime there")
 
 
 def parse_blob_tags(text: str | None) -> dict[str, str]:
-    """AzCopy's --blob-tags 'k1=v1&k2=v2' (URL-encoded parts): at most 10 tags, Azure's characters and lengths."""
+    """AzCopy's --blob-tags 'k1=v1&k2=v2' (URL-encoded parts); which tags a blob may hold is its store's rule."""
     from urllib.parse import unquote
 
     tags: dict[str, str] = {}
@@ -97,11 +107,13 @@ def parse_blob_tags(text: str | None) -> dict[str, str]:
         key, sep, value = (unquote(part) for part in item.partition("="))
         if not sep or not key:
             raise UsageError(f"invalid --blob-tags item {item!r}: expected key=value, items joined by '&'")
-        rules.check_tag(key, value, item)
         tags[key] = value
-    if len(tags) > rules.MAX_TAGS:
-        raise UsageError(f"--blob-tags has {len(tags)} tags: a blob holds at most {rules.MAX_TAGS}")
     return tags
+
+
+def tier_named(text: str | None) -> str | None:
+    """The tier `text` names, whatever its case; None if it names none."""
+    return next((t for t in TIERS if text and t.lower() == text.lower()), None)
 
 
 def parse_suffixes(text: str | None) -> tuple[str, ...]:
@@ -222,11 +234,11 @@ class TransferConfig:
         "--block-size-mb", "Block (upload) or range (download) size; raised automatically so no blob needs more than "
                            "50,000 blocks (max 4000).", shown="F",
         kind=float, default=8, show_default=True, parse=lambda v: _mib(v, "--block-size-mb", MIN_BLOCK_SIZE,
-                                                                        rules.MAX_BLOCK_SIZE)))
+                                                                        MAX_BLOCK_SIZE)))
     put_blob_size: int | None = field(default=None, metadata=_flag(  # None: same as block_size (AzCopy's rule)
         "--put-blob-size-mb", "Files up to this size go in one request (Put Blob, or one GET) (max 5000).",
         shown="F", default_text="the block size", kind=float,
-        parse=lambda v: None if v is None else _mib(v, "--put-blob-size-mb", 0, rules.MAX_PUT_BLOB_SIZE)))
+        parse=lambda v: None if v is None else _mib(v, "--put-blob-size-mb", 0, MAX_PUT_BLOB_SIZE)))
     concurrency: Concurrency = field(default=AUTO, metadata=_flag(
         "--concurrency", "Requests in flight, one budget shared by all files: `auto` tunes the level to the link (16 "
                          "up to 64), a number is a fixed ceiling; while the service throttles (429, 503, 500 "
@@ -264,8 +276,8 @@ class TransferConfig:
         shown="\"k=v;k2=v2\"", parse=parse_metadata))
     tier: str | None = field(default=None, metadata=_flag(
         "--block-blob-tier", "Access tier.",
-        shown="Hot|Cool|Cold|Archive|None", default_text="account default", kind=(*rules.TIERS, "None"),
-        parse=rules.tier_named))
+        shown="Hot|Cool|Cold|Archive|None", default_text="account default", kind=(*TIERS, "None"),
+        parse=tier_named))
     create_container: bool = field(default=False, metadata=_flag(
         "--create-container", "Create the container if it does not exist.", kind=bool, default=False,
         journal=False))
@@ -312,7 +324,7 @@ class TransferConfig:
         "--proxy", "Proxy for every request, http://[user:password@]host:port.", metavar="URL", journal=False,
         shown="URL", default_text="HTTPS_PROXY, HTTP_PROXY, ALL_PROXY, minus NO_PROXY"))
     properties: Mapping[str, str] = field(default_factory=dict, metadata=_flag(  # uploads: cache_control, ...
-        None, "Uploads: the blob's {title} header (returned on download).", group=rules.BLOB_PROPERTIES,
+        None, "Uploads: the blob's {title} header (returned on download).", group=BLOB_PROPERTIES,
         parse=lambda values: {k: v for k, v in values.items() if v is not None}))
     blob_tags: Mapping[str, str] = field(default_factory=dict, metadata=_flag(
         "--blob-tags", "Blob index tags (at most 10; URL-encode `&` and `=` inside values).",
@@ -347,9 +359,9 @@ class TransferConfig:
             elif kind is bool:
                 set_(name, boolean(getattr(self, name), name))
         set_("concurrency", _concurrency_value(self.concurrency))
-        _bytes_in(self.block_size, "block_size (--block-size-mb)", MIN_BLOCK_SIZE, rules.MAX_BLOCK_SIZE)
+        _bytes_in(self.block_size, "block_size (--block-size-mb)", MIN_BLOCK_SIZE, MAX_BLOCK_SIZE)
         if self.put_blob_size is not None:
-            _bytes_in(self.put_blob_size, "put_blob_size (--put-blob-size-mb)", 0, rules.MAX_PUT_BLOB_SIZE)
+            _bytes_in(self.put_blob_size, "put_blob_size (--put-blob-size-mb)", 0, MAX_PUT_BLOB_SIZE)
         _bytes_in(self.memory, "memory (--memory-mb)", MiB, MAX_MEMORY)
         if self.memory < self.block_size:
             raise UsageError(f"memory (--memory-mb) {_size_text(self.memory)} must hold at least one block "
@@ -373,8 +385,8 @@ class TransferConfig:
 
     def _check_text(self) -> None:
         """Every text that reaches a request header: checked here, before anything is sent."""
-        if self.tier is not None and self.tier not in rules.TIERS:
-            raise UsageError(f"invalid --block-blob-tier {self.tier!r}: use one of {', '.join(rules.TIERS)}")
+        if self.tier is not None and self.tier not in TIERS:
+            raise UsageError(f"invalid --block-blob-tier {self.tier!r}: use one of {', '.join(TIERS)}")
         if self.content_type is not None:
             check_header_text(self.content_type, "--content-type")
         if self.proxy is not None:
@@ -384,8 +396,8 @@ class TransferConfig:
                 raise UsageError(f"invalid metadata {key!r}: names and values are text")
             check_metadata(key, value)
         for key, value in self.properties.items():
-            if key not in rules.BLOB_PROPERTIES:
-                raise UsageError(f"unknown blob property {key!r}: use one of {', '.join(rules.BLOB_PROPERTIES)}")
+            if key not in BLOB_PROPERTIES:
+                raise UsageError(f"unknown blob property {key!r}: use one of {', '.join(BLOB_PROPERTIES)}")
             check_header_text(value, "--" + key.replace("_", "-"))
 
     @property
@@ -422,9 +434,9 @@ class TransferConfig:
         **kwargs: object,
     ) -> TransferConfig:
         return cls(
-            block_size=_mib(block_size_mb, "--block-size-mb", MIN_BLOCK_SIZE, rules.MAX_BLOCK_SIZE),
+            block_size=_mib(block_size_mb, "--block-size-mb", MIN_BLOCK_SIZE, MAX_BLOCK_SIZE),
             put_blob_size=None if put_blob_size_mb is None
-            else _mib(put_blob_size_mb, "--put-blob-size-mb", 0, rules.MAX_PUT_BLOB_SIZE),
+            else _mib(put_blob_size_mb, "--put-blob-size-mb", 0, MAX_PUT_BLOB_SIZE),
             memory=_mib(memory_mb, "--memory-mb", MiB, MAX_MEMORY),
             **kwargs,  # type: ignore[arg-type]
         )

@@ -113,6 +113,8 @@ class Capabilities:
     tiers: tuple[str, ...] = ()  # the access tiers a write may name
     properties: tuple[str, ...] = ()  # BlobHeaders.properties names it stores and returns (cache_control, ...)
     metadata_name: Callable[[str], bool] | None = None  # the metadata names it keeps (None: any)
+    # Its own rules for a write's metadata and tags (UsageError naming the flag): names, characters, how many.
+    write_rules: Callable[[Mapping[str, str], Mapping[str, str]], None] | None = None
 
 
 class Pieces(Protocol):

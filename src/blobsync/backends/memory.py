@@ -34,7 +34,7 @@ from blobsync.backends.base import (
     direct,
     each_object,
 )
-from blobsync.backends.registry import Connection, Wire, no_credential_object, register
+from blobsync.backends.registry import Connection, Wire, no_credential_object, nothing_to_diagnose, register
 from blobsync.checksums import part_check
 from blobsync.errors import (
     BatchUnsupported,
@@ -51,7 +51,7 @@ from blobsync.errors import (
 )
 
 if TYPE_CHECKING:
-    pass
+    from blobsync.backends.diagnosis import Diagnosis
 
 RANGE_MD5_MAX = 4 * 1024 * 1024
 # The write options it keeps: those of the blob service it stands in for (its tests' stand-in for Azure).
@@ -489,6 +489,10 @@ class MemoryBackend:
         assert isinstance(location, MemoryLocation)
         no_credential_object(location, credential)
         return MemoryStore(location)
+
+    async def diagnose(self, location: Location, connection: Connection, env: Mapping[str, str], *,
+                       write_test: bool, timeout: float) -> Diagnosis:
+        raise nothing_to_diagnose(location)
 
 
 register("memory", MemoryBackend())

@@ -12,6 +12,7 @@ from blobsync.errors import UsageError
 
 if TYPE_CHECKING:
     from blobsync.backends.base import Location, Store
+    from blobsync.backends.diagnosis import Diagnosis
     from blobsync.config import TransferConfig
 
 
@@ -51,6 +52,12 @@ class Backend(Protocol):
              credential: object = None) -> Store:
         """A store for the container `location` names. `credential` (Client(credential=...)) replaces what the
         URL and the environment give; a backend that takes no credential objects refuses one with a UsageError."""
+        ...
+
+    async def diagnose(self, location: Location, connection: Connection, env: Mapping[str, str], *,
+                       write_test: bool, timeout: float) -> Diagnosis:
+        """`blobsync doctor`: what the location's credentials allow and whether its endpoint answers (with
+        `write_test`, a probe object put, read back and deleted); a backend with nothing to check says so."""
         ...
 
 
@@ -96,6 +103,19 @@ def open_store(url: str | Location, config: TransferConfig, env: Mapping[str, st
     """A store for the container a URL (or a parsed location) names, with `credential` if one is given."""
     location = parse_location(url) if isinstance(url, str) else url
     return backend_for(location.display).open(location, Connection.of(config), env, wire, credential)
+
+
+async def diagnose(url: str, connection: Connection, env: Mapping[str, str], *, write_test: bool, timeout: float
+                   ) -> Diagnosis:
+    """`blobsync doctor URL`, by the backend the URL's scheme selects."""
+    location = parse_location(url)
+    return await backend_for(url).diagnose(location, connection, env, write_test=write_test, timeout=timeout)
+
+
+def nothing_to_diagnose(location: Location) -> UsageError:
+    """For a backend without a doctor: the line that says so."""
+    return UsageError(f"{location.display}: doctor checks Azure Blob URLs (credentials, SAS, endpoint); this kind of "
+                      "URL has none of those to check")
 
 
 def no_credential_object(location: Location, credential: object) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from pathlib import Path
 
@@ -33,11 +32,12 @@ def doctor(url: str, write_test: bool, timeout: float, output_type: str, proxy: 
 
     Exit code 0 when nothing failed, 3 for a credential or permission problem, 1 otherwise.
     """
-    from blobsync.backends.azure.doctor import Level, diagnose  # here: every other command starts without it
+    from blobsync.api import diagnose
+    from blobsync.backends.diagnosis import Level  # here: every other command starts without it
 
     setup_logging(log_level, log_file)
-    d = asyncio.run(diagnose(url, write_test=write_test, timeout=timeout, proxy=proxy,
-                             trusted_suffixes=parse_suffixes(trusted_suffixes)))
+    d = diagnose(url, write_test=write_test, timeout=timeout, proxy=proxy,
+                 trusted_suffixes=parse_suffixes(trusted_suffixes))
     if output_type.lower() == "json":
         JsonLines().emit({
             "type": "doctor", "url": d.url, "credential": d.credential,

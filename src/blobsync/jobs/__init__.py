@@ -35,6 +35,8 @@ def check_writes(config: TransferConfig, caps: Capabilities, where: str) -> None
     if not caps.writes:
         raise UsageError(f"{where}: this kind of URL is a source only: blobsync writes to Azure Blob Storage (or "
                          "memory://)")
+    if caps.write_rules is not None:
+        caps.write_rules(config.metadata, config.blob_tags)
     if config.tier is not None and config.tier not in caps.tiers:
         offered = f"it takes {', '.join(caps.tiers)}" if caps.tiers else "it has no access tiers"
         raise UsageError(f"--block-blob-tier {config.tier}: {where} cannot keep it ({offered})")

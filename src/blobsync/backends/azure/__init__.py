@@ -10,6 +10,7 @@ from blobsync.backends.registry import Connection, Wire, register
 if TYPE_CHECKING:
     from blobsync.backends.azure.store import AzureContainerStore
     from blobsync.backends.base import Location
+    from blobsync.backends.diagnosis import Diagnosis
 
 
 class AzureBackend:
@@ -33,6 +34,15 @@ class AzureBackend:
         return AzureContainerStore(location, signer, connections=connection.connections,
                                    read_timeout=connection.stall_timeout, throttle=wire.throttle,
                                    on_wire=wire.on_wire, proxy=connection.proxy, env=env, trusted=trusted)
+
+    async def diagnose(self, location: Location, connection: Connection, env: Mapping[str, str], *,
+                       write_test: bool, timeout: float) -> Diagnosis:
+        from blobsync.backends.azure.doctor import diagnose
+        from blobsync.backends.azure.location import BlobLocation
+
+        assert isinstance(location, BlobLocation)
+        return await diagnose(location, write_test=write_test, env=env, timeout=timeout, proxy=connection.proxy,
+                              trusted_suffixes=connection.trusted_suffixes)
 
 
 AZURE = AzureBackend()

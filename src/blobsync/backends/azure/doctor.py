@@ -1,23 +1,20 @@
-"""`blobsync doctor`: reads a URL's SAS (or other credential), says what it allows, and probes the endpoint."""
+"""`blobsync doctor` for Azure URLs: reads the SAS (or other credential), says what it allows, probes the endpoint."""
 
 from __future__ import annotations
 
-import os
 import secrets
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from enum import Enum
 from urllib.parse import unquote
 
 from blobsync.backends.azure.auth import AnonymousCredential, SasCredential, resolve_credential
-from blobsync.backends.azure.location import BlobLocation, parse_location
+from blobsync.backends.azure.location import BlobLocation
 from blobsync.backends.azure.sas import Sas
 from blobsync.backends.azure.store import AzureContainerStore
 from blobsync.backends.base import BlobHeaders
-from blobsync.config import check_proxy_url
-from blobsync.errors import AuthError, BlobsyncError, ContainerNotFoundError, ExitCode, TransientError
+from blobsync.backends.diagnosis import Diagnosis, Level
+from blobsync.errors import AuthError, BlobsyncError, ContainerNotFoundError, TransientError
 
 PERMISSIONS = {
     "r": "read", "a": "add", "c": "create", "w": "write", "d": "delete", "x": "delete versions",
@@ -41,41 +38,6 @@ NEEDS: tuple[tuple[str, str], ...] = (
 )
 
 EXPIRY_WARNING = timedelta(hours=2)  # a long transfer may outlive the SAS, and blobsync cannot renew one
-
-
-class Level(Enum):
-    OK = "ok"
-    INFO = "info"
-    WARN = "warn"
-    FAIL = "FAIL"
-
-
-@dataclass(frozen=True)
-class Finding:
-    level: Level
-    topic: str
-    text: str
-    auth: bool = False  # a failure of credentials or permissions (exit code 3) rather than of the service
-
-
-@dataclass
-class Diagnosis:
-    """What `doctor` found: one finding per check, and per operation the permissions still missing."""
-
-    url: str  # without its query string
-    credential: str
-    findings: list[Finding] = field(default_factory=list)
-    missing: dict[str, str] = field(default_factory=dict)  # operation -> what its SAS still lacks
-
-    def add(self, level: Level, topic: str, text: str, *, auth: bool = False) -> None:
-        self.findings.append(Finding(level, topic, text, auth))
-
-    @property
-    def exit_code(self) -> ExitCode:
-        failures = [f for f in self.findings if f.level is Level.FAIL]
-        if not failures:
-            return ExitCode.OK
-        return ExitCode.AUTH if any(f.auth for f in failures) else ExitCode.PARTIAL
 
 
 def _span(delta: timedelta) -> str:
@@ -168,14 +130,11 @@ def _read_resource(sas: Sas, diagnosis: Diagnosis) -> None:
                       "listing (sync, -r, ls) and --create-container will be refused")
 
 
-async def diagnose(url: str, *, write_test: bool = False, env: Mapping[str, str] | None = None,
-                   timeout: float = 15.0, proxy: str | None = None, trusted_suffixes: Sequence[str] = ()
-                   ) -> Diagnosis:
+async def diagnose(loc: BlobLocation, *, write_test: bool, env: Mapping[str, str], timeout: float,
+                   proxy: str | None, trusted_suffixes: Sequence[str]) -> Diagnosis:
     """Check what the URL's credentials allow and whether the endpoint and container answer.
 
     With `write_test`, put a small probe blob, read it back and delete it (saying so if it cannot)."""
-    env = os.environ if env is None else env
-    loc = parse_location(url)
     credential = resolve_credential(loc, env, tuple(trusted_suffixes))
     label = "SAS in the URL (signature hidden)" if isinstance(credential, SasCredential) and loc.sas \
         else credential.description
@@ -204,8 +163,6 @@ def _report_proxy(loc: BlobLocation, proxy: str | None, env: Mapping[str, str], 
     """Which proxy the requests take (the endpoint check below says whether it answers through it)."""
     from blobsync.backends.http import proxy_for
 
-    if proxy is not None:
-        check_proxy_url(proxy)
     chosen, source = proxy_for(f"{loc.account_url}/", proxy, env)
     if chosen is None:
         diagnosis.add(Level.INFO, "proxy", f"none: requests go straight to {loc.netloc}{source}")

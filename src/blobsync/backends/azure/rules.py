@@ -1,13 +1,13 @@
 """Azure Blob Storage's limits and naming rules: what a block, a blob, a tier, a metadata name or a tag may be.
 
-The flags that take these values (AzCopy's) are checked against them before any request; the store's
-capabilities are made from them."""
+The store's capabilities are made from them; a job's write options are checked against them (through those
+capabilities) before any request."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
-from blobsync.arguments import check_header_text
 from blobsync.errors import UsageError
 
 MiB = 1024 * 1024
@@ -29,20 +29,14 @@ def is_metadata_name(key: str) -> bool:
     return _META_NAME.match(key) is not None
 
 
-def check_metadata(key: str, value: str, what: str = "metadata") -> None:
-    """One metadata pair: the name a C# identifier, the value ASCII header text (UsageError naming `what`)."""
-    if not is_metadata_name(key):
-        raise UsageError(f"invalid {what} name {key!r}: letters, digits and '_', not starting with a digit")
-    check_header_text(value, f"{what} value for {key!r}", ascii_only=True)
-
-
-def check_tag(key: str, value: str, item: str) -> None:
-    """One blob index tag: names up to 128 and values up to 256 characters of the allowed ones."""
-    if not (len(key) <= 128 and len(value) <= 256 and _TAG_TEXT.match(key) and _TAG_TEXT.match(value)):
-        raise UsageError(f"invalid --blob-tags item {item!r}: names up to 128 and values up to 256 characters, "
-                         "from letters, digits, space and + - . / : = _")
-
-
-def tier_named(text: str | None) -> str | None:
-    """The tier `text` names, whatever its case; None if it names none."""
-    return next((t for t in TIERS if text and t.lower() == text.lower()), None)
+def check_writes(metadata: Mapping[str, str], tags: Mapping[str, str]) -> None:
+    """A write's metadata names and blob index tags as the service takes them (UsageError naming the flag)."""
+    for key in metadata:
+        if not is_metadata_name(key):
+            raise UsageError(f"invalid --metadata name {key!r}: letters, digits and '_', not starting with a digit")
+    for key, value in tags.items():
+        if not (len(key) <= 128 and len(value) <= 256 and _TAG_TEXT.match(key) and _TAG_TEXT.match(value)):
+            raise UsageError(f"invalid --blob-tags item {key}={value}: names up to 128 and values up to 256 "
+                             "characters, from letters, digits, space and + - . / : = _")
+    if len(tags) > MAX_TAGS:
+        raise UsageError(f"--blob-tags has {len(tags)} tags: a blob holds at most {MAX_TAGS}")

@@ -172,7 +172,7 @@ class AzureContainerStore:
                                 keeps_parts=True, lists_levels=True, part_checks=(BlockCheck.CRC64, BlockCheck.MD5),
                                 copy_max=rules.MAX_COPY_SIZE, stage_copy_max=rules.MAX_BLOCK_SIZE, copy_sources=True,
                                 tags=True, tiers=rules.TIERS, properties=rules.BLOB_PROPERTIES,
-                                metadata_name=rules.is_metadata_name)
+                                metadata_name=rules.is_metadata_name, write_rules=rules.check_writes)
     # The emulator (Azurite) computes CRC64s in JavaScript, ~20 s of its CPU per GiB against ~1 s for MD5s.
     _emulator = dataclasses.replace(capabilities, part_checks=(BlockCheck.MD5, BlockCheck.CRC64))
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from blobsync.backends.registry import Connection, Wire, no_credential_object, register
+from blobsync.backends.registry import Connection, Wire, no_credential_object, nothing_to_diagnose, register
 
 if TYPE_CHECKING:
     from blobsync.backends.base import Location
+    from blobsync.backends.diagnosis import Diagnosis
     from blobsync.backends.s3.store import S3Store
 
 
@@ -30,6 +31,10 @@ class S3Backend:
         return S3Store(location, endpoint_for(location, env), credentials_from(env),
                        connections=connection.connections, read_timeout=connection.stall_timeout,
                        on_wire=wire.on_wire, proxy=connection.proxy, env=env)
+
+    async def diagnose(self, location: Location, connection: Connection, env: Mapping[str, str], *,
+                       write_test: bool, timeout: float) -> Diagnosis:
+        raise nothing_to_diagnose(location)
 
 
 register("s3", S3Backend())
