@@ -18,6 +18,7 @@ from blobsync.backends.base import BlobProperties, Location
 from blobsync.backends.registry import is_remote, parse_location
 from blobsync.config import TransferConfig, check_proxy_url
 from blobsync.cp_arguments import plan_blob_copy, plan_copy
+from blobsync.engine.context import RequestPath
 from blobsync.engine.delete import batch_enabled
 from blobsync.engine.prompt import Answer
 from blobsync.engine.session import Session
@@ -133,11 +134,6 @@ def _finish(report: Report, raise_on_error: bool) -> Report:
     if raise_on_error and report.failures:
         raise TransferFailedError(report)
     return report
-
-
-def _short_session(config: TransferConfig, env: Mapping[str, str]) -> Session:
-    """The session of one call that keeps no journal (ls, make): opened on the journal's first use, never here."""
-    return Session(config, env, lambda: _journal(config.journal_path, env))
 
 
 def _journal(journal_path: Path | None, env: Mapping[str, str] | None = None) -> Journal:
@@ -531,6 +527,18 @@ def clean_jobs(
         journal.close()
 
 
+def _short_call(url: object, env: Mapping[str, str] | None, max_retries: int, proxy: str | None,
+                trusted_suffixes: Sequence[str]) -> tuple[Location, Session, RequestPath]:
+    """ls and make: their arguments checked, and a session of their own that keeps no journal (opened on the
+    journal's first use, never here) with its request path."""
+    loc, env = parse_location(arguments.url(url, "url")), arguments.env(env)
+    max_retries = int(arguments.number(max_retries, "max_retries", 0, 100, integer=True))
+    arguments.optional(proxy, "proxy", str, "a proxy URL")
+    config = TransferConfig(max_retries=max_retries, proxy=proxy, trusted_suffixes=_suffixes(trusted_suffixes))
+    session = Session(config, env, lambda: _journal(config.journal_path, env))
+    return loc, session, session.requests(config, Progress())
+
+
 async def list_blobs_async(
     url: str, *, env: Mapping[str, str] | None = None, max_retries: int = 8, proxy: str | None = None,
     trusted_suffixes: Sequence[str] = (),
@@ -550,14 +558,9 @@ async def blob_entries_async(
     AzCopy's list prints them."""
     from blobsync.engine.listing import blobs_at
 
-    url, env = arguments.url(url, "url"), arguments.env(env)
-    max_retries = int(arguments.number(max_retries, "max_retries", 0, 100, integer=True))
-    arguments.optional(proxy, "proxy", str, "a proxy URL")
-    config = TransferConfig(max_retries=max_retries, proxy=proxy, trusted_suffixes=_suffixes(trusted_suffixes))
-    session = _short_session(config, env)
+    loc, session, requests = _short_call(url, env, max_retries, proxy, trusted_suffixes)
     try:
-        store = session.store(url)
-        async for entry in blobs_at(store, store.location.path, session.requests(config, Progress())):
+        async for entry in blobs_at(session.store(loc), loc.path, requests):
             yield entry
     finally:
         await session.close()
@@ -566,16 +569,11 @@ async def blob_entries_async(
 async def make_container_async(url: str, *, env: Mapping[str, str] | None = None, max_retries: int = 8,
                                proxy: str | None = None, trusted_suffixes: Sequence[str] = ()) -> bool:
     """Create the container the URL names; False when it exists already."""
-    url, env = arguments.url(url, "url"), arguments.env(env)
-    max_retries = int(arguments.number(max_retries, "max_retries", 0, 100, integer=True))
-    arguments.optional(proxy, "proxy", str, "a proxy URL")
-    loc = parse_location(url)
-    if loc.path:
-        raise UsageError(f"{loc.display!r} names a blob or folder: make takes a container URL")
-    config = TransferConfig(max_retries=max_retries, proxy=proxy, trusted_suffixes=_suffixes(trusted_suffixes))
-    session = _short_session(config, env)
+    loc, session, requests = _short_call(url, env, max_retries, proxy, trusted_suffixes)
     try:
-        return await session.requests(config, Progress())(session.store(loc).create_container)
+        if loc.path:
+            raise UsageError(f"{loc.display!r} names a blob or folder: make takes a container URL")
+        return await requests(session.store(loc).create_container)
     finally:
         await session.close()
 
