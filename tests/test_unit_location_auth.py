@@ -32,7 +32,21 @@ def test_public_cloud_url() -> None:
     assert loc.sas == SAS
     assert loc.display == "https://myacct.blob.core.windows.net/models/run%201/ckpt"
     assert "sig" not in loc.display
-    assert loc.sas_fields["sp"] == "rwlc"
+    assert loc.sas_token is not None and loc.sas_token.permissions == "rwlc"
+
+
+def test_a_sas_given_apart_signs_the_location_it_is_given_to() -> None:
+    """jobs resume --sas: the journal's URL parsed, then the SAS read as a SAS (never joined into a URL)."""
+    from blobsync.backends.registry import parse_location as any_location
+
+    loc = parse_location("https://myacct.blob.core.windows.net/models/ckpt").with_sas(f" ?{SAS}")
+    assert loc.sas == SAS and loc.path == "ckpt" and "sig" not in loc.display
+    for bad in ("sp=r&se=2099-01-01", f"{SAS}#frag", SAS.replace("&sp", "\n&sp")):
+        with pytest.raises(UsageError, match="not a SAS token"):
+            loc.with_sas(bad)
+    for other in ("memory://box/a", "s3://bucket/a"):
+        with pytest.raises(UsageError, match="SAS"):
+            any_location(other).with_sas(SAS)
 
 
 def test_emulator_url_is_path_style() -> None:

@@ -418,7 +418,8 @@ async def resume_on(
         filters = Filters.from_journal(options.pop("filters", None))
         config = TransferConfig.from_journal(options, journal_path=journal_path, **overrides)
         remote = job.source if job.kind is JobKind.DOWNLOAD else job.dest
-        loc = parse_location(remote if not sas else f"{remote}?{sas.lstrip('?')}")
+        loc = parse_location(remote)
+        loc = loc.with_sas(sas) if sas else loc
     except BaseException:
         if session is None:
             journal.close()

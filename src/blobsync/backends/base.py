@@ -146,6 +146,11 @@ class Location(Protocol):
 
     def with_path(self, path: str) -> Self: ...
 
+    def with_sas(self, sas: str) -> Self:
+        """The same place signed by `sas`, a SAS given apart from its URL (a resume's: the journal keeps none);
+        UsageError when it is not one, or the store takes none."""
+        ...
+
 
 class Requester(Protocol):
     """Runs one request's attempts: the engine passes its request path (limits, retries, counters)."""

@@ -75,6 +75,9 @@ class MemoryLocation:
     def with_path(self, path: str) -> Self:
         return replace(self, path=path)
 
+    def with_sas(self, sas: str) -> Self:
+        raise UsageError(f"{self.display}: a memory:// store takes no SAS")
+
 
 @dataclass
 class _Object:

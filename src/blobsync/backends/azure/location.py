@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from urllib.parse import quote, unquote, urlsplit
 
 from blobsync.backends.azure.sas import Sas
@@ -12,6 +12,7 @@ from blobsync.errors import UnsafeNameError, UsageError
 
 _CONTAINER_RE = re.compile(r"^(?:\$root|\$web|\$logs|[a-z0-9](?:[a-z0-9]|-(?=[a-z0-9])){2,62})$")
 _ACCOUNT_RE = re.compile(r"^[a-z0-9]{3,24}$|^devstoreaccount1$")
+_NOT_IN_A_QUERY = re.compile(r"[\s#\x00-\x1f\x7f]")
 
 
 @dataclass(frozen=True)
@@ -62,15 +63,15 @@ class BlobLocation:
         """The SAS, read (None without one)."""
         return Sas(self.sas) if self.sas else None
 
-    @property
-    def sas_fields(self) -> dict[str, str]:
-        """The SAS parameters (sp, se, st, spr, sv, ...) by name, first value each."""
-        return self.sas_token.fields if self.sas_token else {}
-
     def with_path(self, path: str) -> BlobLocation:
-        return BlobLocation(
-            self.scheme, self.netloc, self.account, self.container, path, self.path_style, self.sas
-        )
+        return replace(self, path=path)
+
+    def with_sas(self, sas: str) -> BlobLocation:
+        text = sas.strip().lstrip("?")
+        if "sig=" not in text or _NOT_IN_A_QUERY.search(text):
+            raise UsageError("the SAS given is not a SAS token: a query string with 'sig=', without spaces or '#' "
+                             "(the part after '?' of a SAS URL)")
+        return replace(self, sas=text)
 
 
 def _is_path_style_host(host: str) -> bool:

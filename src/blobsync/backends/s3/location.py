@@ -34,6 +34,10 @@ class S3Location:
     def with_path(self, path: str) -> Self:
         return replace(self, path=path)
 
+    def with_sas(self, sas: str) -> Self:
+        raise UsageError(f"{self.display}: a SAS signs Azure Blob URLs; S3 credentials come from the environment "
+                         "(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)")
+
 
 def parse_s3(url: str) -> S3Location:
     shown = url.split("?", 1)[0]
