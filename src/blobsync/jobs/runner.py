@@ -19,11 +19,13 @@ from blobsync.engine.context import EngineContext, shared_tuning
 from blobsync.engine.controls import follow_cap
 from blobsync.engine.listing import as_properties
 from blobsync.engine.tasks import cancel_all, gather_or_cancel
-from blobsync.errors import BlobsyncError, ExitCode, Scope, UsageError
+from blobsync.errors import BlobsyncError, ExitCode, Scope, UnsafeNameError, UsageError
 from blobsync.filters import Filters
 from blobsync.jobs.ops import FileOp, Performer
 from blobsync.journal import FileRow, FileState, JobKind, JobRow, JobState
-from blobsync.journal.index import SyncIndex
+from blobsync.journal.index import Entry, SyncIndex
+from blobsync.local.folding import NameClaims
+from blobsync.local.target import safe_join
 from blobsync.redact import redact
 from blobsync.report import FileResult, FileStatus, Report
 
@@ -214,6 +216,20 @@ class JobRunner:
             report.bytes_sent += result.bytes_sent
             report.bytes_reused += result.size - result.bytes_sent
             report.bytes_delta += result.bytes_delta
+
+    def claimed(self, report: Report, row: FileRow, e: Entry, root: Path, claims: NameClaims) -> bool:
+        """Whether a download may write its local name (else its failure is settled here: an unsafe name, or one
+        that collides with another's on this file system)."""
+        try:
+            safe_join(root, e.rel)
+            other = claims.claim(e.rel)
+            if other is not None:
+                raise UnsafeNameError(claims.message(e.rel, other))
+        except UnsafeNameError as exc:
+            self.settle(report, row, FileResult(e.rel, e.name or e.rel, e.size, FileStatus.FAILED, reason=str(exc),
+                                                exit_code=ExitCode.PARTIAL))
+            return False
+        return True
 
     def settle_missing(self, report: Report, filters: Filters) -> None:
         """Each path --list-of-files names that nothing under the source matched: a failure of its own."""

@@ -8,23 +8,19 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from blobsync.engine.context import EngineContext
 from blobsync.engine.delete import Doomed
 from blobsync.engine.digest import md5_of_file
 from blobsync.engine.enumerate import index_in_thread
 from blobsync.engine.listing import LEVEL_FANOUT, RemoteLister
-from blobsync.errors import BlobsyncError, ExitCode, UnsafeNameError, UsageError
+from blobsync.errors import BlobsyncError, ExitCode, UsageError
+from blobsync.jobs.compare import MTIME_WINDOWS, CompareMode, decide
 from blobsync.jobs.ops import FileOp, OpKind
 from blobsync.jobs.runner import JobRunner, RemoteRunner, WorkItem, batches
 from blobsync.jobs.spec import SyncSpec
 from blobsync.journal import FileRow, JobKind
 from blobsync.journal.index import Entry, SyncIndex
-
-if TYPE_CHECKING:
-    pass
-from blobsync.jobs.compare import MTIME_WINDOWS, CompareMode, decide
 from blobsync.local.files import SkippedEntry, SourceFile, local_rel, walk, warm_if_cold
 from blobsync.local.folding import Folding, NameClaims, probe
 from blobsync.naming import folder_prefix
@@ -271,25 +267,9 @@ class SyncJob:
                     self.on_action(Action("upload", entry.rel, reason, entry.size))
                     yield WorkItem(row, FileOp(OpKind.UPLOAD, entry.name or entry.rel, row.blob, entry.size,
                                                entry.mtime_ns, inode=entry.inode))
-                elif self._claimed(entry, row, claims, report):
+                elif self.runner.claimed(report, row, entry, self.local, claims):
                     self.on_action(Action("download", entry.rel, reason, entry.size))
                     yield WorkItem(row, FileOp.of_entry(OpKind.DOWNLOAD, entry))
-
-    def _claimed(self, entry: Entry, row: FileRow, claims: NameClaims, report: Report) -> bool:
-        """Whether a download may write its local name (else its failure is settled here: an unsafe name, or one
-        that collides with another's on this file system)."""
-        from blobsync.local.target import safe_join
-
-        try:
-            safe_join(self.local, entry.rel)
-            other = claims.claim(entry.rel)
-            if other is not None:
-                raise UnsafeNameError(claims.message(entry.rel, other))
-        except UnsafeNameError as exc:
-            self.runner.settle(report, row, FileResult(entry.rel, entry.name or entry.rel, entry.size,
-                                                       FileStatus.FAILED, reason=str(exc), exit_code=ExitCode.PARTIAL))
-            return False
-        return True
 
     # --- deletes ------------------------------------------------------------------------------------------
 

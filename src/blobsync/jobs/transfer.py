@@ -284,24 +284,10 @@ class TransferJob:
                 (e.rel, way.blob(e, single), e.size, e.mtime_ns, e.inode) for e in batch))
             for e in batch:
                 row = rows[e.rel]
-                if claims is not None and not self._claimed(report, row, e, listing.root, claims):
+                if claims is not None and not self.runner.claimed(report, row, e, listing.root, claims):
                     continue
                 if way.done(row, e, listing.root):
                     self.runner.settle(report, None, FileResult(e.rel, row.blob, e.size, FileStatus.SKIPPED,
                                                                 reason=way.done_reason))
                     continue
                 yield WorkItem(row, way.operation(row, e, single))
-
-    def _claimed(self, report: Report, row: FileRow, e: Entry, root: Path, claims: NameClaims) -> bool:
-        """Whether a download may write its local name (else its failure is settled here: an unsafe name, or one
-        that collides with another's on this file system)."""
-        try:
-            safe_join(root, e.rel)
-            other = claims.claim(e.rel)
-            if other is not None:
-                raise UnsafeNameError(claims.message(e.rel, other))
-        except UnsafeNameError as exc:
-            self.runner.settle(report, row, FileResult(e.rel, e.name or e.rel, e.size, FileStatus.FAILED,
-                                                       reason=str(exc), exit_code=ExitCode.PARTIAL))
-            return False
-        return True

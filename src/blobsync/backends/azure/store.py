@@ -11,7 +11,6 @@ import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING
 from urllib.parse import quote, urlencode, urlsplit
 
 from blobsync._version import __version__
@@ -64,9 +63,6 @@ from blobsync.errors import (
     ServiceError,
 )
 from blobsync.redact import redact
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger("blobsync.http")
 
