@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from blobsync.errors import UsageError
 from blobsync.filters import Filters
 
 SEGMENT = st.text(alphabet="ab.", min_size=1, max_size=4).filter(lambda s: s not in (".", ".."))
@@ -135,3 +136,18 @@ def test_narrowing_filters_reads_nothing_again(tmp_path: Path) -> None:
     same = Filters.parse(include_pattern="*.pt").narrowed(source_wildcard="run*")
     again = Filters.parse(include_pattern="*.pt", source_wildcard="run*")
     assert (same.top.pattern, same.text) == (again.top.pattern, again.text)  # type: ignore[union-attr]
+
+
+def test_a_list_of_files_joins_parsed_filters_without_parsing_them_again(tmp_path: Path) -> None:
+    """The library's copy(list_of_files=...) beside filters: the list read once onto the parsed filters (their
+    text is not parsed again), kept in the text a resume reads; a second list is refused."""
+    listing = tmp_path / "list.txt"
+    listing.write_text("a/b.pt\nc\n", encoding="utf-8")
+    parsed = Filters.parse(include_pattern="*.pt", include_path="d")
+    joined = parsed.narrowed(list_of_files=str(listing))
+    assert joined.include_patterns == parsed.include_patterns  # the very compiled patterns, not made again
+    assert joined.listed == ("a/b.pt", "c") and joined.include_paths == ("d", "a/b.pt", "c")
+    assert joined.text == {**parsed.text, "list_of_files": str(listing)}
+    assert Filters.from_journal(joined.text).include_paths == joined.include_paths
+    with pytest.raises(UsageError, match="one list of files at a time"):
+        joined.narrowed(list_of_files=str(listing))

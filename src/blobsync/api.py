@@ -202,8 +202,7 @@ async def copy_on(
     progress = _progress(progress, subscribers)
     list_of_files = arguments.optional_path(list_of_files, "list_of_files")
     if list_of_files is not None:  # the paths it names (files, or folders with all below them) under the source
-        filters = Filters.parse(**{**(filters.text if filters is not None else {}),  # type: ignore[arg-type]
-                                   "list_of_files": str(list_of_files)})
+        filters = (filters or Filters()).narrowed(list_of_files=str(list_of_files))
         config = replace(config, recursive=True)
     spec, config, remote = _copy_spec(source, dest, config, as_subdir, filters, dry_run, _cluster_arg(cluster))
     hooks = Hooks(on_action, confirm_overwrite, remote=remote)

@@ -128,11 +128,16 @@ class Filters:
             listed,
         )
 
-    def narrowed(self, *, source_wildcard: str | None = None, recursive: bool | None = None) -> Filters:
-        """These filters with a source wildcard or the recursion set: nothing else is read again (a
-        --list-of-files is read once, where the filters were parsed)."""
+    def narrowed(self, *, source_wildcard: str | None = None, recursive: bool | None = None,
+                 list_of_files: str | None = None) -> Filters:
+        """These filters with a source wildcard, the recursion or a --list-of-files (read here, once) set: nothing
+        parsed before is read again."""
         text = dict(self.text)
-        top = self.top
+        top, listed = self.top, _listed(list_of_files)
+        if list_of_files:
+            if "list_of_files" in text:
+                raise UsageError("one list of files at a time: the filters given name one already")
+            text["list_of_files"] = list_of_files
         if source_wildcard:
             text["source_wildcard"] = source_wildcard
             top = wildcard(source_wildcard)
@@ -141,7 +146,7 @@ class Filters:
             if not recursive:
                 text["recursive"] = False
         return dataclasses.replace(self, top=top, recursive=self.recursive if recursive is None else recursive,
-                                   text=text)
+                                   text=text, include_paths=self.include_paths + listed, listed=self.listed + listed)
 
     @classmethod
     def from_journal(cls, text: object) -> Filters:

@@ -307,11 +307,7 @@ class MemoryStore:
         return _props(name, obj)
 
     async def read_first(self, name: str, buf: memoryview) -> tuple[BlobProperties, int]:
-        box = await self._enter("read_first", name)
-        obj = box.objects.get(name)
-        if obj is None:
-            raise BlobNotFoundError(f"get blob {name!r}: HTTP 404 BlobNotFound: not found", status=404,
-                                    code="BlobNotFound")
+        box, obj = await self._readable("read_first", name, None)
         chunk = obj.data[:len(buf)]
         buf[:len(chunk)] = chunk
         box.faults.take("read_first", name, after=True)
@@ -415,25 +411,23 @@ class MemoryWriter:
         if check is not None and part_check(body, check.kind) != check:
             code = "Crc64Mismatch" if check.kind is BlockCheck.CRC64 else "Md5Mismatch"
             raise CorruptedInTransitError(f"put block of {self.name!r}: HTTP 400 {code}", status=400, code=code)
-        token = self.token(index)
+        self._staged(box, index)[self.token(index)] = body
+        box.faults.take("stage", self.name, after=True)
+
+    def _staged(self, box: Container, index: int) -> dict[str, bytes]:
+        """The object's staged parts, where part `index` goes: refused while parts of another writer are there."""
         pending = box.staged.setdefault(self.name, {})
-        if any(len(t) != len(token) for t in pending):
+        if any(len(t) != len(self.token(index)) for t in pending):
             raise StagingRefusedError(f"put block of {self.name!r}: HTTP 400 InvalidBlobOrBlock", status=400,
                                       code="InvalidBlobOrBlock")
-        pending[token] = body
-        box.faults.take("stage", self.name, after=True)
+        return pending
 
     async def stage_from(self, index: int, source: CopySource, offset: int, length: int) -> None:
         box = await self.store._enter("stage_from", self.name)
         _, src = _source(source, f"put block from {source.display!r} to {self.name!r}")
         if offset + length > len(src.data):
             raise ServiceError(f"put block from {source.display!r}: HTTP 416 InvalidRange", status=416)
-        token = self.token(index)
-        pending = box.staged.setdefault(self.name, {})
-        if any(len(t) != len(token) for t in pending):
-            raise StagingRefusedError(f"put block of {self.name!r}: HTTP 400 InvalidBlobOrBlock", status=400,
-                                      code="InvalidBlobOrBlock")
-        pending[token] = src.data[offset:offset + length]
+        self._staged(box, index)[self.token(index)] = src.data[offset:offset + length]
         box.faults.take("stage_from", self.name, after=True)
 
     async def commit(self, parts: Sequence[tuple[str, bool]], headers: BlobHeaders,
