@@ -98,7 +98,6 @@ def test_wildcard_star_only_and_literal_otherwise() -> None:
 
 
 def test_regexes_run_under_re2_in_linear_time_and_refuse_what_re2_cannot_do() -> None:
-    from blobsync.errors import UsageError
     from blobsync.regex import engine_name
 
     assert engine_name() == "RE2"  # the wheel installs on this machine
