@@ -147,9 +147,16 @@ def test_config_validation() -> None:
 
 def test_metadata_parsing() -> None:
     assert parse_metadata("team=ml; run_id=42") == {"team": "ml", "run_id": "42"}
-    for bad in ("noequals", "1abc=x", "a-b=x", "mtime=x", "k=ü"):
+    for bad in ("noequals", "a b=x", "a:b=x", "mtime=x", "k=ü"):
         with pytest.raises(UsageError):
             parse_metadata(bad)
+    # The names a store takes are its own: Azure's are C# identifiers, checked before anything moves.
+    from blobsync.backends.azure import rules
+
+    for name in ("1abc", "a-b"):
+        assert parse_metadata(f"{name}=x") == {name: "x"}
+        with pytest.raises(UsageError, match="not starting with a digit"):
+            rules.check_writes({name: "x"}, {})
 
 
 def test_memory_budget_bounds_and_reuses_buffers() -> None:
