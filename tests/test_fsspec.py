@@ -11,6 +11,7 @@ from pathlib import Path
 
 import fsspec
 import pytest
+from azure.storage.blob import ContentSettings
 from fsspec.tests.abstract import (
     AbstractCopyTests,
     AbstractFixtures,
@@ -159,6 +160,27 @@ def test_files_opened_for_reading_are_fsspec_files(azurite: Azurite, container: 
     finally:
         fs.client.close()
     assert container.download("d/b.bin") == b"written"
+
+
+def test_cp_file_is_a_copy_the_service_makes(azurite: Azurite, container: ContainerHandle, proxy: FaultProxy,
+                                             tmp_path: Path) -> None:
+    """fs.cp (pandas, Dask and pyarrow call it) is `cp URL URL`: one Copy Blob From URL, no byte of the blob
+    through this machine, the source's content type and metadata kept; a missing source is FileNotFoundError."""
+    data = bytes(range(256)) * 4000
+    container.client.upload_blob("src/a.bin", data, metadata={"team": "ml"},
+                                 content_settings=ContentSettings(content_type="application/x-test"))
+    fs = _fs(azurite, tmp_path, proxy.endpoint())
+    try:
+        fs.cp(f"{container.name}/src/a.bin", f"{container.name}/dst/b.bin")
+        with pytest.raises(FileNotFoundError):
+            fs.cp_file(f"{container.name}/src/nope.bin", f"{container.name}/dst/c.bin")
+    finally:
+        fs.client.close()
+    assert proxy.stats.requests["copy_blob"] == 1
+    assert proxy.stats.requests["get_blob"] == 0 and proxy.stats.requests["put_blob"] == 0
+    assert container.download("dst/b.bin") == data
+    props = container.client.get_blob_client("dst/b.bin").get_blob_properties()
+    assert props.content_settings.content_type == "application/x-test" and props.metadata == {"team": "ml"}
 
 
 def test_cat_ranges_fetches_every_range_at_once(azurite: Azurite, container: ContainerHandle, proxy: FaultProxy,

@@ -259,11 +259,15 @@ class BlobsyncFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec is
             raise FileNotFoundError(rpath) from None
 
     def cp_file(self, path1: str, path2: str, **kwargs: Any) -> None:
+        """A blob to blob copy the service makes (the bytes never pass through here; the source's properties and
+        metadata kept), journaled and resumable as `cp URL URL` is."""
         path1, path2 = self._strip_protocol(path1), self._strip_protocol(path2)
         if self.isdir(path1):
             return  # folders are prefixes: nothing to make
-        with self.client.open(path1, "rb") as source:
-            self.client.put(iter(lambda: source.read(self.config.block_size), b""), path2)
+        try:
+            self.client.copy(self.client.url_for(path1), self.client.url_for(path2), self.config, raise_on_error=True)
+        except (BlobNotFoundError, ContainerNotFoundError):
+            raise FileNotFoundError(path1) from None
 
     # --- removing and folders -------------------------------------------------------------------------------
 
