@@ -183,6 +183,26 @@ def test_cp_file_is_a_copy_the_service_makes(azurite: Azurite, container: Contai
     assert props.content_settings.content_type == "application/x-test" and props.metadata == {"team": "ml"}
 
 
+def test_rm_of_a_folder_is_one_listing_and_batched_deletes(azurite: Azurite, container: ContainerHandle,
+                                                             proxy: FaultProxy, tmp_path: Path) -> None:
+    """fs.rm(folder, recursive=True) (Dask's and pandas' overwrite of an output folder) deletes through the
+    Client's remove job: Blob Batch requests of up to 256, not a DELETE per blob; a name beside the folder that only
+    shares its prefix stays; a folder that is not there is FileNotFoundError."""
+    for i in range(600):
+        container.client.upload_blob(f"out/part-{i:04d}.parquet", b"x")
+    container.client.upload_blob("out2/keep.txt", b"keep")
+    container.client.upload_blob("outx", b"keep too")
+    fs = _fs(azurite, tmp_path, proxy.endpoint())
+    try:
+        fs.rm(f"{container.name}/out", recursive=True)
+        with pytest.raises(FileNotFoundError):
+            fs.rm(f"{container.name}/out", recursive=True)
+    finally:
+        fs.client.close()
+    assert container.blob_names() == ["out2/keep.txt", "outx"]
+    assert proxy.stats.requests["batch"] == 3 and proxy.stats.requests["delete_blob"] == 0
+
+
 def test_cat_ranges_fetches_every_range_at_once(azurite: Azurite, container: ContainerHandle, proxy: FaultProxy,
                                                 tmp_path: Path) -> None:
     data = bytes(range(256)) * 400
