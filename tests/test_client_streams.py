@@ -121,6 +121,38 @@ def test_the_reader_seeks_reads_ahead_and_stays_on_one_version(container: Contai
             client.open("r.bin", "r")
 
 
+def test_both_readers_keep_blocks_read_for_a_seek_back(container: ContainerHandle, proxy: FaultProxy,
+                                                      tmp_path: Path) -> None:
+    """torch.load's pattern (the zip's end, then its records from the start, then the end again): the blocking and
+    the async reader share one read-ahead, which keeps blocks already fetched outside its window."""
+    data = os.urandom(12 * MiB)
+    container.client.upload_blob("z.bin", data)
+    url = f"{proxy.endpoint()}/{container.name}"
+
+    def pattern(read_at: object) -> list[bytes]:
+        return [read_at(11 * MiB, 10), read_at(0, 10), read_at(11 * MiB + 5, 10)]  # type: ignore[operator]
+
+    with blobsync.Client(url, _config(tmp_path)) as client, client.open("z.bin", "rb", read_ahead=1) as f:
+        before = proxy.stats.requests["get_blob"]
+        got = pattern(lambda at, n: (f.seek(at), f.read(n))[1])
+        blocking = proxy.stats.requests["get_blob"] - before
+
+    async def main() -> list[bytes]:
+        async with blobsync.aio.Client(url, _config(tmp_path)) as client, client.open("z.bin", read_ahead=1) as r:
+            out = []
+            for at in (11 * MiB, 0, 11 * MiB + 5):
+                r.seek(at)
+                out.append(await r.read(10))
+            return out
+
+    before = proxy.stats.requests["get_blob"]
+    got_async = asyncio.run(main())
+    fetched_async = proxy.stats.requests["get_blob"] - before
+    expected = [data[11 * MiB:11 * MiB + 10], data[:10], data[11 * MiB + 5:11 * MiB + 15]]
+    assert got == got_async == expected
+    assert blocking == fetched_async == 3  # blocks 11, 0 and 1: block 11 is not fetched twice
+
+
 def test_the_async_client_opens_blobs_to_read_and_write(container: ContainerHandle, tmp_path: Path) -> None:
     data = os.urandom(5 * MiB + 7)
 

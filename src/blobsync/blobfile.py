@@ -8,7 +8,7 @@ import concurrent.futures
 import io
 import warnings
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 from blobsync.errors import UsageError
 from blobsync.report import FileResult
@@ -16,28 +16,40 @@ from blobsync.report import FileResult
 Submit = Callable[[Coroutine[Any, Any, bytes]], "concurrent.futures.Future[bytes]"]
 
 
-class BlobReader(io.RawIOBase):
-    """Reads one version of a blob (its ETag, pinned at open) at any offset. Blocks ahead of the position are
-    fetched in parallel (`ahead` of them) while the caller reads; blocks behind it are dropped."""
+class _Fetching(Protocol):
+    """A block's fetch in flight: a concurrent.futures.Future (the blocking reader) or an asyncio.Task."""
+
+    def done(self) -> bool: ...
+
+    def cancelled(self) -> bool: ...
+
+    def exception(self) -> BaseException | None: ...
+
+    def cancel(self) -> bool: ...
+
+
+F = TypeVar("F", bound=_Fetching)
+
+
+class _ReadAhead(Generic[F]):
+    """What both readers share: one version of a blob read at any offset, `ahead` blocks past the position fetched
+    in parallel while the caller reads; blocks fetched outside that window are kept, a window's worth at most, for
+    a reader that seeks back to them (torch.load reads a zip's end, then its records from the start)."""
+
+    closed: bool
 
     def __init__(self, name: str, size: int, block_size: int, fetch: Callable[[int, int], Coroutine[Any, Any, bytes]],
-                 submit: Submit, ahead: int = 4) -> None:
-        super().__init__()
+                 ahead: int) -> None:
         self.name = name
         self.size = size
         self.block_size = block_size
-        self._block = block_size
         self._fetch = fetch
-        self._submit = submit
         self._ahead = max(0, ahead)
         self._pos = 0
-        self._blocks: dict[int, concurrent.futures.Future[bytes]] = {}
+        self._blocks: dict[int, F] = {}
 
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
+    def _start(self, fetch: Coroutine[Any, Any, bytes]) -> F:
+        raise NotImplementedError
 
     def tell(self) -> int:
         return self._pos
@@ -46,38 +58,58 @@ class BlobReader(io.RawIOBase):
         self._pos = seek_to(self._pos, self.size, offset, whence)
         return self._pos
 
-    def readinto(self, buffer: Any) -> int:
+    def _next(self, buffer: Any) -> tuple[memoryview, F] | None:
+        """Where a read goes and the block it reads from (None: nothing to read)."""
         if self.closed:
             raise ValueError("read from a closed blob reader")
         view = memoryview(buffer).cast("B")
         if self._pos >= self.size or not len(view):
-            return 0
-        index = self._pos // self._block
-        data = self._block_at(index)
-        start = self._pos - index * self._block
+            return None
+        index = self._pos // self.block_size
+        last = (self.size - 1) // self.block_size
+        for i in range(index, min(last, index + self._ahead) + 1):
+            if i not in self._blocks:
+                offset = i * self.block_size
+                self._blocks[i] = self._start(self._fetch(offset, min(self.block_size, self.size - offset)))
+        # Outside the window: a block still coming is cancelled, one here already kept (see the class).
+        kept = 0
+        for i in reversed([i for i in self._blocks if i < index or i > index + self._ahead]):
+            block = self._blocks[i]
+            if block.done() and not block.cancelled() and block.exception() is None and kept < self._ahead + 1:
+                kept += 1
+                continue
+            self._blocks.pop(i).cancel()
+        return view, self._blocks[index]
+
+    def _copy(self, view: memoryview, data: bytes) -> int:
+        start = self._pos % self.block_size
         n = min(len(view), len(data) - start)
         view[:n] = data[start:start + n]
         self._pos += n
         return n
 
-    def _block_at(self, index: int) -> bytes:
-        last = (self.size - 1) // self._block
-        for i in range(index, min(last, index + self._ahead) + 1):
-            if i not in self._blocks:
-                offset = i * self._block
-                self._blocks[i] = self._submit(self._fetch(offset, min(self._block, self.size - offset)))
-        # Outside the window (behind the position, or far ahead after a seek back): a block still coming is
-        # cancelled; one here already is kept, a window's worth at most, for the reader that seeks back to it
-        # (torch.load reads a zip's end, then its records from the start).
-        outside = [i for i in self._blocks if i < index or i > index + self._ahead]
-        kept = 0
-        for i in reversed(outside):  # the most recently fetched first
-            future = self._blocks[i]
-            if future.done() and not future.cancelled() and future.exception() is None and kept < self._ahead + 1:
-                kept += 1
-                continue
-            self._blocks.pop(i).cancel()
-        return self._blocks[index].result()
+
+class BlobReader(_ReadAhead["concurrent.futures.Future[bytes]"], io.RawIOBase):
+    """The blocking reader: io's raw reader over `_ReadAhead`, its fetches submitted to the Client's loop."""
+
+    def __init__(self, name: str, size: int, block_size: int, fetch: Callable[[int, int], Coroutine[Any, Any, bytes]],
+                 submit: Submit, ahead: int = 4) -> None:
+        _ReadAhead.__init__(self, name, size, block_size, fetch, ahead)
+        io.RawIOBase.__init__(self)
+        self._submit = submit
+
+    def _start(self, fetch: Coroutine[Any, Any, bytes]) -> concurrent.futures.Future[bytes]:
+        return self._submit(fetch)
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        found = self._next(buffer)
+        return 0 if found is None else self._copy(found[0], found[1].result())
 
     def close(self) -> None:
         for future in self._blocks.values():
@@ -170,27 +202,17 @@ def check_mode(mode: str) -> str:
     return mode
 
 
-class AsyncBlobReader:
-    """The async reader of one version of a blob: `await read(n)`, `readinto`, `seek`, `tell`; blocks ahead of the
-    position are fetched in parallel tasks (`ahead` of them) while the caller works on the last one."""
+class AsyncBlobReader(_ReadAhead["asyncio.Task[bytes]"]):
+    """The async reader of one version of a blob: `await read(n)`, `readinto`, `seek`, `tell`; its fetches are
+    tasks of the running loop."""
 
     def __init__(self, name: str, size: int, block_size: int,
                  fetch: Callable[[int, int], Coroutine[Any, Any, bytes]], ahead: int = 4) -> None:
-        self.name = name
-        self.size = size
-        self._block = block_size
-        self._fetch = fetch
-        self._ahead = max(0, ahead)
-        self._pos = 0
-        self._blocks: dict[int, asyncio.Task[bytes]] = {}
+        super().__init__(name, size, block_size, fetch, ahead)
         self.closed = False
 
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        self._pos = seek_to(self._pos, self.size, offset, whence)
-        return self._pos
+    def _start(self, fetch: Coroutine[Any, Any, bytes]) -> asyncio.Task[bytes]:
+        return asyncio.ensure_future(fetch)
 
     async def read(self, n: int = -1) -> bytes:
         """Up to `n` bytes from the position (all the rest with n < 0); b'' at the end."""
@@ -205,28 +227,8 @@ class AsyncBlobReader:
         return bytes(out[:got])
 
     async def readinto(self, buffer: Any) -> int:
-        if self.closed:
-            raise ValueError("read from a closed blob reader")
-        view = memoryview(buffer).cast("B")
-        if self._pos >= self.size or not len(view):
-            return 0
-        index = self._pos // self._block
-        data = await self._block_at(index)
-        start = self._pos - index * self._block
-        n = min(len(view), len(data) - start)
-        view[:n] = data[start:start + n]
-        self._pos += n
-        return n
-
-    async def _block_at(self, index: int) -> bytes:
-        last = (self.size - 1) // self._block
-        for i in range(index, min(last, index + self._ahead) + 1):
-            if i not in self._blocks:
-                offset = i * self._block
-                self._blocks[i] = asyncio.ensure_future(self._fetch(offset, min(self._block, self.size - offset)))
-        for i in [i for i in self._blocks if i < index or i > index + self._ahead]:
-            self._blocks.pop(i).cancel()
-        return await asyncio.shield(self._blocks[index])
+        found = self._next(buffer)
+        return 0 if found is None else self._copy(found[0], await asyncio.shield(found[1]))
 
     async def close(self) -> None:
         self.closed = True
