@@ -15,6 +15,7 @@ import blobsync
 from blobsync import TransferConfig
 from blobsync.config import MiB
 from conftest import ContainerHandle
+from support.proxy import FaultProxy, Rule, reset_mid_response
 
 
 def _config(tmp_path: Path) -> TransferConfig:
@@ -181,3 +182,26 @@ def test_read_into_fills_a_range_in_parallel_and_refuses_a_bad_offset(container:
                 client.read_into("r.bin", bytearray(10), bad)  # type: ignore[arg-type]
         with pytest.raises(blobsync.BlobsyncError):
             client.read_into("r.bin", bytearray(10), len(data) + 100)  # past the end: an error, never short bytes
+
+
+def test_large_reads_into_memory_span_blocks_and_a_span_cut_short_goes_on(container: ContainerHandle,
+                                                                          proxy: FaultProxy, tmp_path: Path) -> None:
+    """read_into and get of a blob without a stored MD5 (nothing hashed in order) read several blocks a GET,
+    straight into the caller's buffer, as a download does; a GET reset mid-span asks again for the rest only."""
+    data = os.urandom(40 * MiB + 11)
+    blob = container.client.get_blob_client("s.bin")
+    ids = [f"{i:04d}".encode().hex() for i in range(3)]
+    for i, block_id in enumerate(ids):  # staged and committed: the blob has no Content-MD5
+        blob.stage_block(block_id, data[i * 16 * MiB:(i + 1) * 16 * MiB])
+    blob.commit_block_list(ids)
+    assert blob.get_blob_properties().content_settings.content_md5 is None
+    config = TransferConfig.from_mib(block_size_mb=8, concurrency=2, journal_path=tmp_path / "j.db")
+    with blobsync.Client(f"{proxy.endpoint()}/{container.name}", config) as client:
+        buf = bytearray(len(data) - 100)
+        assert bytes(client.read_into("s.bin", buf, 100)) == data[100:]
+        assert proxy.stats.requests["get_blob"] == 2  # 5 ranges of 8 MiB in 2 GETs (3 and 2 blocks), 2 in flight
+        assert client.get("s.bin") == data  # the first 256 KiB, then the rest in spans
+        proxy.add_rule(Rule("get_blob", reset_mid_response(0.6), nth=1))
+        before = proxy.stats.requests["get_blob"]
+        assert bytes(client.read_into("s.bin", bytearray(len(data)))) == data
+        assert proxy.stats.requests["get_blob"] - before == 3  # the cut span once more, from its first block missing

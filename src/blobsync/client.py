@@ -21,7 +21,7 @@ from blobsync.clientloop import ClientLoop, track
 from blobsync.config import Overwrite, TransferConfig
 from blobsync.engine.context import EngineContext
 from blobsync.engine.digest import md5_of, new_md5
-from blobsync.engine.fetching import MemorySink, RangeFetch, read_checked
+from blobsync.engine.fetching import MemorySink, RangeFetch, read_checked, span_reader
 from blobsync.engine.session import Session
 from blobsync.engine.sources import BufferSource, Data, source_of
 from blobsync.engine.streaming import StreamWriter
@@ -226,7 +226,8 @@ class AsyncClient:
             await ctx.request(lambda: get(offset, view))
             return
         ranges = [(i, offset + at, min(step, len(view) - at)) for i, at in enumerate(range(0, len(view), step))]
-        await RangeFetch(ctx, loc.path, ranges, MemorySink(view, offset), None, get).run()
+        span = span_reader(ctx.store, loc.path, etag, step)  # nothing hashed in order: a GET may span blocks
+        await RangeFetch(ctx, loc.path, ranges, MemorySink(view, offset), None, get, span).run()
 
     async def read_ranges(self, ranges: Sequence[tuple[str, int | None, int | None]]
                           ) -> list[bytes | BlobsyncError]:
@@ -327,7 +328,8 @@ class AsyncClient:
                 ranges.insert(0, (0, 0, got))
             await RangeFetch(ctx, loc.path, ranges, MemorySink(view), whole,
                              lambda offset, part: read_checked(ctx.store, ctx.io_pool, loc.path, offset, part,
-                                                               props.etag or None)).run(done={0})
+                                                               props.etag or None),
+                             span_reader(ctx.store, loc.path, props.etag or None, step)).run(done={0})
         elif whole is not None:
             head = view[:props.size]
             await (in_thread(ctx.io_pool, whole.update, head) if props.size > INLINE_MD5 else _now(whole.update, head))

@@ -230,8 +230,8 @@ class RangeFetch:
             pieces.release()
             self.window.release()
 
-    async def _store(self, idx: int, offset: int, view: memoryview, buf: BlockBuffer) -> None:
-        """A full block of a span: into the sink, then its buffer back to the pool."""
+    async def _store(self, idx: int, offset: int, view: memoryview, buf: BlockBuffer | None) -> None:
+        """A full block of a span: into the sink, then its pooled buffer (if it had one) back to the pool."""
         n = len(view)
         try:
             await self.sink.landed(idx, offset, view)
@@ -329,13 +329,14 @@ def _spans(todo: list[Range], per: int) -> Iterator[list[Range]]:
 
 
 class _SpanPieces:
-    """A span's blocks as the pieces of one GET: a pooled buffer each, stored as soon as it is full. A retried GET
-    starts at the first block not yet full (reusing its buffer); the blocks before it are stored already."""
+    """A span's blocks as the pieces of one GET: each its place in the sink (a caller's buffer) or a pooled buffer,
+    stored as soon as it is full. A retried GET starts at the first block not yet full (reusing its buffer); the
+    blocks before it are stored already."""
 
     def __init__(self, fetch: RangeFetch, span: list[Range]) -> None:
         self.fetch, self.span = fetch, span
         self.filled = 0  # blocks of the span full (stored, or being stored)
-        self.current: tuple[memoryview, BlockBuffer] | None = None  # the block being filled
+        self.current: tuple[memoryview, BlockBuffer | None] | None = None  # the block being filled
         self.storing: list[asyncio.Task[None]] = []
 
     def attempt(self) -> Awaitable[object]:
@@ -347,8 +348,13 @@ class _SpanPieces:
         if self.filled == len(self.span):
             return None
         if self.current is None:
-            buf = await self.fetch.ctx.memory.buffer(self.fetch.buffer_size)
-            self.current = (memoryview(buf)[:self.span[self.filled][2]], buf)
+            _, offset, length = self.span[self.filled]
+            view = self.fetch.sink.target(offset, length)
+            if view is not None:
+                self.current = (view, None)
+            else:
+                buf = await self.fetch.ctx.memory.buffer(self.fetch.buffer_size)
+                self.current = (memoryview(buf)[:length], buf)
         return self.current[0]
 
     def full(self, view: memoryview) -> None:
