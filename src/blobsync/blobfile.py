@@ -16,7 +16,7 @@ from blobsync.report import FileResult
 Submit = Callable[[Coroutine[Any, Any, bytes]], "concurrent.futures.Future[bytes]"]
 
 
-class _Fetching(Protocol):
+class _InFlight(Protocol):
     """A block's fetch in flight: a concurrent.futures.Future (the blocking reader) or an asyncio.Task."""
 
     def done(self) -> bool: ...
@@ -28,7 +28,7 @@ class _Fetching(Protocol):
     def cancel(self) -> bool: ...
 
 
-F = TypeVar("F", bound=_Fetching)
+F = TypeVar("F", bound=_InFlight)
 
 
 class _ReadAhead(Generic[F]):
