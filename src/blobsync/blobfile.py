@@ -119,9 +119,9 @@ class BlobReader(_ReadAhead["concurrent.futures.Future[bytes]"], io.RawIOBase):
 
 
 class BlobWriter(io.RawIOBase):
-    """Writes a blob as the caller writes: each full block is staged at once, `close()` commits (nothing is
-    visible before it) and keeps the record of what landed in `result`. Leaving a `with` block by an exception
-    commits nothing and leaves no blob."""
+    """The blocking writer: io's raw writer over an AsyncBlobWriter whose calls run on the Client's loop (`run`).
+    `close()` commits (nothing is visible before it) and keeps the record of what landed in `result`; leaving a
+    `with` block by an exception commits nothing and leaves no blob."""
 
     def __init__(self, name: str, write: Callable[[memoryview], Coroutine[Any, Any, int]],
                  finish: Callable[[], Coroutine[Any, Any, FileResult]], abort: Callable[[], Coroutine[Any, Any, None]],
@@ -130,34 +130,31 @@ class BlobWriter(io.RawIOBase):
         self.name = name
         self.path = name  # as fsspec's file objects have it (its filesystem sets `fs`)
         self.fs: Any = None
-        self._write, self._finish, self._abort, self._run = write, finish, abort, run
-        self._pos = 0
-        self.result: FileResult | None = None
+        self._async = AsyncBlobWriter(name, write, finish, abort)
+        self._run = run
+
+    @property
+    def result(self) -> FileResult | None:
+        return self._async.result
 
     def writable(self) -> bool:
         return True
 
     def tell(self) -> int:
-        return self._pos
+        return self._async.tell()
 
     def write(self, data: Any) -> int:
         if self.closed:
             raise ValueError("write to a closed blob writer")
-        # Passed as it is: the write is waited for, and the stream copies what it keeps.
-        n: int = self._run(self._write(memoryview(data).cast("B")))
-        self._pos += n
+        n: int = self._run(self._async.write(data))  # waited for: the stream copies what it keeps
         return n
 
     def close(self) -> None:
-        if self.closed:
-            return
-        try:
-            self.result = self._run(self._finish())
-        except BaseException:
-            self._run(self._abort())
-            raise
-        finally:
-            super().close()
+        if not self.closed:
+            try:
+                self._run(self._async.close())
+            finally:
+                super().close()
 
     def __del__(self) -> None:
         # io's own finaliser would call close(), which commits: a writer dropped without close() (an exception
@@ -171,7 +168,7 @@ class BlobWriter(io.RawIOBase):
         """Commit nothing: the blob is left as it was (or absent)."""
         if not self.closed:
             try:
-                self._run(self._abort())
+                self._run(self._async.abort())
             finally:
                 super().close()
 
