@@ -618,13 +618,18 @@ class FaultProxy:
                 )
 
     def wait_until(self, predicate: Callable[[], bool], timeout: float = 60) -> None:
-        """Block until ``predicate()`` is true; it is re-checked whenever a request changes proxy state.
+        """Block until ``predicate()`` is true; it is re-checked whenever a request changes proxy state, and every
+        50 ms (a predicate may read state of its own: a client's journal).
 
         E.g. ``proxy.wait_until(lambda: any(e.op == "put_blob" for e in proxy.log))``.
         """
+        deadline = time.monotonic() + timeout
         with self._cond:
-            if not self._cond.wait_for(predicate, timeout):
-                raise TimeoutError(f"condition not met after {timeout}s; held={self._held}")
+            while not predicate():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"condition not met after {timeout}s; held={self._held}")
+                self._cond.wait(min(left, 0.05))
 
     def wait_idle(self, timeout: float = 60) -> None:
         """Block until no request is being handled: e.g. a killed client's held requests have been dropped.
