@@ -95,7 +95,47 @@ def test_a_commit_whose_answer_was_lost_is_found_landed(tmp_path: Path, box: mem
     assert report.ok and report.files_transferred == 1
     assert box.objects["f.bin"].data == data
     assert box.faults.calls["stage"] == 4  # every part once: nothing was sent twice
-    assert box.faults.calls["commit"] == 3  # landed (answer lost), refused (parts gone), kept parts named
+    assert box.faults.calls["commit"] == 2  # landed (answer lost), then refused (parts gone): found as ours
+
+
+def _lose_the_commit_answer(box: memory.Container) -> None:
+    box.faults.add("commit", lambda: NetworkError("read timed out"), after=True)
+
+
+def test_a_create_only_commit_whose_answer_was_lost_is_ours_not_a_conflict(tmp_path: Path, box: memory.Container
+                                                                           ) -> None:
+    """--overwrite false: the retry of a commit that landed is refused as 'exists'; the blob is this job's own."""
+    data = random_file(tmp_path / "f.bin", 3 * MiB + 5, seed=3)
+    _lose_the_commit_answer(box)
+    report = blobsync.copy(tmp_path / "f.bin", f"memory://{box.name}/f.bin", _config(tmp_path, overwrite="false"))
+    assert report.ok and report.files_transferred == 1, report.failures
+    assert box.objects["f.bin"].data == data
+    assert box.faults.calls["stage"] == 4
+
+
+def test_a_streamed_write_whose_commit_answer_was_lost_lands_once(tmp_path: Path, box: memory.Container) -> None:
+    chunks = [os.urandom(700 * 1024) for _ in range(5)]
+    _lose_the_commit_answer(box)
+    with blobsync.Client(f"memory://{box.name}", _config(tmp_path)) as client:
+        result = client.put(iter(chunks), "stream.bin")
+    assert box.objects["stream.bin"].data == b"".join(chunks)
+    assert result.etag == box.objects["stream.bin"].etag and box.faults.calls["commit"] == 2
+
+
+def test_a_service_copy_whose_commit_answer_was_lost_lands_once(tmp_path: Path, box: memory.Container) -> None:
+    source = memory.container(f"seam-src-{uuid.uuid4().hex[:8]}")
+    try:
+        data = os.urandom(3 * MiB + 7)
+        with blobsync.Client(f"memory://{source.name}", _config(tmp_path)) as client:
+            client.put(data, "big.bin")
+        _lose_the_commit_answer(box)
+        report = blobsync.copy(f"memory://{source.name}/big.bin", f"memory://{box.name}/big.bin",
+                               _config(tmp_path))
+        assert report.ok and report.files_transferred == 1, report.failures
+        assert box.objects["big.bin"].data == data
+        assert box.faults.calls["stage_from"] == 4  # every part once
+    finally:
+        memory.drop(source.name)
 
 
 def test_parts_another_tool_left_are_cleared_and_the_file_goes_up(tmp_path: Path, box: memory.Container) -> None:

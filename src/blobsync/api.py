@@ -464,23 +464,17 @@ class JobSummary:
 
 
 def list_jobs(journal_path: Path | None = None, env: Mapping[str, str] | None = None) -> list[JobSummary]:
-    journal = _journal(journal_path, env)
-    try:
+    with _journal(journal_path, env) as journal:
         book = _book(journal)
         return [JobSummary(job, book.job_totals(job.id)) for job in book.list_jobs()]
-    finally:
-        journal.close()
 
 
 def show_job(
     job_id: str | JobSummary | JobRow, journal_path: Path | None = None, env: Mapping[str, str] | None = None
 ) -> tuple[JobSummary, list[FileRow]]:
-    journal = _journal(journal_path, env)
-    try:
+    with _journal(journal_path, env) as journal:
         job, book = journal.get_job(_job_id(job_id)), _book(journal)
         return JobSummary(job, book.job_totals(job.id)), book.files(job.id)
-    finally:
-        journal.close()
 
 
 def _job_id(job: object) -> str:
@@ -499,16 +493,13 @@ def set_job_cap(job_id: str, cap_mbps: float, journal_path: Path | None = None,
     """Change the bandwidth cap of a job started with --cap-mbps; a running job applies it within a second, a
     resumed one starts with it. Returns the job."""
     arguments.number(cap_mbps, "cap_mbps", 0.001, 1_000_000, " Mbit/s")
-    journal = _journal(journal_path, env)
-    try:
+    with _journal(journal_path, env) as journal:
         job = journal.get_job(job_id)
         if not job.options.get("cap_mbps"):
             raise UsageError(f"job {job.id} runs without --cap-mbps, so it has no cap to change",
                              hint="start it with --cap-mbps to be able to change the cap while it runs")
         _book(journal).set_job_cap(job.id, cap_mbps)
         return journal.get_job(job.id)
-    finally:
-        journal.close()
 
 
 def clean_jobs(
@@ -519,12 +510,9 @@ def clean_jobs(
     env: Mapping[str, str] | None = None,
 ) -> list[str]:
     """Forget finished jobs (all, or those older than N days); unfinished ones only when asked."""
-    journal = _journal(journal_path, env)
-    try:
+    with _journal(journal_path, env) as journal:
         seconds = None if older_than_days is None else older_than_days * 86400
         return _book(journal).delete_jobs(seconds, include_unfinished)
-    finally:
-        journal.close()
 
 
 def _short_call(url: object, env: Mapping[str, str] | None, max_retries: int, proxy: str | None,

@@ -17,8 +17,6 @@ from blobsync.errors import UsageError
 E = TypeVar("E", bound=Enum)
 T = TypeVar("T")
 
-_TRUE_WORDS = ("true", "yes", "on", "1")
-_FALSE_WORDS = ("false", "no", "off", "0")
 
 
 def _shown(value: object) -> str:
@@ -48,13 +46,6 @@ def boolean(value: object, name: str) -> bool:
     if isinstance(value, bool):
         return value
     raise UsageError(f"invalid {name}={_shown(value)}: use True or False")
-
-
-def word_bool(value: object, name: str) -> bool:
-    """A bool, or the words a command line takes for one ("true", "false", ...)."""
-    if isinstance(value, str) and value.strip().lower() in _TRUE_WORDS + _FALSE_WORDS:
-        return value.strip().lower() in _TRUE_WORDS
-    return boolean(value, name)
 
 
 def _plain(x: float) -> str:

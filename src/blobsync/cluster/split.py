@@ -13,22 +13,23 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from blobsync.backends.base import PartCheck, Store
+from blobsync.backends.base import BlobHeaders, PartCheck, Store
 from blobsync.checksums import choose_check
 from blobsync.cluster.spec import FileOutcome, RangeSpec, ShardReport
 from blobsync.cluster.work import Publish, check_identity, shard_engine, worker_name
 from blobsync.config import CheckMd5
-from blobsync.engine.blocks import block_count, block_ranges
+from blobsync.engine.blocks import block_ranges
+from blobsync.engine.commit import commit_checked, part_layout
 from blobsync.engine.context import EngineContext
 from blobsync.engine.digest import feed, new_md5
 from blobsync.engine.download import FileDownloader
 from blobsync.engine.fetching import FileSink, RangeFetch, read_checked, span_reader
 from blobsync.engine.mtime import destination_mtime_ns
 from blobsync.engine.s2s import copy_headers, source_tags
-from blobsync.engine.staging import read_block, verify_commit
+from blobsync.engine.staging import read_block
 from blobsync.engine.tasks import for_each, in_thread
 from blobsync.engine.upload import upload_headers
-from blobsync.errors import BlobNotFoundError, BlobsyncError, InvalidBlockListError, Scope
+from blobsync.errors import BlobNotFoundError, BlobsyncError, Scope
 from blobsync.local.files import OpenFile
 from blobsync.local.target import PartFile, safe_join
 
@@ -55,8 +56,7 @@ async def _stage_range(spec: RangeSpec, publish: Publish | None, worker: str) ->
     f = spec.file
     async with shard_engine(spec.job, f"{f.nonce}-{spec.first}", _label(spec), publish) as (ctx, relay, source):
         writer = ctx.store.writer(f.blob, f.nonce)
-        tokens = [writer.token(i) for i in range(block_count(f.size, spec.block_size))]
-        expected = {tokens[i]: length for i, _, length in block_ranges(f.size, spec.block_size)}
+        tokens, expected = part_layout(writer, f.size, spec.block_size)
         held = await ctx.request(lambda: writer.parts())
         sent = 0
         if [p.token for p in held.committed] != tokens:  # else the commit landed already: nothing to stage
@@ -156,17 +156,16 @@ async def _commit_split(spec: RangeSpec, md5_hex: str | None, staged: tuple[Shar
 async def _commit(ctx: EngineContext, spec: RangeSpec, md5: bytes | None) -> None:
     f, path = spec.file, _path(spec)
     ident = check_identity(path, f)
-    writer = ctx.store.writer(f.blob, f.nonce)
-    tokens = [writer.token(i) for i in range(block_count(f.size, spec.block_size))]
-    expected = {tokens[i]: length for i, _, length in block_ranges(f.size, spec.block_size)}
     headers = replace(upload_headers(ctx.config, path, ident), content_md5=md5)
-    try:
-        await ctx.request(lambda: writer.commit([(t, False) for t in tokens], headers))
-    except InvalidBlockListError:
-        landed = await ctx.request(lambda: writer.parts(staged=False))
-        if [p.token for p in landed.committed] != tokens:
-            raise  # the staged blocks are gone and no commit of ours landed: stage them again
-    await verify_commit(ctx, writer, f.blob, tokens, expected, f.size, md5)
+    await _commit_all(ctx, spec, headers)
+
+
+async def _commit_all(ctx: EngineContext, spec: RangeSpec, headers: BlobHeaders) -> None:
+    """Every part of the file in order (a task run again finds its own commit); the job stages them again when
+    they are gone and no commit of ours landed."""
+    writer = ctx.store.writer(spec.file.blob, spec.file.nonce)
+    tokens, expected = part_layout(writer, spec.file.size, spec.block_size)
+    await commit_checked(ctx, writer, spec.file.blob, [(t, False) for t in tokens], expected, headers)
 
 
 def fetch_range(spec: RangeSpec, publish: Publish | None = None, worker: str | None = None) -> ShardReport:
@@ -268,15 +267,5 @@ async def commit_copy(ctx: EngineContext, spec: RangeSpec, source: Store) -> Non
     if props is None or props.etag.strip('"') != (f.etag or "").strip('"'):
         raise BlobNotFoundError(f"{f.source}: the source blob is gone or changed since it was listed; run again",
                                 status=404, code="BlobNotFound")
-    writer = ctx.store.writer(f.blob, f.nonce)
-    tokens = [writer.token(i) for i in range(block_count(f.size, spec.block_size))]
-    expected = {tokens[i]: length for i, _, length in block_ranges(f.size, spec.block_size)}
     tags = await source_tags(ctx.config, source, ctx, f.source)
-    headers = replace(copy_headers(ctx.config, props, ctx.store.capabilities), tags=tags)
-    try:
-        await ctx.request(lambda: writer.commit([(t, False) for t in tokens], headers))
-    except InvalidBlockListError:
-        landed = await ctx.request(lambda: writer.parts(staged=False))
-        if [p.token for p in landed.committed] != tokens:
-            raise  # the staged parts are gone and no commit of ours landed: the job stages them again
-    await verify_commit(ctx, writer, f.blob, tokens, expected, f.size, headers.content_md5)
+    await _commit_all(ctx, spec, replace(copy_headers(ctx.config, props, ctx.store.capabilities), tags=tags))

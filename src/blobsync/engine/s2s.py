@@ -13,11 +13,11 @@ from pathlib import PurePosixPath
 from blobsync.backends.base import BlobHeaders, BlobProperties, Capabilities, Conditions, PutResult, Store
 from blobsync.config import TransferConfig
 from blobsync.engine.blocks import block_count, block_ranges, choose_block_size, new_nonce
+from blobsync.engine.commit import commit_checked, part_layout
 from blobsync.engine.context import EngineContext
 from blobsync.engine.fetching import read_checked
 from blobsync.engine.mtime import destination_mtime_ns
 from blobsync.engine.overwrite import created_meanwhile, created_only, write_conditions
-from blobsync.engine.staging import verify_commit
 from blobsync.engine.tasks import for_each
 from blobsync.engine.upload import OCTET_STREAM, FileUploader
 from blobsync.errors import (
@@ -161,8 +161,7 @@ class BlobCopier:
         nonce, block = self._resume_or_start(row, props, block)
         writer = ctx.store.writer(row.blob, nonce)
         ranges = list(block_ranges(props.size, block))
-        tokens = [writer.token(i) for i, _, _ in ranges]
-        expected = {tokens[i]: length for i, _, length in ranges}
+        tokens, expected = part_layout(writer, props.size, block)
         held: set[str] = set()
         if nonce == row.nonce:  # resumed: the parts the store holds already are not staged again
             listing = await ctx.request(lambda: writer.parts())
@@ -179,8 +178,8 @@ class BlobCopier:
         await for_each(todo, stage, ctx.config.max_concurrency)
         tags = await source_tags(ctx.config, self.source, ctx, props.name)
         headers = replace(copy_headers(ctx.config, props, ctx.store.capabilities), tags=tags)
-        result = await ctx.request(lambda: writer.commit([(t, False) for t in tokens], headers, conditions))
-        await verify_commit(ctx, writer, row.blob, tokens, expected, props.size, headers.content_md5)
+        result = await commit_checked(ctx, writer, row.blob, [(t, False) for t in tokens], expected, headers,
+                                      conditions)
         copied = sum(length for _, _, length in todo)
         note = f"copied by the service; resumed: {props.size - copied} bytes were staged already" \
             if copied < props.size else "copied by the service"

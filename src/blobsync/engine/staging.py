@@ -11,13 +11,14 @@ from dataclasses import dataclass, field, replace
 
 from blobsync.backends.base import BlobHeaders, BlockCheck, ChunkedWriter, Conditions, PartCheck, PutResult
 from blobsync.checksums import choose_check, require_crc64
-from blobsync.engine.blocks import block_count, block_ranges
+from blobsync.engine.blocks import block_ranges
 from blobsync.engine.budget import BlockBuffer, Window
+from blobsync.engine.commit import commit_checked, part_layout
 from blobsync.engine.context import EngineContext
 from blobsync.engine.delta import DeltaBase, committed_record
 from blobsync.engine.digest import block_digests, new_md5
 from blobsync.engine.tasks import cancel_all, gather_or_cancel, in_thread, raise_first_failure
-from blobsync.errors import ConflictError, IntegrityError, SourceChangedError
+from blobsync.errors import IntegrityError, SourceChangedError
 from blobsync.journal import FileRow
 from blobsync.local.files import FileIdentity, Source
 from blobsync.report import FileResult, FileStatus, blob_url
@@ -63,11 +64,9 @@ class BlockWrite:
     delta: int = 0  # bytes of unchanged blocks a delta kept
 
     def __post_init__(self) -> None:
-        n = block_count(self.size, self.block_size)
-        self.tokens = [self.writer.token(i) for i in range(n)]
-        self.kept = [False] * n
-        self.digests = [b""] * n
-        self.expected = {self.tokens[i]: length for i, _, length in block_ranges(self.size, self.block_size)}
+        self.tokens, self.expected = part_layout(self.writer, self.size, self.block_size)
+        self.kept = [False] * len(self.tokens)
+        self.digests = [b""] * len(self.tokens)
 
     @property
     def size(self) -> int:
@@ -79,26 +78,6 @@ def read_block(src: Source, view: memoryview, offset: int, unchanged: bytes | No
     """Fill `view` from the file and return its digests (in a worker thread)."""
     src.read_into(view, offset)
     return block_digests(view, unchanged, check)
-
-
-async def verify_commit(ctx: EngineContext, writer: ChunkedWriter, blob: str, tokens: list[str],
-                        expected: dict[str, int], size: int, md5: bytes | None) -> None:
-    """Check what the store now holds against what was sent: the parts, the length and the MD5."""
-    # Both asked at once: on a long link the check then costs one round trip, not two.
-    asked = (asyncio.ensure_future(ctx.request(lambda: writer.parts(staged=False))),
-             asyncio.ensure_future(ctx.request(lambda: ctx.store.stat(blob))))
-    try:
-        await gather_or_cancel(asked)
-    except BaseException:
-        await cancel_all(asked)
-        raise
-    listing, props = asked[0].result(), asked[1].result()
-    if [(p.token, p.size) for p in listing.committed] != [(t, expected[t]) for t in tokens]:
-        raise IntegrityError(f"{blob}: the committed block list differs from the one sent")
-    if props is None or props.size != size:
-        raise IntegrityError(f"{blob}: the blob's length after commit is not {size}")
-    if md5 is not None and props.content_md5 != md5:
-        raise IntegrityError(f"{blob}: the blob's Content-MD5 after commit differs from the file's MD5")
 
 
 class BlockUploader:
@@ -120,8 +99,10 @@ class BlockUploader:
             await self._find_staged(w)
         md5 = await self._stage_all(w, src)
         check_expected(w.plan, md5)
-        result = await self._commit(w, md5)
-        await self._verify(w, md5)
+        # A delta names committed parts of one exact version: commit only over that version.
+        conditions = Conditions(if_match=w.base.etag) if w.base is not None else w.plan.conditions
+        result = await commit_checked(self.ctx, w.writer, w.plan.blob, list(zip(w.tokens, w.kept, strict=True)),
+                                      w.expected, replace(w.plan.headers, content_md5=md5), conditions)
         return self._record(w, result, md5)
 
     async def _find_staged(self, w: BlockWrite) -> None:
@@ -237,25 +218,6 @@ class BlockUploader:
             self.ctx.memory.release(buf)
         else:
             hashing.add_done_callback(lambda _: self.ctx.memory.release(buf))
-
-    async def _commit(self, w: BlockWrite, md5: bytes | None) -> PutResult:
-        ctx, writer = self.ctx, w.writer
-        headers = replace(w.plan.headers, content_md5=md5)
-        entries = list(zip(w.tokens, w.kept, strict=True))
-        # A delta names committed parts of one exact version: commit only over that version.
-        conditions = Conditions(if_match=w.base.etag) if w.base is not None else w.plan.conditions
-        try:
-            return await ctx.request(lambda: writer.commit(entries, headers, conditions))
-        except ConflictError:
-            # A retried commit whose first try landed (the answer was lost) is refused by its own If-Match:
-            # if the committed list is exactly ours (new parts carry our fresh nonce), it was ours.
-            landed = await ctx.request(lambda: writer.parts(staged=False))
-            if w.base is None or [p.token for p in landed.committed] != w.tokens or not landed.etag:
-                raise
-            return PutResult(landed.etag, None)
-
-    async def _verify(self, w: BlockWrite, md5: bytes | None) -> None:
-        await verify_commit(self.ctx, w.writer, w.plan.blob, w.tokens, w.expected, w.size, md5)
 
     def _record(self, w: BlockWrite, result: PutResult, md5: bytes | None) -> FileResult:
         ctx, blob = self.ctx, w.plan.blob

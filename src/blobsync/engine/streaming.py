@@ -10,9 +10,9 @@ from dataclasses import replace
 from blobsync.backends.base import BlobHeaders, Buffer, ChunkedWriter, Conditions
 from blobsync.checksums import choose_check, part_check
 from blobsync.engine.blocks import new_nonce
+from blobsync.engine.commit import commit_checked
 from blobsync.engine.context import EngineContext
 from blobsync.engine.digest import new_md5
-from blobsync.engine.staging import verify_commit
 from blobsync.engine.tasks import cancel_all, in_thread
 from blobsync.engine.upload import put_once, written
 from blobsync.errors import UsageError
@@ -124,10 +124,8 @@ class StreamWriter:
         await asyncio.gather(*list(self._tasks))
         writer, md5 = self._writer, self.md5.digest()
         assert writer is not None
-        headers = replace(self.headers, content_md5=md5)
-        result = await ctx.request(lambda: writer.commit([(t, False) for t in self._tokens], headers,
-                                                         self.conditions))
-        await verify_commit(ctx, writer, self.blob, self._tokens, self._lengths, self.size, md5)
+        result = await commit_checked(ctx, writer, self.blob, [(t, False) for t in self._tokens], self._lengths,
+                                      replace(self.headers, content_md5=md5), self.conditions)
         return FileResult(self.blob, self.blob, self.size, FileStatus.TRANSFERRED, bytes_sent=self.size,
                           etag=result.etag, content_md5=md5, url=blob_url(ctx.store.container_url, self.blob),
                           version_id=result.version_id)

@@ -13,7 +13,6 @@ from blobsync.backends.base import BlobProperties, Store
 from blobsync.engine.blocks import block_count, choose_block_size
 from blobsync.engine.context import EngineContext
 from blobsync.engine.listing import as_properties
-from blobsync.engine.mtime import MTIME_KEY, destination_mtime_ns
 from blobsync.journal import FileRow, FileState
 from blobsync.journal.index import Entry
 from blobsync.local.files import FileIdentity, Source
@@ -59,12 +58,6 @@ class FileOp:
         name = entry.name or entry.rel
         return FileOp(kind, entry.rel, blob if kind is OpKind.COPY else name, entry.size, entry.mtime_ns, entry.etag,
                       entry.md5, entry.exact_mtime, name if kind is OpKind.COPY else "", entry.tier)
-
-    @staticmethod
-    def of_blob(kind: OpKind, rel: str, props: BlobProperties, blob: str = "") -> FileOp:
-        """As `of_entry`, from the blob's properties (a listing's or a HEAD's)."""
-        return FileOp.of_entry(kind, Entry(rel, props.size, destination_mtime_ns(props), MTIME_KEY in props.metadata,
-                                           props.content_md5, props.etag or None, props.name, tier=props.tier), blob)
 
     def listed(self) -> BlobProperties:
         """The blob read (a download's, a copy's source) as it was listed."""

@@ -13,17 +13,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TypeVar
 
-from blobsync.backends.base import BlobProperties, Store
+from blobsync.backends.base import Store
 from blobsync.config import Overwrite
 from blobsync.engine.context import EngineContext, shared_tuning
 from blobsync.engine.controls import follow_cap
-from blobsync.engine.listing import as_properties
 from blobsync.engine.tasks import cancel_all, gather_or_cancel
 from blobsync.errors import BlobsyncError, ExitCode, Scope, UnsafeNameError, UsageError
 from blobsync.filters import Filters
 from blobsync.jobs.ops import FileOp, Performer
 from blobsync.journal import FileRow, FileState, JobKind, JobRow, JobState
-from blobsync.journal.index import Entry, SyncIndex
+from blobsync.journal.index import Entry
 from blobsync.local.folding import NameClaims
 from blobsync.local.target import safe_join
 from blobsync.redact import redact
@@ -48,12 +47,6 @@ def batches(items: Iterator[_T]) -> Iterator[list[_T]]:
     while batch := list(itertools.islice(items, size)):
         yield batch
         size = BATCH
-
-
-def listed_batches(index: SyncIndex) -> Iterator[list[tuple[str, BlobProperties]]]:
-    """A listing's blobs from the scratch index, a batch at a time: (relative name, properties)."""
-    for batch in batches(index.entries("src")):
-        yield [(e.rel, as_properties(e)) for e in batch]
 
 
 @dataclass(frozen=True)

@@ -460,6 +460,12 @@ class Journal:
             for sql, params in pending:
                 self.conn.execute(sql, params)
 
+    def __enter__(self) -> Journal:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def close(self) -> None:
         with _RUNNING_LOCK:
             _RUNNING_HERE.difference_update(self._claimed)

@@ -1,0 +1,59 @@
+"""The one commit of every chunked write (upload, stream, service copy, a cluster's split file): its parts in order,
+its own earlier commit recognised, and what the store then holds checked against what was sent."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+
+from blobsync.backends.base import NO_CONDITIONS, BlobHeaders, ChunkedWriter, Conditions, PutResult
+from blobsync.engine.blocks import block_ranges
+from blobsync.engine.context import EngineContext
+from blobsync.engine.tasks import cancel_all, gather_or_cancel
+from blobsync.errors import ConflictError, IntegrityError, InvalidBlockListError
+
+
+def part_layout(writer: ChunkedWriter, size: int, block_size: int) -> tuple[list[str], dict[str, int]]:
+    """A write's parts: the token at each index, and the length the commit must show for each."""
+    ranges = list(block_ranges(size, block_size))
+    tokens = [writer.token(i) for i, _, _ in ranges]
+    return tokens, {tokens[i]: length for i, _, length in ranges}
+
+
+async def commit_checked(ctx: EngineContext, writer: ChunkedWriter, blob: str, parts: Sequence[tuple[str, bool]],
+                         lengths: Mapping[str, int], headers: BlobHeaders, conditions: Conditions = NO_CONDITIONS
+                         ) -> PutResult:
+    """Commit `parts` ((token, kept) in order), then check the block list, the length and headers.content_md5.
+
+    A commit refused because an earlier try of it landed (its answer lost: the parts are committed now, so they are
+    not staged and a create-only or If-Match condition no longer holds) is this write's own when the committed list
+    is exactly these parts, whose new ones carry this write's nonce."""
+    try:
+        result = await ctx.request(lambda: writer.commit(parts, headers, conditions))
+    except (ConflictError, InvalidBlockListError):
+        landed = await ctx.request(lambda: writer.parts(staged=False))
+        if [p.token for p in landed.committed] != [token for token, _ in parts] or not landed.etag:
+            raise
+        result = PutResult(landed.etag, None)
+    await _verify(ctx, writer, blob, [token for token, _ in parts], lengths, headers.content_md5)
+    return result
+
+
+async def _verify(ctx: EngineContext, writer: ChunkedWriter, blob: str, tokens: list[str],
+                  lengths: Mapping[str, int], md5: bytes | None) -> None:
+    # Both asked at once: on a long link the check then costs one round trip, not two.
+    asked = (asyncio.ensure_future(ctx.request(lambda: writer.parts(staged=False))),
+             asyncio.ensure_future(ctx.request(lambda: ctx.store.stat(blob))))
+    try:
+        await gather_or_cancel(asked)
+    except BaseException:
+        await cancel_all(asked)
+        raise
+    listing, props = asked[0].result(), asked[1].result()
+    if [(p.token, p.size) for p in listing.committed] != [(t, lengths[t]) for t in tokens]:
+        raise IntegrityError(f"{blob}: the committed block list differs from the one sent")
+    size = sum(lengths[t] for t in tokens)
+    if props is None or props.size != size:
+        raise IntegrityError(f"{blob}: the blob's length after commit is not {size}")
+    if md5 is not None and props.content_md5 != md5:
+        raise IntegrityError(f"{blob}: the blob's Content-MD5 after commit differs from the file's MD5")
