@@ -182,3 +182,16 @@ def test_a_copy_on_worker_processes_keeps_what_the_plain_copy_keeps(source: Side
         assert dest.download(f"copies/run/{name}") == data
         props = dest.client.get_blob_client(f"copies/run/{name}").get_blob_properties()
         assert props.blob_tier == "Cool", name
+
+
+def test_leftover_blocks_at_the_destination_do_not_break_a_service_copy(source: Side, dest: Side, azurite: Azurite,
+                                                                       tmp_path: Path) -> None:
+    big = os.urandom(9 * MiB + 5)
+    source.client.upload_blob("w.bin", big)
+    left = dest.client.get_blob_client("w.bin")
+    left.stage_block("eA==", b"stale")  # another tool's aborted upload: a block ID of another length
+    out = run(["cp", source.url(azurite.base_url, "w.bin"), dest.url(azurite.base_url, "w.bin"), "--block-size-mb", "4",
+               "--journal", str(tmp_path / "j.db")])
+    assert out.returncode == 0, out.stderr
+    assert dest.download("w.bin") == big
+    assert left.get_block_list("uncommitted")[1] == []

@@ -125,6 +125,20 @@ def test_leftover_blocks_with_other_id_length_do_not_break_the_upload(
     assert blob.get_block_list("uncommitted")[1] == []
 
 
+@pytest.mark.parametrize("overwrite", [Overwrite.TRUE, Overwrite.FALSE])
+def test_leftover_blocks_do_not_break_a_streamed_write(container: ContainerHandle, tmp_path: Path,
+                                                       overwrite: Overwrite) -> None:
+    """Client.put of chunks (and open('wb'), fsspec): every part is refused until the leftovers are cleared."""
+    blob = container.client.get_blob_client("s.bin")
+    blob.stage_block(base64.b64encode(b"x").decode(), b"stale")
+    chunks = [os.urandom(700 * 1024) for _ in range(6)]
+    config = TransferConfig.from_mib(block_size_mb=1, journal_path=tmp_path / "j.db", overwrite=overwrite)
+    with blobsync.Client(container.url, config, env={}) as client:
+        client.put(iter(chunks), "s.bin")
+    _check_blob(container, "s.bin", b"".join(chunks))
+    assert blob.get_block_list("uncommitted")[1] == []
+
+
 def test_overwrite_modes(container: ContainerHandle, tmp_path: Path) -> None:
     old = random_file(tmp_path / "f.bin", 100, seed=1)
     _copy(tmp_path / "f.bin", container.url + "/", tmp_path)

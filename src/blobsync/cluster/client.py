@@ -14,12 +14,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from blobsync.backends.base import NO_CONDITIONS, BlobHeaders
 from blobsync.cluster.shards import BlockSizer, SplitFile, cut, sizing
 from blobsync.cluster.spec import ShardReport, ShardSpec, WorkerJob, file_nonce
 from blobsync.config import Overwrite
 from blobsync.engine.blocks import block_count, choose_block_size
+from blobsync.engine.commit import clear_foreign
 from blobsync.engine.context import EngineContext
 from blobsync.engine.mtime import MTIME_KEY, format_mtime
+from blobsync.engine.upload import OCTET_STREAM
 from blobsync.errors import BlobsyncError, ExitCode, Scope, TransientError, UsageError
 from blobsync.jobs.ops import FileOp, OpKind
 from blobsync.jobs.runner import RemoteRunner, Settle, WorkItem
@@ -175,7 +178,9 @@ class ClusterTransfer:
         try:
             if isinstance(unit, ShardSpec):
                 return unit, [await self.executor.run_shard(unit)]
-            if not self.upload:
+            if self.upload:
+                await self._clear_left_parts(ctx, unit)
+            else:
                 self._prepare_part(unit)
             return unit, await self.executor.run_split(unit, self.upload)
         except asyncio.CancelledError as exc:
@@ -185,6 +190,12 @@ class ClusterTransfer:
             return unit, exc  # the scheduler cancelled it (it went away)
         except Exception as exc:  # the unit's files fail with it; _failed decides how far it reaches
             return unit, exc
+
+    async def _clear_left_parts(self, ctx: EngineContext, unit: SplitFile) -> None:
+        """Parts another writer left refuse every part of ours: cleared here, once, before the range tasks stage
+        (on several workers at once, none of them could clear them without dropping the others' parts)."""
+        writer = ctx.store.writer(unit.file.blob, unit.file.nonce)
+        await clear_foreign(ctx, writer, BlobHeaders(OCTET_STREAM, None, {}), NO_CONDITIONS)
 
     def _prepare_part(self, unit: SplitFile) -> None:
         """The shared partial file, sized, before several workers write their ranges into it."""

@@ -1,5 +1,6 @@
-"""The one commit of every chunked write (upload, stream, service copy, a cluster's split file): its parts in order,
-its own earlier commit recognised, and what the store then holds checked against what was sent."""
+"""What every chunked write (upload, stream, service copy, a cluster's split file) shares: parts another writer left
+cleared, and the one commit: its parts in order, its own earlier commit recognised, what the store then holds
+checked against what was sent."""
 
 from __future__ import annotations
 
@@ -18,6 +19,19 @@ def part_layout(writer: ChunkedWriter, size: int, block_size: int) -> tuple[list
     ranges = list(block_ranges(size, block_size))
     tokens = [writer.token(i) for i, _, _ in ranges]
     return tokens, {tokens[i]: length for i, _, length in ranges}
+
+
+async def clear_foreign(ctx: EngineContext, writer: ChunkedWriter, headers: BlobHeaders, conditions: Conditions
+                        ) -> Conditions | None:
+    """After the store refused a part because another writer's parts are staged (StagingRefusedError): those parts
+    dropped, the current version kept (a commit drops every staged part, this write's own too: it stages them
+    again). Returns the conditions the write's commit now needs; None when there was nothing to clear."""
+    etag = await ctx.request(lambda: writer.clear_stale(headers, conditions))
+    if etag is None:
+        return None
+    if conditions.if_none_match_any or conditions.if_match:
+        return Conditions(if_match=etag)  # the version left (or the placeholder made) is this write's to replace
+    return conditions
 
 
 async def commit_checked(ctx: EngineContext, writer: ChunkedWriter, blob: str, parts: Sequence[tuple[str, bool]],

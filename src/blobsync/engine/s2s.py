@@ -10,10 +10,19 @@ from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import PurePosixPath
 
-from blobsync.backends.base import BlobHeaders, BlobProperties, Capabilities, Conditions, PutResult, Store
+from blobsync.backends.base import (
+    BlobHeaders,
+    BlobProperties,
+    Capabilities,
+    ChunkedWriter,
+    Conditions,
+    CopySource,
+    PutResult,
+    Store,
+)
 from blobsync.config import TransferConfig
 from blobsync.engine.blocks import block_count, block_ranges, choose_block_size, new_nonce
-from blobsync.engine.commit import commit_checked, part_layout
+from blobsync.engine.commit import clear_foreign, commit_checked, part_layout
 from blobsync.engine.context import EngineContext
 from blobsync.engine.fetching import read_checked
 from blobsync.engine.mtime import destination_mtime_ns
@@ -25,6 +34,7 @@ from blobsync.errors import (
     ConflictError,
     CopySourceError,
     SourceChangedError,
+    StagingRefusedError,
     UsageError,
 )
 from blobsync.journal import FileRow, FileState
@@ -157,34 +167,31 @@ class BlobCopier:
     async def _copy_staged(self, row: FileRow, props: BlobProperties, conditions: Conditions, block: int
                            ) -> FileResult:
         ctx = self.ctx
-        source = await self.source.copy_source(props.name, props.etag or None, ctx.store.location)
         nonce, block = self._resume_or_start(row, props, block)
         writer = ctx.store.writer(row.blob, nonce)
-        ranges = list(block_ranges(props.size, block))
         tokens, expected = part_layout(writer, props.size, block)
         held: set[str] = set()
         if nonce == row.nonce:  # resumed: the parts the store holds already are not staged again
             listing = await ctx.request(lambda: writer.parts())
             held = {p.token for p in listing.staged if expected.get(p.token) == p.size}
-
-        async def stage(part: tuple[int, int, int]) -> None:
-            i, offset, length = part
-            await ctx.request(lambda: writer.stage_from(i, source, offset, length))
-            ctx.journal.block_done(row.id, i, length, "")
-            ctx.progress.advanced(row.rel, length, 0)
-
-        todo = [r for r in ranges if tokens[r[0]] not in held]
-        ctx.progress.advanced(row.rel, props.size - sum(length for _, _, length in todo), 0)
-        await for_each(todo, stage, ctx.config.max_concurrency)
         tags = await source_tags(ctx.config, self.source, ctx, props.name)
         headers = replace(copy_headers(ctx.config, props, ctx.store.capabilities), tags=tags)
+        parts = _Parts(ctx, row, writer, await self.source.copy_source(props.name, props.etag or None,
+                                                                       ctx.store.location))
+        todo = [r for r in block_ranges(props.size, block) if tokens[r[0]] not in held]
+        ctx.progress.advanced(row.rel, props.size - sum(length for _, _, length in todo), 0)
+        await parts.stage(todo)
+        if parts.refused:  # parts another writer left: cleared, and ours (dropped with them) all staged again
+            cleared = await clear_foreign(ctx, writer, headers, conditions)
+            todo, parts.refused = (parts.refused if cleared is None else list(block_ranges(props.size, block))), []
+            conditions, parts.retry = cleared or conditions, True
+            await parts.stage(todo)
         result = await commit_checked(ctx, writer, row.blob, [(t, False) for t in tokens], expected, headers,
                                       conditions)
-        copied = sum(length for _, _, length in todo)
-        note = f"copied by the service; resumed: {props.size - copied} bytes were staged already" \
-            if copied < props.size else "copied by the service"
-        return FileResult(row.rel, row.blob, props.size, FileStatus.TRANSFERRED, bytes_sent=copied, reason=note,
-                          etag=result.etag, content_md5=headers.content_md5,
+        note = f"copied by the service; resumed: {props.size - parts.sent} bytes were staged already" \
+            if parts.sent < props.size else "copied by the service"
+        return FileResult(row.rel, row.blob, props.size, FileStatus.TRANSFERRED, bytes_sent=min(parts.sent, props.size),
+                          reason=note, etag=result.etag, content_md5=headers.content_md5,
                           url=blob_url(ctx.store.container_url, row.blob), version_id=result.version_id)
 
     def _resume_or_start(self, row: FileRow, props: BlobProperties, block: int) -> tuple[str, int]:
@@ -214,6 +221,37 @@ class BlobCopier:
                           "; ".join(filter(None, [result.reason, f"through this machine ({why})"])),
                           result.exit_code, result.bytes_delta, result.etag, result.content_md5, result.url,
                           result.version_id)
+
+
+class _Parts:
+    """A staged copy's parts, each read by the destination's service from the source's URL. A part refused for
+    parts another writer left is set aside while the others go on (a request cancelled in flight could still land
+    after the commit); `retry`: refused again, it fails the copy."""
+
+    def __init__(self, ctx: EngineContext, row: FileRow, writer: ChunkedWriter, source: CopySource) -> None:
+        self.ctx, self.row, self.writer, self.source = ctx, row, writer, source
+        self.refused: list[tuple[int, int, int]] = []
+        self.retry = False
+        self.sent = 0
+        self._counted: set[int] = set()  # parts the progress has counted (a part staged again counts once)
+
+    async def stage(self, ranges: list[tuple[int, int, int]]) -> None:
+        await for_each(ranges, self._one, self.ctx.config.max_concurrency)
+
+    async def _one(self, part: tuple[int, int, int]) -> None:
+        i, offset, length = part
+        try:
+            await self.ctx.request(lambda: self.writer.stage_from(i, self.source, offset, length))
+        except StagingRefusedError:
+            if self.retry:
+                raise
+            self.refused.append(part)
+            return
+        self.ctx.journal.block_done(self.row.id, i, length, "")
+        self.sent += length
+        if i not in self._counted:
+            self._counted.add(i)
+            self.ctx.progress.advanced(self.row.rel, length, 0)
 
 
 class BlobSource:

@@ -7,15 +7,15 @@ import asyncio
 import logging
 from dataclasses import replace
 
-from blobsync.backends.base import BlobHeaders, Buffer, ChunkedWriter, Conditions
+from blobsync.backends.base import BlobHeaders, Buffer, ChunkedWriter, Conditions, PartCheck
 from blobsync.checksums import choose_check, part_check
 from blobsync.engine.blocks import new_nonce
-from blobsync.engine.commit import commit_checked
+from blobsync.engine.commit import clear_foreign, commit_checked
 from blobsync.engine.context import EngineContext
 from blobsync.engine.digest import new_md5
 from blobsync.engine.tasks import cancel_all, in_thread
 from blobsync.engine.upload import put_once, written
-from blobsync.errors import UsageError
+from blobsync.errors import StagingRefusedError, UsageError
 from blobsync.report import FileResult, FileStatus, blob_url
 
 log = logging.getLogger("blobsync")
@@ -40,6 +40,7 @@ class StreamWriter:
         self._tasks: set[asyncio.Task[None]] = set()
         self._check = choose_check(ctx.store.capabilities.part_checks, ctx.config.block_check)
         self._lane: int | None = None
+        self._clearing: asyncio.Future[Conditions | None] | None = None  # parts another writer left, cleared
         self.closed = False
 
     async def write(self, data: Buffer) -> int:
@@ -85,7 +86,7 @@ class StreamWriter:
         async def stage() -> None:
             try:
                 check = part_check(view, self._check) if self._check is not None else None
-                await ctx.request(lambda: writer.stage(index, view, check))
+                await self._put_part(writer, index, view, check)
                 ctx.progress.advanced(self.blob, len(view), len(view))
             finally:
                 ctx.memory.release(buf)
@@ -94,6 +95,20 @@ class StreamWriter:
         self._tasks.add(task)
         # A failed stage stays in the set for finish() to raise; a cancelled one (the writer aborted) is dropped.
         task.add_done_callback(lambda t: self._tasks.discard(t) if t.cancelled() or t.exception() is None else None)
+
+    async def _put_part(self, writer: ChunkedWriter, index: int, view: memoryview, check: PartCheck | None) -> None:
+        try:
+            await self.ctx.request(lambda: writer.stage(index, view, check))
+        except StagingRefusedError:
+            # Parts another writer left: the store refuses every part of this write until they are cleared (once,
+            # for all), so none of ours was dropped with them; each refused part is then staged again.
+            if self._clearing is None:
+                self._clearing = asyncio.ensure_future(clear_foreign(self.ctx, writer, self.headers, self.conditions))
+            cleared = await asyncio.shield(self._clearing)
+            if cleared is None:
+                raise
+            self.conditions = cleared
+            await self.ctx.request(lambda: writer.stage(index, view, check))
 
     async def finish(self) -> FileResult:
         """Stage what is left, commit in order with the whole MD5, verify, and say what landed."""
@@ -135,7 +150,9 @@ class StreamWriter:
         self.closed = True
         self._give_back()
         await cancel_all(list(self._tasks))
-        self._buf.clear()
+        if self._clearing is not None:  # a clear under way ends as it began (it rewrites the current version)
+            await asyncio.gather(self._clearing, return_exceptions=True)
+        self._buf = bytearray()  # a new one: a view of the old may live on in the error being raised
         if self._writer is not None:
             writer = self._writer
             try:

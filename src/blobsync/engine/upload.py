@@ -8,9 +8,10 @@ import mimetypes
 from dataclasses import replace
 from pathlib import Path, PurePath
 
-from blobsync.backends.base import BlobHeaders, Buffer, ChunkedWriter, Conditions, PutResult
+from blobsync.backends.base import BlobHeaders, Buffer, Conditions, PutResult
 from blobsync.config import TransferConfig
 from blobsync.engine.blocks import block_count, choose_block_size, new_nonce
+from blobsync.engine.commit import clear_foreign
 from blobsync.engine.context import EngineContext
 from blobsync.engine.delta import DeltaBase, find_base
 from blobsync.engine.digest import md5_of
@@ -149,9 +150,11 @@ class FileUploader:
                 resume = True
             except StagingRefusedError:
                 # Usually parts another tool left behind (block IDs of another length): clear them, start over.
-                if attempt == _ATTEMPTS - 1 or not await self._clear_stale(plan, writer):
+                cleared = None if attempt == _ATTEMPTS - 1 else await clear_foreign(self.ctx, writer, plan.headers,
+                                                                                    plan.conditions)
+                if cleared is None:
                     raise
-                resume = False
+                plan.conditions, resume = cleared, False
             attempt += 1
 
     def _start_fresh(self, row: FileRow, plan: UploadPlan, base: DeltaBase | None) -> tuple[str, int]:
@@ -172,14 +175,6 @@ class FileUploader:
         # The nonce must be durable before the first part leaves, or a crash orphans the parts.
         self.ctx.journal.flush()
         return nonce, block_size
-
-    async def _clear_stale(self, plan: UploadPlan, writer: ChunkedWriter) -> bool:
-        etag = await self.ctx.request(lambda: writer.clear_stale(plan.headers, plan.conditions))
-        if etag is None:
-            return False
-        if plan.conditions.if_none_match_any or plan.conditions.if_match:
-            plan.conditions = Conditions(if_match=etag)  # the version left is ours to replace
-        return True
 
 
 async def put_once(ctx: EngineContext, rel: str, blob: str, data: Buffer, md5: bytes, headers: BlobHeaders,
