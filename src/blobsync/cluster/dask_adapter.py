@@ -13,8 +13,9 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from blobsync.cluster import tasks
 from blobsync.cluster.shards import SplitFile
-from blobsync.cluster.spec import RangeSpec, ShardReport, ShardSpec
+from blobsync.cluster.spec import ShardReport, ShardSpec
 from blobsync.errors import TransientError, UsageError
 
 log = logging.getLogger("blobsync")
@@ -90,22 +91,20 @@ class DaskExecutor:
         return sorted(worker for worker, ok in seen.items() if ok is not True)
 
     def run_shard(self, spec: ShardSpec) -> Any:
-        return self.client.submit(_run_shard, spec, key=_key("shard", spec.shard), retries=TASK_RETRIES, pure=False)
+        return self._submit(tasks.SHARD, spec, n=spec.shard)
+
+    def _submit(self, kind: str, spec: Any, *rest: Any, n: int | None = None) -> Any:
+        return self.client.submit(_task, kind, spec, *rest, key=_key(kind, n), retries=TASK_RETRIES, pure=False)
 
     async def run_split(self, split: SplitFile, upload: bool) -> list[ShardReport]:
-        first = split.ranges[0]
-        whole = RangeSpec(first.job, first.file, first.block_size, 0, split.ranges[-1].last)
-        work = _stage_range if upload else _fetch_range
-        parts = [self.client.submit(work, r, key=_key("range", r.first), retries=TASK_RETRIES, pure=False)
-                 for r in split.ranges]
+        whole = split.whole
+        parts = [self._submit(tasks.STAGE if upload else tasks.FETCH, r, n=r.first) for r in split.ranges]
         if upload:
             # A copy's MD5 is the source's: only a file read here is hashed beside its ranges.
-            md5 = "" if first.job.source_url else self.client.submit(_hash_file, whole, key=_key("md5"),
-                                                                     retries=TASK_RETRIES, pure=False)
-            last = self.client.submit(_commit, whole, md5, *parts, key=_key("commit"), retries=TASK_RETRIES,
-                                      pure=False)
+            md5 = "" if whole.job.source_url else self._submit(tasks.MD5, whole)
+            last = self._submit(tasks.COMMIT, whole, md5, *parts)
         else:
-            last = self.client.submit(_finish, whole, *parts, key=_key("finish"), retries=TASK_RETRIES, pure=False)
+            last = self._submit(tasks.FINISH, whole, *parts)
         # One await per future, not client.gather: a cancelled gather leaves Dask tasks that later fail unseen
         # (AllExit tracebacks on stderr when the user stops the job).
         return [await future for future in (*parts, last)]
@@ -136,49 +135,10 @@ def _sees(path: str, marker: str) -> bool:
         return False
 
 
-def _publisher(topic: str) -> tuple[Callable[[dict[str, Any]], None], str]:
+def _task(kind: str, spec: Any, *rest: Any) -> Any:
     from distributed import get_worker
 
+    from blobsync.cluster.tasks import run
+
     worker = get_worker()
-    return (lambda msg: worker.log_event(topic, msg)), str(worker.address)
-
-
-def _run_shard(spec: ShardSpec) -> ShardReport:
-    from blobsync.cluster.work import run_shard
-
-    publish, name = _publisher(spec.job.topic)
-    return run_shard(spec, publish, name)
-
-
-def _stage_range(spec: RangeSpec) -> ShardReport:
-    from blobsync.cluster.split import stage_range
-
-    publish, name = _publisher(spec.job.topic)
-    return stage_range(spec, publish, name)
-
-
-def _fetch_range(spec: RangeSpec) -> ShardReport:
-    from blobsync.cluster.split import fetch_range
-
-    publish, name = _publisher(spec.job.topic)
-    return fetch_range(spec, publish, name)
-
-
-def _hash_file(spec: RangeSpec) -> str:
-    from blobsync.cluster.split import hash_file
-
-    return hash_file(spec)
-
-
-def _commit(spec: RangeSpec, md5_hex: str, *staged: ShardReport) -> ShardReport:
-    from blobsync.cluster.split import commit_split
-
-    publish, name = _publisher(spec.job.topic)
-    return commit_split(spec, md5_hex, *staged, publish=publish, worker=name)
-
-
-def _finish(spec: RangeSpec, *fetched: ShardReport) -> ShardReport:
-    from blobsync.cluster.split import finish_download
-
-    publish, name = _publisher(spec.job.topic)
-    return finish_download(spec, *fetched, publish=publish, worker=name)
+    return run(kind, lambda msg: worker.log_event(spec.job.topic, msg), str(worker.address), spec, *rest)

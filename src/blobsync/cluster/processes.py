@@ -13,8 +13,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from blobsync.cluster import tasks
 from blobsync.cluster.shards import SplitFile
-from blobsync.cluster.spec import RangeSpec, ShardReport, ShardSpec
+from blobsync.cluster.spec import ShardReport, ShardSpec
 
 TASK_RETRIES = 2  # as on Dask: a task that raised runs at most three times in all
 
@@ -58,31 +59,29 @@ class ProcessExecutor:
         return []  # the same machine, the same file system
 
     def run_shard(self, spec: ShardSpec) -> asyncio.Future[ShardReport]:
-        return asyncio.ensure_future(self._call(_run_shard, spec))
+        return asyncio.ensure_future(self._call(tasks.SHARD, spec))
 
     async def run_split(self, split: SplitFile, upload: bool) -> list[ShardReport]:
-        first = split.ranges[0]
-        whole = RangeSpec(first.job, first.file, first.block_size, 0, split.ranges[-1].last)
-        work = _stage_range if upload else _fetch_range
-        parts = [asyncio.ensure_future(self._call(work, r)) for r in split.ranges]
+        whole = split.whole
+        parts = [asyncio.ensure_future(self._call(tasks.STAGE if upload else tasks.FETCH, r)) for r in split.ranges]
         # A copy's MD5 is the source's: only a file read here is hashed beside its ranges.
-        md5 = asyncio.ensure_future(self._call(_hash_file, whole)) if upload and not first.job.source_url else None
+        md5 = asyncio.ensure_future(self._call(tasks.MD5, whole)) if upload and not whole.job.source_url else None
         try:
             staged = [await part for part in parts]
             if upload:
-                last = await self._call(_commit, whole, await md5 if md5 is not None else "", *staged)
+                last = await self._call(tasks.COMMIT, whole, await md5 if md5 is not None else "", *staged)
             else:
-                last = await self._call(_finish, whole, *staged)
+                last = await self._call(tasks.FINISH, whole, *staged)
         finally:
             for task in (*parts, *([md5] if md5 is not None else [])):
                 task.cancel()
         return [*staged, last]
 
-    async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+    async def _call(self, kind: str, *args: Any) -> Any:
         """One task in the pool, tried again where it raised (not where the pool itself broke)."""
         for attempt in range(TASK_RETRIES + 1):
             try:
-                return await _unlinked(self._pool.submit(fn, *args))
+                return await _unlinked(self._pool.submit(_task, kind, *args))
             except concurrent.futures.process.BrokenProcessPool:
                 self._broken = True  # a worker died (killed, out of memory): the job stops, resumable
                 raise
@@ -168,41 +167,7 @@ def _start(queue: Any) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def _publish(event: dict[str, Any]) -> None:
-    _events.put(event)
+def _task(kind: str, spec: Any, *rest: Any) -> Any:
+    from blobsync.cluster.tasks import run
 
-
-def _run_shard(spec: ShardSpec) -> ShardReport:
-    from blobsync.cluster.work import run_shard
-
-    return run_shard(spec, _publish)
-
-
-def _stage_range(spec: RangeSpec) -> ShardReport:
-    from blobsync.cluster.split import stage_range
-
-    return stage_range(spec, _publish)
-
-
-def _fetch_range(spec: RangeSpec) -> ShardReport:
-    from blobsync.cluster.split import fetch_range
-
-    return fetch_range(spec, _publish)
-
-
-def _hash_file(spec: RangeSpec) -> str:
-    from blobsync.cluster.split import hash_file
-
-    return hash_file(spec)
-
-
-def _commit(spec: RangeSpec, md5_hex: str, *staged: ShardReport) -> ShardReport:
-    from blobsync.cluster.split import commit_split
-
-    return commit_split(spec, md5_hex, *staged, publish=_publish)
-
-
-def _finish(spec: RangeSpec, *fetched: ShardReport) -> ShardReport:
-    from blobsync.cluster.split import finish_download
-
-    return finish_download(spec, *fetched, publish=_publish)
+    return run(kind, _events.put, None, spec, *rest)

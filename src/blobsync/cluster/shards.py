@@ -26,6 +26,12 @@ class SplitFile:
     def file(self) -> FileOp:
         return self.ranges[0].file
 
+    @property
+    def whole(self) -> RangeSpec:
+        """The whole file as one range: what its hash and its commit (or finish) task take."""
+        first = self.ranges[0]
+        return RangeSpec(first.job, first.file, first.block_size, 0, self.ranges[-1].last)
+
 
 @dataclass(frozen=True)
 class Sizing:
