@@ -7,13 +7,14 @@ import asyncio
 import hashlib
 import io
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 import blobsync
 from blobsync import TransferConfig
-from blobsync.config import MiB
+from blobsync.config import CheckMd5, MiB
 from conftest import ContainerHandle
 from support.proxy import FaultProxy, Rule, reset_mid_response
 
@@ -52,6 +53,36 @@ def test_get_refuses_a_short_buffer_and_names_a_missing_blob(container: Containe
         with pytest.raises(blobsync.BlobNotFoundError) as caught:
             client.get("missing.bin")
         assert caught.value.status == 404
+
+
+@pytest.mark.parametrize("size", [1000, 3 * MiB + 5])  # one request; the first bytes, then ranges
+def test_get_checks_the_md5_as_a_download_does(container: ContainerHandle, tmp_path: Path, size: int,
+                                               caplog: pytest.LogCaptureFixture) -> None:
+    """--check-md5 (the Client's config) decides for bytes read into memory as for a file: a wrong stored MD5
+    fails FailIfDifferent, is logged by LogOnly and not even hashed by NoCheck; a missing one fails only
+    FailIfDifferentOrMissing."""
+    from azure.storage.blob import ContentSettings
+
+    data = os.urandom(size)
+    container.client.upload_blob("wrong.bin", data)
+    container.client.get_blob_client("wrong.bin").set_http_headers(ContentSettings(content_md5=bytearray(16)))
+    container.client.get_blob_client("none.bin").upload_blob(data)
+    container.client.get_blob_client("none.bin").set_http_headers(ContentSettings())  # no Content-MD5 kept
+
+    def client(mode: str) -> blobsync.Client:
+        return blobsync.Client(container.url, replace(_config(tmp_path), check_md5=CheckMd5.parse(mode)))
+
+    with client("FailIfDifferent") as c:
+        with pytest.raises(blobsync.ChecksumMismatchError, match="nothing returned"):
+            c.get("wrong.bin")
+        assert c.get("none.bin") == data
+    with client("LogOnly") as c:
+        assert c.get("wrong.bin") == data and "LogOnly: kept" in caplog.text
+    with client("NoCheck") as c:
+        assert c.get("wrong.bin") == data
+    with client("FailIfDifferentOrMissing") as c:
+        with pytest.raises(blobsync.IntegrityError, match="no Content-MD5"):
+            c.get("none.bin")
 
 
 def test_copy_and_sync_through_the_client_share_its_session(container: ContainerHandle, tmp_path: Path) -> None:

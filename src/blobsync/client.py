@@ -18,20 +18,15 @@ from blobsync.backends.base import NO_CONDITIONS, BlobProperties, Buffer, Condit
 from blobsync.backends.registry import parse_location
 from blobsync.blobfile import AsyncBlobReader, AsyncBlobWriter, BlobReader, BlobWriter, check_mode
 from blobsync.clientloop import ClientLoop, track
-from blobsync.config import Overwrite, TransferConfig
+from blobsync.config import CheckMd5, Overwrite, TransferConfig
 from blobsync.engine.context import EngineContext
-from blobsync.engine.digest import md5_of, new_md5
+from blobsync.engine.digest import check_md5, md5_of, new_md5
 from blobsync.engine.fetching import MemorySink, RangeFetch, read_checked, span_reader
 from blobsync.engine.session import Session
 from blobsync.engine.sources import BufferSource, Data, source_of
 from blobsync.engine.streaming import StreamWriter
 from blobsync.engine.tasks import in_thread
-from blobsync.errors import (
-    BlobNotFoundError,
-    BlobsyncError,
-    ChecksumMismatchError,
-    UsageError,
-)
+from blobsync.errors import BlobNotFoundError, BlobsyncError, UsageError
 from blobsync.events import Progress
 from blobsync.jobs import PutSpec, check_writes, run_job
 from blobsync.journal import Journal, default_journal_path
@@ -306,7 +301,7 @@ class AsyncClient:
     async def get(self, name: str, *, into: bytearray | memoryview | None = None) -> bytes | memoryview:
         """The blob `name`'s bytes; with `into` (a writable buffer at least that long), read into it with no copy
         and returned as a memoryview of the part filled. Parallel ranged reads of one version (If-Match), checked
-        against the blob's Content-MD5."""
+        against the blob's Content-MD5 as a download is (the Client's `config.check_md5`)."""
         loc = parse_location(self.url_for(name))
         ctx = self._context(loc)
         # The first bytes and the blob's properties come in one request (no HEAD first): a small blob is one round
@@ -318,7 +313,10 @@ class AsyncClient:
             raise UsageError(f"into= holds {len(given)} bytes; the blob has {props.size}")
         small = props.size <= got
         view = given if given is not None else first[:got] if small else memoryview(bytearray(props.size))
-        whole = new_md5() if props.content_md5 is not None else None
+        mode = self.config.check_md5  # as a download's: hashed where there is a Content-MD5 to compare it with
+        if props.content_md5 is None:
+            check_md5(mode, loc.path, None, None)  # FailIfDifferentOrMissing: before the rest is read
+        whole = new_md5() if props.content_md5 is not None and mode is not CheckMd5.NO_CHECK else None
         if props.size > got:
             view[:got] = first[:got]
             step = self.config.block_size
@@ -333,9 +331,8 @@ class AsyncClient:
         elif whole is not None:
             head = view[:props.size]
             await (in_thread(ctx.io_pool, whole.update, head) if props.size > INLINE_MD5 else _now(whole.update, head))
-        if whole is not None and whole.digest() != props.content_md5:
-            raise ChecksumMismatchError(f"{loc.path}: MD5 of the bytes read differs from the blob's Content-MD5",
-                                        digest=whole.digest())
+        if whole is not None:
+            check_md5(mode, loc.path, props.content_md5, whole.digest(), "; nothing returned")
         return bytes(view[:props.size]) if given is None else given[:props.size]
 
     def open(self, name: str, mode: str = "rb", *, config: TransferConfig | None = None,

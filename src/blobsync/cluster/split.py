@@ -21,8 +21,7 @@ from blobsync.config import CheckMd5
 from blobsync.engine.blocks import block_ranges
 from blobsync.engine.commit import commit_checked, part_layout
 from blobsync.engine.context import EngineContext
-from blobsync.engine.digest import feed, new_md5
-from blobsync.engine.download import FileDownloader
+from blobsync.engine.digest import WRITTEN_NOWHERE, check_md5, feed, new_md5
 from blobsync.engine.fetching import FileSink, RangeFetch, read_checked, span_reader
 from blobsync.engine.mtime import destination_mtime_ns
 from blobsync.engine.s2s import copy_headers, source_tags
@@ -219,8 +218,7 @@ async def _finish_download(spec: RangeSpec, fetched: tuple[ShardReport, ...], pu
                 whole = new_md5()
                 await in_thread(ctx.io_pool, feed, whole, part.chunks(0, f.size))
                 digest = whole.digest()
-            if ctx.config.check_md5 is not CheckMd5.NO_CHECK:
-                FileDownloader(ctx).check_md5(f.blob, props, digest)
+            check_md5(ctx.config.check_md5, f.blob, props.content_md5, digest, WRITTEN_NOWHERE)
             mtime = destination_mtime_ns(props) if ctx.config.preserve_last_modified_time else None
             await in_thread(ctx.io_pool, part.finish, mtime)
         except BlobsyncError as exc:

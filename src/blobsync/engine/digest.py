@@ -1,9 +1,11 @@
-"""The hashes the engine computes: the check sent with each part, the whole-file MD5, xxh3-128 for deltas."""
+"""The hashes the engine computes (the check sent with each part, the whole-file MD5, xxh3-128 for deltas) and the
+one check of a download's MD5."""
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
 import threading
 from collections.abc import Iterable, Iterator, Mapping
@@ -15,12 +17,15 @@ import xxhash
 
 from blobsync.backends.base import BlockCheck, PartCheck
 from blobsync.checksums import part_check
+from blobsync.config import CheckMd5
+from blobsync.errors import ChecksumMismatchError, IntegrityError
 
 if TYPE_CHECKING:
     from blobsync.backends.base import Buffer
 
     Md5 = hashlib._Hash  # an MD5 being fed, range by range, in file order (a typeshed name only)
 
+log = logging.getLogger("blobsync")
 EMPTY_MD5 = hashlib.md5().digest()
 _FILE_STEP = 8 * 1024 * 1024
 
@@ -107,3 +112,26 @@ def hash_threads(env: Mapping[str, str]) -> int:
     if given.isdigit() and 0 < int(given) <= 1024:
         return int(given)
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+WRITTEN_NOWHERE = " (the same bytes on every fetch); nothing was written at the final path"
+
+
+def check_md5(mode: CheckMd5, blob: str, stored: bytes | None, got: bytes | None, after: str = "") -> None:
+    """What --check-md5 makes of the MD5 of the bytes read against the blob's Content-MD5 (raises, logs or passes):
+    the one download check, of a file and of bytes read into memory alike; `after` says what a failure left."""
+    if mode is CheckMd5.NO_CHECK:
+        return
+    if stored is None:
+        if mode is CheckMd5.FAIL_IF_DIFFERENT_OR_MISSING:
+            raise IntegrityError(f"{blob}: the blob has no Content-MD5 (--check-md5 FailIfDifferentOrMissing)")
+        if mode is CheckMd5.LOG_ONLY:
+            log.warning("%s: the blob has no Content-MD5 to check against", blob)
+        return
+    if stored != got:
+        if mode is CheckMd5.LOG_ONLY:
+            log.warning("%s: MD5 of the bytes read differs from the blob's Content-MD5 (--check-md5 LogOnly: kept)",
+                        blob)
+            return
+        raise ChecksumMismatchError(f"{blob}: MD5 of the bytes read differs from the blob's Content-MD5{after}",
+                                    digest=got)

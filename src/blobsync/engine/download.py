@@ -10,7 +10,7 @@ from blobsync.backends.base import BlobProperties
 from blobsync.config import CheckMd5, Overwrite
 from blobsync.engine.blocks import block_count, block_ranges
 from blobsync.engine.context import EngineContext
-from blobsync.engine.digest import EMPTY_MD5, new_md5
+from blobsync.engine.digest import EMPTY_MD5, WRITTEN_NOWHERE, check_md5, new_md5
 from blobsync.engine.fetching import FileSink, RangeFetch, read_checked, span_reader
 from blobsync.engine.mtime import destination_mtime_ns
 from blobsync.engine.tasks import in_thread
@@ -73,7 +73,7 @@ class FileDownloader:
         ctx = self.ctx
         cfg = ctx.config
         if props.content_md5 is None and cfg.check_md5 is CheckMd5.FAIL_IF_DIFFERENT_OR_MISSING:
-            self.check_md5(row.blob, props, None)  # fails before a byte is fetched
+            check_md5(cfg.check_md5, row.blob, None, None)  # fails before a byte is fetched
         block_size, done = self._resumable(row, props, target)
         part = await in_thread(ctx.io_pool, lambda: PartFile(target, props.size, keep=done is not None,
                                                              root=self.root))
@@ -83,8 +83,7 @@ class FileDownloader:
         want_md5 = cfg.check_md5 is not CheckMd5.NO_CHECK and props.content_md5 is not None
         try:
             sent, digest = await self._fetch_into(row, props, part, block_size, done, want_md5, seen)
-            if cfg.check_md5 is not CheckMd5.NO_CHECK:
-                self.check_md5(row.blob, props, digest)
+            check_md5(cfg.check_md5, row.blob, props.content_md5, digest, WRITTEN_NOWHERE)
             mtime = destination_mtime_ns(props) if cfg.preserve_last_modified_time else None
             await in_thread(ctx.io_pool, part.finish, mtime)
         except IntegrityError:
@@ -132,25 +131,6 @@ class FileDownloader:
         sent = await fetch.run(done)
         return sent, whole.digest() if whole is not None else None
 
-    def check_md5(self, blob: str, props: BlobProperties, got: bytes | None) -> None:
-        """What --check-md5 makes of the bytes' MD5 against the blob's Content-MD5 (raises, logs or passes)."""
-        mode = self.ctx.config.check_md5
-        stored = props.content_md5
-        if stored is None:
-            if mode is CheckMd5.FAIL_IF_DIFFERENT_OR_MISSING:
-                raise IntegrityError(f"{blob}: the blob has no Content-MD5 (--check-md5 FailIfDifferentOrMissing)")
-            if mode is CheckMd5.LOG_ONLY:
-                log.warning("%s: the blob has no Content-MD5 to check against", blob)
-            return
-        if stored != got:
-            if mode is CheckMd5.LOG_ONLY:
-                log.warning("%s: MD5 of the downloaded bytes differs from the blob's Content-MD5 "
-                            "(--check-md5 LogOnly: kept)", blob)
-                return
-            raise ChecksumMismatchError(f"{blob}: MD5 of the downloaded bytes differs from the blob's Content-MD5 "
-                                        "(the same bytes on every fetch); nothing was written at the final path",
-                                        digest=got)
-
     async def _single(self, row: FileRow, props: BlobProperties, part: PartFile, want_md5: bool,
                       seen: frozenset[bytes]) -> tuple[int, bytes | None]:
         """One GET of the whole blob; returns the bytes sent and their MD5 (when checked or cheap to check)."""
@@ -177,3 +157,4 @@ class FileDownloader:
             ctx.memory.release(buf)
         ctx.progress.advanced(row.rel, props.size, props.size)
         return props.size, digest
+
