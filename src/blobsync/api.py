@@ -130,22 +130,26 @@ def _suffixes(value: object) -> tuple[str, ...]:
     raise UsageError(f"invalid trusted_suffixes={value!r}: a list of host names or domains")
 
 
-def _finish(report: Report, raise_on_error: bool) -> Report:
-    if raise_on_error and report.failures:
-        raise TransferFailedError(report)
-    return report
-
-
 def _journal(journal_path: Path | None, env: Mapping[str, str] | None = None) -> Journal:
     """The journal at `journal_path`, else at the default place for this user (from `env`)."""
     return Journal(journal_path or default_journal_path(os.environ if env is None else env))
 
 
+async def _run(session: Session | None, spec: JobSpec, config: TransferConfig, env: Mapping[str, str],
+               progress: Progress, hooks: Hooks, raise_on_error: bool, *, job: JobRow | None = None,
+               journal: Journal | None = None) -> Report:
+    """Run one job on the session a call was given (a Client's, `blobsync run`'s) or on one of its own (closed after
+    it, with its journal); with `raise_on_error`, files that failed raise TransferFailedError."""
+    async with _session_for(session, config, env, progress, journal) as session:
+        report = await run_job(spec, session, config, progress=progress, hooks=hooks, job=job)
+    if raise_on_error and report.failures:
+        raise TransferFailedError(report)
+    return report
+
+
 @asynccontextmanager
 async def _session_for(session: Session | None, config: TransferConfig, env: Mapping[str, str], progress: Progress,
                        journal: Journal | None = None) -> AsyncIterator[Session]:
-    """The session a call was given (a Client's, `blobsync run`'s), or one for this call alone (closed after it,
-    with its journal)."""
     if session is not None:
         yield session
         return
@@ -206,9 +210,7 @@ async def copy_on(
         config = replace(config, recursive=True)
     spec, config, remote = _copy_spec(source, dest, config, as_subdir, filters, dry_run, _cluster_arg(cluster))
     hooks = Hooks(on_action, confirm_overwrite, remote=remote)
-    async with _session_for(session, config, env, progress) as session:
-        report = await run_job(spec, session, config, progress=progress, hooks=hooks)
-    return _finish(report, raise_on_error)
+    return await _run(session, spec, config, env, progress, hooks, raise_on_error)
 
 
 copy_async = alone(copy_on)
@@ -274,9 +276,7 @@ async def sync_on(
         raise UsageError("a sync between two URLs runs on this machine (the service moves the bytes): drop "
                          "--cluster or --processes, or use cp -r with them")
     hooks = Hooks(on_action, confirm_delete=confirm, remote=_remote(cluster, dst_text if spec.upload else src_text))
-    async with _session_for(session, config, env, progress) as session:
-        report = await run_job(spec, session, config, progress=progress, hooks=hooks)
-    return _finish(report, raise_on_error)
+    return await _run(session, spec, config, env, progress, hooks, raise_on_error)
 
 
 sync_async = alone(sync_on)
@@ -425,10 +425,8 @@ async def resume_on(
         raise
     spec: JobSpec = DownloadSpec(loc, Path(job.dest), filters=filters) if job.kind is JobKind.DOWNLOAD else \
         UploadSpec(Path(job.source), loc, filters)
-    async with _session_for(session, config, env, progress, journal) as session:
-        report = await run_job(spec, session, config, progress=progress, job=job,
-                               hooks=Hooks(confirm_overwrite=confirm_overwrite))
-    return _finish(report, raise_on_error)
+    return await _run(session, spec, config, env, progress, Hooks(confirm_overwrite=confirm_overwrite),
+                      raise_on_error, job=job, journal=journal)
 
 
 resume_async = alone(resume_on)
@@ -606,9 +604,7 @@ async def remove_on(
     loc = parse_location(url)
     spec = RemoveSpec(loc, recursive, filters or Filters(), dry_run, config.max_concurrency,
                       Path(list_of_files) if list_of_files is not None else None, batch_enabled(env))
-    async with _session_for(session, config, env, progress) as session:
-        report = await run_job(spec, session, config, progress=progress, hooks=Hooks(on_action))
-    return _finish(report, raise_on_error)
+    return await _run(session, spec, config, env, progress, Hooks(on_action), raise_on_error)
 
 
 remove_async = alone(remove_on)
