@@ -80,9 +80,8 @@ def test_get_checks_the_md5_as_a_download_does(container: ContainerHandle, tmp_p
         assert c.get("wrong.bin") == data and "LogOnly: kept" in caplog.text
     with client("NoCheck") as c:
         assert c.get("wrong.bin") == data
-    with client("FailIfDifferentOrMissing") as c:
-        with pytest.raises(blobsync.IntegrityError, match="no Content-MD5"):
-            c.get("none.bin")
+    with client("FailIfDifferentOrMissing") as c, pytest.raises(blobsync.IntegrityError, match="no Content-MD5"):
+        c.get("none.bin")
 
 
 def test_copy_and_sync_through_the_client_share_its_session(container: ContainerHandle, tmp_path: Path) -> None:

@@ -65,6 +65,21 @@ def test_damage_in_a_range_too_large_for_a_range_md5_refetches_the_file_once(
     assert (tmp_path / "got.bin").read_bytes() == data
 
 
+def test_a_get_whose_large_range_arrives_damaged_reads_again_as_a_download_does(
+    container: ContainerHandle, proxy: FaultProxy, tmp_path: Path
+) -> None:
+    import blobsync
+
+    data = random_file(tmp_path / "orig.bin", 24 * MiB, seed=12)
+    config = blobsync.TransferConfig.from_mib(journal_path=tmp_path / "j.db")  # 8 MiB ranges: no range MD5
+    with blobsync.Client(container.url, config) as client:
+        client.put(data, "big.bin")  # its whole MD5 stored as the Content-MD5
+    proxy.add_rule(Rule("get_blob", flip_response_byte(), nth=2))
+    with blobsync.Client(f"{proxy.endpoint()}/{container.name}", config) as client:
+        assert client.get("big.bin") == data
+    assert proxy.stats.faults["get_blob"] == 1 and proxy.stats.requests["get_blob"] > 2
+
+
 def test_a_blob_whose_stored_md5_is_wrong_fails_with_exit_4_after_one_refetch(
     container: ContainerHandle, proxy: FaultProxy, tmp_path: Path
 ) -> None:

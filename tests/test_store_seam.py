@@ -3,10 +3,12 @@ and the engine's recovery paths run against the in-memory store's injected fault
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -136,6 +138,24 @@ def test_a_service_copy_whose_commit_answer_was_lost_lands_once(tmp_path: Path, 
         assert box.faults.calls["stage_from"] == 4  # every part once
     finally:
         memory.drop(source.name)
+
+
+def test_a_get_of_a_blob_that_changes_meanwhile_reads_the_new_version(tmp_path: Path, box: memory.Container
+                                                                      ) -> None:
+    from blobsync.errors import ConflictError
+
+    with blobsync.Client(f"memory://{box.name}", _config(tmp_path)) as client:
+        client.put(os.urandom(3 * MiB + 9), "f.bin")
+        new = os.urandom(3 * MiB + 1)
+
+        def overwritten() -> BaseException:  # the blob is rewritten between the first bytes and the rest
+            old = box.objects["f.bin"]
+            headers = replace(old.headers, content_md5=hashlib.md5(new).digest())
+            box.objects["f.bin"] = memory._Object(new, '"0xNEW"', old.modified, headers)
+            return ConflictError("get blob: HTTP 412 ConditionNotMet", status=412, code="ConditionNotMet")
+
+        box.faults.add("read_into", overwritten)
+        assert client.get("f.bin") == new
 
 
 def test_parts_another_tool_left_are_cleared_and_the_file_goes_up(tmp_path: Path, box: memory.Container) -> None:

@@ -21,7 +21,7 @@ from blobsync.clientloop import ClientLoop, track
 from blobsync.config import CheckMd5, Overwrite, TransferConfig
 from blobsync.engine.context import EngineContext
 from blobsync.engine.digest import check_md5, md5_of, new_md5
-from blobsync.engine.fetching import MemorySink, RangeFetch, read_checked, span_reader
+from blobsync.engine.fetching import MemorySink, RangeFetch, read_checked, read_whole, span_reader
 from blobsync.engine.session import Session
 from blobsync.engine.sources import BufferSource, Data, source_of
 from blobsync.engine.streaming import StreamWriter
@@ -301,12 +301,20 @@ class AsyncClient:
     async def get(self, name: str, *, into: bytearray | memoryview | None = None) -> bytes | memoryview:
         """The blob `name`'s bytes; with `into` (a writable buffer at least that long), read into it with no copy
         and returned as a memoryview of the part filled. Parallel ranged reads of one version (If-Match), checked
-        against the blob's Content-MD5 as a download is (the Client's `config.check_md5`)."""
+        against the blob's Content-MD5 as a download is (the Client's `config.check_md5`), and read again as a
+        download is where a mismatch may be damage in transit or the blob changed during the read."""
         loc = parse_location(self.url_for(name))
         ctx = self._context(loc)
+        given = None if into is None else memoryview(into).cast("B")
+
+        async def new_version() -> bool:
+            return True  # the next read's first request takes it
+
+        return await read_whole(ctx, loc.path, lambda _: self._get_once(ctx, loc, given), new_version)
+
+    async def _get_once(self, ctx: EngineContext, loc: Location, given: memoryview | None) -> bytes | memoryview:
         # The first bytes and the blob's properties come in one request (no HEAD first): a small blob is one round
         # trip; the rest of a larger one is read in parallel at that version, hashed in order as it comes.
-        given = None if into is None else memoryview(into).cast("B")
         first = memoryview(bytearray(FIRST_READ)) if given is None else given[:FIRST_READ]
         props, got = await ctx.request(lambda: ctx.store.read_first(loc.path, first))
         if given is not None and len(given) < props.size:

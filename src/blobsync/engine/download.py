@@ -11,7 +11,7 @@ from blobsync.config import CheckMd5, Overwrite
 from blobsync.engine.blocks import block_count, block_ranges
 from blobsync.engine.context import EngineContext
 from blobsync.engine.digest import EMPTY_MD5, WRITTEN_NOWHERE, check_md5, new_md5
-from blobsync.engine.fetching import FileSink, RangeFetch, read_checked, span_reader
+from blobsync.engine.fetching import FileSink, RangeFetch, read_checked, read_whole, span_reader
 from blobsync.engine.mtime import destination_mtime_ns
 from blobsync.engine.tasks import in_thread
 from blobsync.errors import ChecksumMismatchError, ConflictError, IntegrityError
@@ -42,28 +42,14 @@ class FileDownloader:
             if cfg.overwrite is Overwrite.PROMPT and prompt is not None and not await prompt(
                     f"file {str(target)!r} exists"):
                 return self._skipped(row, props, "exists locally (not overwritten, as answered)")
-        seen: set[bytes] = set()  # digests of whole fetches that differed from the stored MD5
-        changed = False
-        while True:
-            try:
-                return await self._fetch(row, props, target, frozenset(seen))
-            except ChecksumMismatchError as exc:
-                # Damage in transit in a range too large for a per-range MD5, or a stored MD5 that is wrong:
-                # fetch again. The same bytes twice mean it is what the service holds.
-                if exc.digest is None or exc.digest in seen or len(seen) >= self.ctx.config.max_retries:
-                    raise
-                seen.add(exc.digest)
-                self.ctx.requests.retrier.note(exc)
-            except ConflictError:
-                # The blob changed during the download (If-Match failed): start over with the new version.
-                if changed:
-                    raise
-                changed = True
-                fresh = await self.ctx.request(lambda: self.ctx.store.stat(row.blob))
-                if fresh is None:
-                    raise
-                log.info("%s changed during the download; starting it again", row.blob)
-                props = fresh
+
+        async def new_version() -> bool:
+            nonlocal props
+            fresh = await self.ctx.request(lambda: self.ctx.store.stat(row.blob))
+            props = fresh or props
+            return fresh is not None
+
+        return await read_whole(self.ctx, row.blob, lambda seen: self._fetch(row, props, target, seen), new_version)
 
     def _skipped(self, row: FileRow, props: BlobProperties, reason: str) -> FileResult:
         return FileResult(row.rel, row.blob, props.size, FileStatus.SKIPPED, reason=reason)

@@ -4,21 +4,24 @@ file, a buffer in memory), in parallel under the request window, hashed in order
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from blobsync.backends.base import Pieces, Store
 from blobsync.engine.budget import BlockBuffer, Window
 from blobsync.engine.context import EngineContext
 from blobsync.engine.digest import feed, md5_of
 from blobsync.engine.tasks import cancel_all, gather_or_cancel, in_thread, raise_first_failure
-from blobsync.errors import CorruptedInTransitError
+from blobsync.errors import ChecksumMismatchError, ConflictError, CorruptedInTransitError
 from blobsync.local.target import PartFile, current_boot_id
 
 if TYPE_CHECKING:
     from blobsync.engine.digest import Md5
 
+T = TypeVar("T")
+log = logging.getLogger("blobsync")
 SYNC_INTERVAL = 2.0  # seconds between fdatasyncs of a partial download (what a power cut can cost)
 
 # One checked ranged GET into a view: (offset, view) -> anything. The caller binds the blob and its version.
@@ -51,6 +54,29 @@ async def read_checked(store: Store, pool: ThreadPoolExecutor | None, blob: str,
         raise CorruptedInTransitError(f"get blob {blob!r}: bytes {offset}-{offset + len(view) - 1} arrived "
                                       "damaged (their MD5 differs from the service's)")
     return digest
+
+
+async def read_whole(ctx: EngineContext, blob: str, read: Callable[[frozenset[bytes]], Awaitable[T]],
+                     new_version: Callable[[], Awaitable[bool]]) -> T:
+    """A whole read of a blob (a download, a get), run again where that helps: its MD5 differed from the stored
+    one (damage in transit in a range too large for a per-range MD5, or a wrong stored MD5) until the same bytes
+    come twice, the digests seen so far passed to `read`; or the blob changed during it (If-Match refused), once,
+    after `new_version()` took the new version (False: none is there, the refusal stands)."""
+    seen: set[bytes] = set()  # digests of whole reads that differed from the stored MD5
+    changed = False
+    while True:
+        try:
+            return await read(frozenset(seen))
+        except ChecksumMismatchError as exc:
+            if exc.digest is None or exc.digest in seen or len(seen) >= ctx.config.max_retries:
+                raise
+            seen.add(exc.digest)
+            ctx.requests.retrier.note(exc)
+        except ConflictError:
+            if changed or not await new_version():
+                raise
+            changed = True
+            log.info("%s changed while it was read; reading it again", blob)
 
 
 def span_reader(store: Store, blob: str, etag: str | None, block_size: int) -> GetSpan | None:
