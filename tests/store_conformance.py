@@ -228,6 +228,33 @@ async def parts_another_writer_left_are_cleared_on_request(store: Store, read_ba
 
 
 @case
+async def parts_another_writer_left_on_no_object_are_cleared_without_making_one(store: Store,
+                                                                                read_back: ReadBack) -> None:
+    foreign = store.writer("n.bin", "a-much-longer-nonce-of-another-tool")
+    await foreign.stage(0, b"theirs", None)
+    ours = store.writer("n.bin", "0123456789abcdef")
+    assert await ours.clear_stale(HEADERS, Conditions(if_none_match_any=True)) == ""
+    assert await store.stat("n.bin") is None  # no (empty) object is left for a later run to take as there
+    await ours.stage(0, b"ours", None)
+    await ours.commit([(ours.token(0), False)], HEADERS, Conditions(if_none_match_any=True))
+    assert read_back("n.bin") == b"ours"
+
+
+@case
+async def clearing_parts_honours_the_writes_conditions(store: Store, read_back: ReadBack) -> None:
+    v1 = await store.put("c.bin", b"theirs, made meanwhile", HEADERS)
+    await store.writer("c.bin", "a-much-longer-nonce-of-another-tool").stage(0, b"left", None)
+    ours = store.writer("c.bin", "0123456789abcdef")
+    with pytest.raises(ConflictError):  # create-only (--overwrite false): the object is there now
+        await ours.clear_stale(HEADERS, Conditions(if_none_match_any=True))
+    with pytest.raises(ConflictError):  # over a version compared earlier, which is not this one
+        await ours.clear_stale(HEADERS, Conditions(if_match='"0x8DEADBEEFCAFE00"'))
+    assert read_back("c.bin") == b"theirs, made meanwhile"
+    assert await ours.clear_stale(HEADERS, Conditions(if_match=v1.etag))  # the ETag of the version kept
+    assert read_back("c.bin") == b"theirs, made meanwhile"
+
+
+@case
 async def listing_pages_through_everything_under_a_prefix(store: Store, read_back: ReadBack) -> None:
     names = [f"p/{i:03d}" for i in range(23)] + ["p/sub/é ü.txt", "q/other"]
     for name in names:

@@ -16,6 +16,7 @@ import pytest
 import blobsync
 from blobsync import TransferConfig
 from blobsync.backends import memory
+from blobsync.backends.base import PLACEHOLDER
 from blobsync.config import MiB
 from blobsync.errors import NetworkError, ThrottledError
 from blobsync.events import Progress
@@ -164,6 +165,31 @@ def test_parts_another_tool_left_are_cleared_and_the_file_goes_up(tmp_path: Path
     report = blobsync.copy(tmp_path / "f.bin", f"memory://{box.name}/f.bin", _config(tmp_path))
     assert report.ok
     assert box.objects["f.bin"].data == data
+
+
+def test_clearing_parts_another_tool_left_makes_no_blob_a_later_run_would_skip(tmp_path: Path,
+                                                                                box: memory.Container) -> None:
+    """--overwrite false, no blob yet, another tool's parts there: clearing them must not leave an (empty) blob
+    that the next run takes for the destination's own and skips: exit 0 with nothing uploaded."""
+    from blobsync.errors import ServiceError
+
+    data = random_file(tmp_path / "f.bin", 2 * MiB + 1, seed=6)
+    box.staged["f.bin"] = {"another-tool-block-id-of-another-length": b"junk"}
+    box.faults.add("commit", lambda: ServiceError("HTTP 500 InternalError", status=500), times=100)
+    first = blobsync.copy(tmp_path / "f.bin", f"memory://{box.name}/f.bin", _config(tmp_path, overwrite="false"))
+    assert not first.ok and "f.bin" not in box.objects
+    box.faults.clear()
+    again = blobsync.copy(tmp_path / "f.bin", f"memory://{box.name}/f.bin", _config(tmp_path, overwrite="false"))
+    assert again.ok and again.files_transferred == 1, again.skipped_notes
+    assert box.objects["f.bin"].data == data
+
+    # A store that had to make an empty object to drop the parts, killed before it deleted it: not the file's.
+    with blobsync.Client(f"memory://{box.name}", _config(tmp_path)) as client:
+        client.put(b"", "g.bin")
+    box.objects["g.bin"].headers = replace(box.objects["g.bin"].headers, metadata={PLACEHOLDER: "1"})
+    random_file(tmp_path / "g.bin", 100, seed=7)
+    third = blobsync.copy(tmp_path / "g.bin", f"memory://{box.name}/g.bin", _config(tmp_path, overwrite="false"))
+    assert third.ok and third.files_transferred == 1 and len(box.objects["g.bin"].data) == 100
 
 
 def test_a_store_that_keeps_failing_stops_the_job_resumable(tmp_path: Path, box: memory.Container) -> None:

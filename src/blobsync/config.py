@@ -29,7 +29,8 @@ MAX_PUT_BLOB_SIZE = 5000 * MiB  # --put-blob-size-mb's
 TIERS = ("Hot", "Cool", "Cold", "Archive")
 BLOB_PROPERTIES = ("cache_control", "content_disposition", "content_encoding", "content_language")
 _HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # an HTTP token: what a metadata name becomes part of
-_RESERVED_METADATA = ("mtime",)  # blobsync keeps the source's mtime there
+PLACEHOLDER = "blobsyncplaceholder"  # marks an empty object a store made only to drop another writer's parts
+_RESERVED_METADATA = ("mtime", PLACEHOLDER)  # blobsync keeps the source's mtime in the first
 AUTO: Literal["auto"] = "auto"
 AUTO_START = 16  # --concurrency auto starts here: the old fixed default (a start at 8 cost short jobs)
 AUTO_CEILING = 64  # and never goes above this; a number given instead is both the start and the ceiling
@@ -93,7 +94,7 @@ def check_metadata(key: str, value: str, what: str = "metadata") -> None:
                          "separators; letters, digits and '_' are taken everywhere)")
     check_header_text(value, f"{what} value for {key!r}", ascii_only=True)
     if key.lower() in _RESERVED_METADATA:
-        raise UsageError(f"{what} name {key!r} is reserved: blobsync stores the source mtime there")
+        raise UsageError(f"{what} name {key!r} is reserved: blobsync keeps a record of its own there")
 
 
 def parse_blob_tags(text: str | None) -> dict[str, str]:

@@ -9,6 +9,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Protocol, Self, TypeVar
 
 from blobsync.checksums import BlockCheck as BlockCheck, Buffer as Buffer, PartCheck as PartCheck
+from blobsync.config import PLACEHOLDER as PLACEHOLDER
+from blobsync.errors import ConflictError
 
 if TYPE_CHECKING:
     from blobsync.errors import ServiceError
@@ -60,6 +62,16 @@ class Conditions:
 
 
 NO_CONDITIONS = Conditions()
+
+
+def check_conditions(etag: str | None, conditions: Conditions, what: str) -> None:
+    """Refuse, as the service would, a write whose `conditions` do not hold for the current version (`etag`; None:
+    there is none)."""
+    if conditions.if_none_match_any and etag is not None:
+        raise ConflictError(f"{what}: HTTP 409 BlobAlreadyExists", status=409, code="BlobAlreadyExists")
+    if conditions.if_match and etag != conditions.if_match:
+        raise ConflictError(f"{what}: HTTP 412 ConditionNotMet", status=412, code="ConditionNotMet")
+
 
 
 @dataclass(frozen=True)
@@ -205,7 +217,10 @@ class ChunkedWriter(Protocol):
 
     async def clear_stale(self, headers: BlobHeaders, conditions: Conditions) -> str | None:
         """Drop parts another writer staged and left (the store refused ours for them: StagingRefusedError),
-        keeping the current version. Returns the ETag of the version left, or None when there was nothing."""
+        keeping the current version as it is, if `conditions` hold for it (else ConflictError, as the commit's).
+        Returns the ETag of the version kept ('' where there is none: none is left behind), or None when there was
+        nothing to clear. An object a store must make to drop the parts is deleted at once, and carries
+        PLACEHOLDER in its metadata meanwhile (a write takes one left by a crash for no object)."""
         ...
 
     async def abort(self) -> None:

@@ -31,6 +31,7 @@ from blobsync.backends.base import (
     Pieces,
     PutResult,
     Requester,
+    check_conditions,
     direct,
     each_object,
 )
@@ -162,10 +163,7 @@ def _now() -> datetime:
 
 
 def _check(obj: _Object | None, conditions: Conditions, what: str) -> None:
-    if conditions.if_none_match_any and obj is not None:
-        raise ConflictError(f"{what}: HTTP 409 BlobAlreadyExists", status=409, code="BlobAlreadyExists")
-    if conditions.if_match and (obj is None or obj.etag != conditions.if_match):
-        raise ConflictError(f"{what}: HTTP 412 ConditionNotMet", status=412, code="ConditionNotMet")
+    check_conditions(obj.etag if obj is not None else None, conditions, what)
 
 
 def _props(name: str, obj: _Object) -> BlobProperties:
@@ -457,13 +455,12 @@ class MemoryWriter:
         pending = box.staged.get(self.name, {})
         if not any(len(t) != len(self.token(0)) for t in pending):
             return None
-        box.staged.pop(self.name, None)
         obj = box.objects.get(self.name)
+        _check(obj, conditions, f"clear parts of {self.name!r}")
+        box.staged.pop(self.name, None)  # as the service's commit of the current version (or of none) drops them
         if obj is None:
-            _check(obj, conditions, f"put block list of {self.name!r}")
-            obj = box.objects[self.name] = _Object(b"", _etag(), _now(), headers)
-        else:
-            obj.etag = _etag()
+            return ""
+        obj.etag = _etag()
         return obj.etag
 
     async def abort(self) -> None:

@@ -24,14 +24,14 @@ def part_layout(writer: ChunkedWriter, size: int, block_size: int) -> tuple[list
 async def clear_foreign(ctx: EngineContext, writer: ChunkedWriter, headers: BlobHeaders, conditions: Conditions
                         ) -> Conditions | None:
     """After the store refused a part because another writer's parts are staged (StagingRefusedError): those parts
-    dropped, the current version kept (a commit drops every staged part, this write's own too: it stages them
-    again). Returns the conditions the write's commit now needs; None when there was nothing to clear."""
+    dropped, the current version kept as it is if `conditions` hold for it (a commit drops every staged part, this
+    write's own too: it stages them again). Returns the conditions the write's commit now needs; None when there was
+    nothing to clear."""
     etag = await ctx.request(lambda: writer.clear_stale(headers, conditions))
     if etag is None:
         return None
-    if conditions.if_none_match_any or conditions.if_match:
-        return Conditions(if_match=etag)  # the version left (or the placeholder made) is this write's to replace
-    return conditions
+    # The version compared was written again as it was: still the one to replace. Create-only stays create-only.
+    return Conditions(if_match=etag) if conditions.if_match else conditions
 
 
 async def commit_checked(ctx: EngineContext, writer: ChunkedWriter, blob: str, parts: Sequence[tuple[str, bool]],

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from blobsync.backends.base import BlobProperties, Conditions
+from blobsync.backends.base import PLACEHOLDER, BlobProperties, Conditions
 from blobsync.config import Overwrite
 from blobsync.engine.context import EngineContext
 from blobsync.engine.mtime import destination_mtime_ns
@@ -20,6 +20,8 @@ async def write_conditions(ctx: EngineContext, name: str, source_mtime_ns: int) 
     props = await ctx.request(lambda: ctx.store.stat(name))
     if props is None:
         return Conditions(if_none_match_any=True)
+    if props.size == 0 and PLACEHOLDER in props.metadata:  # made to drop another tool's parts, left by a crash
+        return Conditions(if_match=props.etag)
     if overwrite is Overwrite.FALSE:
         return EXISTS
     if overwrite is Overwrite.IF_SOURCE_NEWER and source_mtime_ns <= destination_mtime_ns(props):

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from blobsync.backends.base import (
     NO_CONDITIONS,
+    PLACEHOLDER,
     BlobHeaders,
     Buffer,
     Conditions,
@@ -15,6 +17,7 @@ from blobsync.backends.base import (
     PartCheck,
     Parts,
     PutResult,
+    check_conditions,
 )
 from blobsync.errors import StagingRefusedError
 
@@ -69,10 +72,14 @@ class BlockBlobWriter:
             return None
         listing = await store.get_block_list(name, "committed")
         props = await store.stat(name)
+        check_conditions(props.etag if props is not None else None, conditions, f"clear blocks of {name!r}")
         if props is None:
-            # No current version: an empty commit discards the blocks. The placeholder it leaves is ours, so our
-            # own commit may replace it even under --overwrite false.
-            return (await store.put_block_list(name, [], headers, conditions)).etag
+            # No current version: an empty commit discards the blocks, and its blob goes at once (left behind, a
+            # later run under --overwrite false would skip the file as there).
+            placeholder = await store.put_block_list(name, [], replace(headers, metadata={PLACEHOLDER: "1"}),
+                                                     Conditions(if_none_match_any=True))
+            await store.delete(name, placeholder.etag)
+            return ""
         same = BlobHeaders(props.content_type or "application/octet-stream", props.content_md5, props.metadata)
         if listing.committed:
             keep = [(p.token, "Committed") for p in listing.committed]
