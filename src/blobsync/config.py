@@ -273,8 +273,8 @@ class TransferConfig:
         "--no-guess-mime-type", "`application/octet-stream` unless `--content-type`.", kind=bool,
         default=False, parse=lambda v: not v))
     metadata: Mapping[str, str] = field(default_factory=dict, metadata=_flag(
-        "--metadata", "Blob metadata (blobsync also stores the source mtime as `mtime`, RFC 3339, as rclone does; `mtime` and "
-        "`blobsyncplaceholder` are blobsync's own names).",
+        "--metadata", "Blob metadata (blobsync also stores the source mtime as `mtime`, RFC 3339, as rclone does; "
+                      "`mtime` and `blobsyncplaceholder` are blobsync's own names).",
         shown="\"k=v;k2=v2\"", parse=parse_metadata))
     tier: str | None = field(default=None, metadata=_flag(
         "--block-blob-tier", "Access tier.",

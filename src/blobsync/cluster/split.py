@@ -6,17 +6,15 @@ holds first, and the commit recognises its own earlier commit instead of failing
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from blobsync.backends.base import BlobHeaders, PartCheck, Store
 from blobsync.checksums import choose_check
 from blobsync.cluster.spec import FileOutcome, RangeSpec, ShardReport
-from blobsync.cluster.work import Publish, check_identity, shard_engine, worker_name
+from blobsync.cluster.work import Publish, check_identity, shard_engine
 from blobsync.config import CheckMd5
 from blobsync.engine.blocks import block_ranges
 from blobsync.engine.commit import commit_checked, part_layout
@@ -41,16 +39,8 @@ def _path(spec: RangeSpec) -> Path:
     return Path(spec.job.local_root) / spec.file.rel
 
 
-def _run(work: Callable[[], Coroutine[Any, Any, ShardReport]]) -> ShardReport:
-    return asyncio.run(work())
-
-
-def stage_range(spec: RangeSpec, publish: Publish | None = None, worker: str | None = None) -> ShardReport:
+async def stage_range(spec: RangeSpec, publish: Publish | None, worker: str) -> ShardReport:
     """Stage blocks [first, last) of a file under the client's nonce, leaving those the store holds already."""
-    return _run(lambda: _stage_range(spec, publish, worker or worker_name()))
-
-
-async def _stage_range(spec: RangeSpec, publish: Publish | None, worker: str) -> ShardReport:
     started = time.monotonic()
     f = spec.file
     async with shard_engine(spec.job, f"{f.nonce}-{spec.first}", _label(spec), publish) as (ctx, relay, source):
@@ -125,14 +115,9 @@ def _steps(size: int, step: int = 8 * 1024 * 1024) -> Iterator[tuple[int, int]]:
         yield offset, min(step, size - offset)
 
 
-def commit_split(spec: RangeSpec, md5_hex: str | None, *staged: ShardReport, publish: Publish | None = None,
-                 worker: str | None = None) -> ShardReport:
+async def commit_split(spec: RangeSpec, md5_hex: str | None, *staged: ShardReport, publish: Publish | None,
+                       worker: str) -> ShardReport:
     """Commit every block of the file, in order, once all range tasks are done; then verify what the store holds."""
-    return _run(lambda: _commit_split(spec, md5_hex, staged, publish, worker or worker_name()))
-
-
-async def _commit_split(spec: RangeSpec, md5_hex: str | None, staged: tuple[ShardReport, ...],
-                        publish: Publish | None, worker: str) -> ShardReport:
     started = time.monotonic()
     f = spec.file
     sent = sum(r.sent for r in staged)
@@ -167,12 +152,8 @@ async def _commit_all(ctx: EngineContext, spec: RangeSpec, headers: BlobHeaders)
     await commit_checked(ctx, writer, spec.file.blob, [(t, False) for t in tokens], expected, headers)
 
 
-def fetch_range(spec: RangeSpec, publish: Publish | None = None, worker: str | None = None) -> ShardReport:
+async def fetch_range(spec: RangeSpec, publish: Publish | None, worker: str) -> ShardReport:
     """Fetch blocks [first, last) of a blob (If-Match the planned version) into the shared partial file."""
-    return _run(lambda: _fetch_range(spec, publish, worker or worker_name()))
-
-
-async def _fetch_range(spec: RangeSpec, publish: Publish | None, worker: str) -> ShardReport:
     started = time.monotonic()
     f, size = spec.file, spec.block_size
     target = safe_join(Path(spec.job.local_root), f.rel)
@@ -195,14 +176,9 @@ async def _fetch_range(spec: RangeSpec, publish: Publish | None, worker: str) ->
     return ShardReport(_label(spec), worker, 0, sent, sent, time.monotonic() - started, retries)
 
 
-def finish_download(spec: RangeSpec, *fetched: ShardReport, publish: Publish | None = None,
-                    worker: str | None = None) -> ShardReport:
+async def finish_download(spec: RangeSpec, *fetched: ShardReport, publish: Publish | None, worker: str
+                          ) -> ShardReport:
     """Check the whole partial file's MD5 against the blob's, then give it its name: one rename, once whole."""
-    return _run(lambda: _finish_download(spec, fetched, publish, worker or worker_name()))
-
-
-async def _finish_download(spec: RangeSpec, fetched: tuple[ShardReport, ...], publish: Publish | None,
-                           worker: str) -> ShardReport:
     started = time.monotonic()
     f = spec.file
     sent = sum(r.sent for r in fetched)

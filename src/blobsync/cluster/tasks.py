@@ -3,10 +3,11 @@ processes) ship by reference; the work it names is imported there, on the worker
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Coroutine
 
     from blobsync.cluster.work import Publish
 
@@ -14,15 +15,15 @@ SHARD, STAGE, FETCH, MD5, COMMIT, FINISH = "shard", "stage", "fetch", "md5", "co
 
 
 def run(kind: str, publish: Publish | None, worker: str | None, spec: Any, *rest: Any) -> Any:
-    """Task `kind` on `spec` (a ShardSpec, or a RangeSpec of a split file with what its earlier tasks gave)."""
-    if kind == SHARD:
-        from blobsync.cluster.work import run_shard
-
-        return run_shard(spec, publish, worker)
-    from blobsync.cluster import split
+    """Task `kind` on `spec` (a ShardSpec, or a RangeSpec of a split file with what its earlier tasks gave), in an
+    event loop of its own; `worker` names this worker in the reports (None: host:pid)."""
+    from blobsync.cluster import split, work
 
     if kind == MD5:
         return split.hash_file(spec)
-    works: dict[str, Callable[..., Any]] = {STAGE: split.stage_range, FETCH: split.fetch_range,
-                                            COMMIT: split.commit_split, FINISH: split.finish_download}
-    return works[kind](spec, *rest, publish=publish, worker=worker)
+    name = worker or work.worker_name()
+    if kind == SHARD:
+        return asyncio.run(work.run_shard(spec, publish, name))
+    works: dict[str, Callable[..., Coroutine[Any, Any, Any]]] = {
+        STAGE: split.stage_range, FETCH: split.fetch_range, COMMIT: split.commit_split, FINISH: split.finish_download}
+    return asyncio.run(works[kind](spec, *rest, publish=publish, worker=name))

@@ -3,7 +3,6 @@ range, hash and commit tasks of a file too big for one shard."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import socket
@@ -136,12 +135,8 @@ async def shard_engine(job: WorkerJob, key: str, label: str, publish: Publish | 
                     leftover.unlink()
 
 
-def run_shard(spec: ShardSpec, publish: Publish | None = None, worker: str | None = None) -> ShardReport:
+async def run_shard(spec: ShardSpec, publish: Publish | None, worker: str) -> ShardReport:
     """Transfer the shard's files with the engine, resuming what an earlier run of it (here or elsewhere) left."""
-    return asyncio.run(_run_shard(spec, publish, worker or worker_name()))
-
-
-async def _run_shard(spec: ShardSpec, publish: Publish | None, worker: str) -> ShardReport:
     label = f"shard-{spec.shard}"
     started = time.monotonic()
     async with shard_engine(spec.job, label, f"shard {spec.shard}", publish) as (ctx, relay, source):
