@@ -16,7 +16,6 @@ from blobsync.checksums import choose_check
 from blobsync.cluster.spec import FileOutcome, RangeSpec, ShardReport
 from blobsync.cluster.work import Publish, check_identity, shard_engine
 from blobsync.config import CheckMd5
-from blobsync.engine.blocks import block_ranges
 from blobsync.engine.commit import commit_checked, part_layout
 from blobsync.engine.context import EngineContext
 from blobsync.engine.digest import WRITTEN_NOWHERE, check_md5, feed, new_md5
@@ -39,11 +38,40 @@ def _path(spec: RangeSpec) -> Path:
     return Path(spec.job.local_root) / spec.file.rel
 
 
+async def _range_task(spec: RangeSpec, publish: Publish | None, worker: str,
+                      body: Callable[[EngineContext, Store | None], Awaitable[tuple[int, int]]]) -> ShardReport:
+    """One range task: its engine (a journal keyed by the range), its body's bytes and bytes sent, its report."""
+    started = time.monotonic()
+    async with shard_engine(spec.job, f"{spec.file.nonce}-{spec.first}", _label(spec), publish) as (ctx, relay,
+                                                                                                     source):
+        nbytes, sent = await body(ctx, source)
+    relay.flush()
+    return ShardReport(_label(spec), worker, 0, nbytes, sent, time.monotonic() - started, ctx.requests.retrier.retries)
+
+
+async def _file_task(spec: RangeSpec, step: str, before: tuple[ShardReport, ...], publish: Publish | None,
+                     worker: str, body: Callable[[EngineContext, Store | None], Awaitable[None]]) -> ShardReport:
+    """The task that ends a split file (its commit, or a download's finish), and the file's one outcome."""
+    started, f = time.monotonic(), spec.file
+    sent = sum(r.sent for r in before)
+    outcome = FileOutcome(f.rel, True, sent)
+    async with shard_engine(spec.job, f"{f.nonce}-{step}", f"{f.rel} {step}", publish) as (ctx, relay, source):
+        try:
+            await body(ctx, source)
+        except BlobsyncError as exc:
+            if exc.scope is not Scope.FILE:
+                raise  # the scheduler runs the task again, or the job stops
+            outcome = FileOutcome(f.rel, False, sent, str(exc), int(exc.exit_code))
+        relay.on_done_outcome(outcome)
+    return ShardReport(f"{f.rel} {step}", worker, 1, 0, 0, time.monotonic() - started, ctx.requests.retrier.retries,
+                       [outcome])
+
+
 async def stage_range(spec: RangeSpec, publish: Publish | None, worker: str) -> ShardReport:
     """Stage blocks [first, last) of a file under the client's nonce, leaving those the store holds already."""
-    started = time.monotonic()
     f = spec.file
-    async with shard_engine(spec.job, f"{f.nonce}-{spec.first}", _label(spec), publish) as (ctx, relay, source):
+
+    async def stage(ctx: EngineContext, source: Store | None) -> tuple[int, int]:
         writer = ctx.store.writer(f.blob, f.nonce)
         tokens, expected = part_layout(writer, f.size, spec.block_size)
         held = await ctx.request(lambda: writer.parts())
@@ -54,10 +82,9 @@ async def stage_range(spec: RangeSpec, publish: Publish | None, worker: str) -> 
                 sent = await stage_from_url(ctx, spec, source, present)
             else:
                 sent = await _stage_blocks(ctx, spec, writer.stage, tokens, present)
-        retries = ctx.requests.retrier.retries
-    relay.flush()
-    nbytes = sum(length for i, _, length in block_ranges(f.size, spec.block_size) if spec.first <= i < spec.last)
-    return ShardReport(_label(spec), worker, 0, nbytes, sent, time.monotonic() - started, retries)
+        return sum(expected[t] for t in tokens[spec.first:spec.last]), sent
+
+    return await _range_task(spec, publish, worker, stage)
 
 
 async def _stage_blocks(ctx: EngineContext, spec: RangeSpec, stage: Callable[[int, memoryview, PartCheck | None],
@@ -118,23 +145,14 @@ def _steps(size: int, step: int = 8 * 1024 * 1024) -> Iterator[tuple[int, int]]:
 async def commit_split(spec: RangeSpec, md5_hex: str | None, *staged: ShardReport, publish: Publish | None,
                        worker: str) -> ShardReport:
     """Commit every block of the file, in order, once all range tasks are done; then verify what the store holds."""
-    started = time.monotonic()
-    f = spec.file
-    sent = sum(r.sent for r in staged)
-    outcome = FileOutcome(f.rel, True, sent)
-    async with shard_engine(spec.job, f"{f.nonce}-commit", f"{f.rel} commit", publish) as (ctx, relay, source):
-        try:
-            if source is not None:
-                await commit_copy(ctx, spec, source)
-            else:
-                await _commit(ctx, spec, bytes.fromhex(md5_hex) if md5_hex else None)
-        except BlobsyncError as exc:
-            if exc.scope is not Scope.FILE:
-                raise  # the scheduler runs the task again, or the job stops
-            outcome = FileOutcome(f.rel, False, sent, str(exc), int(exc.exit_code))
-        relay.on_done_outcome(outcome)
-    return ShardReport(f"{f.rel} commit", worker, 1, 0, 0, time.monotonic() - started,
-                       ctx.requests.retrier.retries, [outcome])
+
+    async def commit(ctx: EngineContext, source: Store | None) -> None:
+        if source is not None:
+            await commit_copy(ctx, spec, source)
+        else:
+            await _commit(ctx, spec, bytes.fromhex(md5_hex) if md5_hex else None)
+
+    return await _file_task(spec, "commit", staged, publish, worker, commit)
 
 
 async def _commit(ctx: EngineContext, spec: RangeSpec, md5: bytes | None) -> None:
@@ -154,59 +172,56 @@ async def _commit_all(ctx: EngineContext, spec: RangeSpec, headers: BlobHeaders)
 
 async def fetch_range(spec: RangeSpec, publish: Publish | None, worker: str) -> ShardReport:
     """Fetch blocks [first, last) of a blob (If-Match the planned version) into the shared partial file."""
-    started = time.monotonic()
     f, size = spec.file, spec.block_size
-    target = safe_join(Path(spec.job.local_root), f.rel)
-    sent = 0
-    async with shard_engine(spec.job, f"{f.nonce}-{spec.first}", _label(spec), publish) as (ctx, relay, _source):
-        part = await in_thread(ctx.io_pool, lambda: PartFile(target, f.size, keep=True,
-                                                             root=Path(spec.job.local_root), shared=True))
+
+    async def fetch(ctx: EngineContext, _source: Store | None) -> tuple[int, int]:
+        part = await _shared_part(ctx, spec)
         ranges = [(i, i * size, min(size, f.size - i * size)) for i in range(spec.first, spec.last)]
-        fetch = RangeFetch(ctx, f.rel, ranges, FileSink(ctx, part, None), None,
+        reads = RangeFetch(ctx, f.rel, ranges, FileSink(ctx, part, None), None,
                            lambda offset, view: read_checked(ctx.store, ctx.io_pool, f.blob, offset, view,
                                                              f.etag or None),
                            span_reader(ctx.store, f.blob, f.etag or None, size))
         try:
-            sent = await fetch.run()
+            sent = await reads.run()
             await in_thread(ctx.io_pool, part.sync)
         finally:
             part.close()
-        retries = ctx.requests.retrier.retries
-    relay.flush()
-    return ShardReport(_label(spec), worker, 0, sent, sent, time.monotonic() - started, retries)
+        return sent, sent
+
+    return await _range_task(spec, publish, worker, fetch)
 
 
 async def finish_download(spec: RangeSpec, *fetched: ShardReport, publish: Publish | None, worker: str
                           ) -> ShardReport:
     """Check the whole partial file's MD5 against the blob's, then give it its name: one rename, once whole."""
-    started = time.monotonic()
     f = spec.file
-    sent = sum(r.sent for r in fetched)
-    outcome = FileOutcome(f.rel, True, sent)
-    async with shard_engine(spec.job, f"{f.nonce}-finish", f"{f.rel} finish", publish) as (ctx, relay, _source):
-        target = safe_join(Path(spec.job.local_root), f.rel)
-        props = f.listed()
-        part = await in_thread(ctx.io_pool, lambda: PartFile(target, f.size, keep=True,
-                                                             root=Path(spec.job.local_root), shared=True))
+
+    async def finish(ctx: EngineContext, _source: Store | None) -> None:
+        props, mode = f.listed(), ctx.config.check_md5
+        part = await _shared_part(ctx, spec)
         try:
             digest = None  # hashed only where a stored MD5 is there to compare it with
-            if props.content_md5 is not None and ctx.config.check_md5 is not CheckMd5.NO_CHECK:
+            if props.content_md5 is not None and mode is not CheckMd5.NO_CHECK:
                 whole = new_md5()
                 await in_thread(ctx.io_pool, feed, whole, part.chunks(0, f.size))
                 digest = whole.digest()
-            check_md5(ctx.config.check_md5, f.blob, props.content_md5, digest, WRITTEN_NOWHERE)
+            check_md5(mode, f.blob, props.content_md5, digest, WRITTEN_NOWHERE)
             mtime = destination_mtime_ns(props) if ctx.config.preserve_last_modified_time else None
             await in_thread(ctx.io_pool, part.finish, mtime)
-        except BlobsyncError as exc:
-            if exc.scope is not Scope.FILE:
-                raise
+        except BlobsyncError:
             part.discard()
-            outcome = FileOutcome(f.rel, False, sent, str(exc), int(exc.exit_code))
+            raise
         finally:
             part.close()
-        relay.on_done_outcome(outcome)
-    return ShardReport(f"{f.rel} finish", worker, 1, 0, 0, time.monotonic() - started,
-                       ctx.requests.retrier.retries, [outcome])
+
+    return await _file_task(spec, "finish", fetched, publish, worker, finish)
+
+
+async def _shared_part(ctx: EngineContext, spec: RangeSpec) -> PartFile:
+    """The split download's one partial file, which every range task writes its ranges into."""
+    root = Path(spec.job.local_root)
+    target = safe_join(root, spec.file.rel)
+    return await in_thread(ctx.io_pool, lambda: PartFile(target, spec.file.size, keep=True, root=root, shared=True))
 
 
 # --- blob-to-blob copies: the destination's service reads each range from the source's URL ---
