@@ -22,7 +22,7 @@ from conftest import ContainerHandle
 from support.azurite import Azurite
 from support.cli import clean_env, random_file, run
 from support.processes import kill_tree
-from support.proxy import FaultProxy, Rule, reset_before, respond
+from support.proxy import FaultProxy, Rule, flip_response_byte, reset_before, respond
 
 BIG = 66 * MiB + 4321  # over a shard's 64 MiB: its ranges go to both processes, committed once
 
@@ -181,3 +181,28 @@ def test_throttled_and_reset_requests_in_the_workers_are_retried_to_the_right_by
     assert report.ok and report.files_transferred == len(files), report.failures[:3]
     assert sum(proxy.stats.faults.values()) >= 5  # the faults did happen, and were ridden out
     _same_bytes(container, files)
+
+
+def test_a_split_download_whose_md5_differs_is_fetched_again_as_the_plain_download_is(
+        container: ContainerHandle, tmp_path: Path, proxy: FaultProxy, proxy_env: str) -> None:
+    """A byte flipped in an 8 MiB range (too large for the service's range MD5) of a file split over both
+    processes: the whole MD5 differs at the finish; the client fetches the file again instead of failing it."""
+    data = random_file(tmp_path / "big.bin", BIG, seed=78)
+    config = TransferConfig.from_mib(journal_path=tmp_path / "j.db")
+    assert blobsync.copy(tmp_path / "big.bin", f"{container.url}/big.bin", config).ok  # its MD5 stored
+    proxy.add_rule(Rule("get_blob", flip_response_byte(), nth=3))
+    report = blobsync.copy(f"{proxy.endpoint()}/{container.name}/big.bin", tmp_path / "down.bin", config,
+                           cluster="processes:2")
+    assert report.ok and report.files_transferred == 1, report.failures
+    assert (tmp_path / "down.bin").read_bytes() == data
+    assert proxy.stats.faults["get_blob"] == 1 and len({s.worker for s in report.shards}) == 2
+
+    from azure.storage.blob import ContentSettings  # a stored MD5 that is simply wrong: the same bytes twice fail
+
+    container.client.get_blob_client("big.bin").set_http_headers(ContentSettings(content_md5=bytearray(16)))
+    before = proxy.stats.requests["get_blob"]
+    wrong = blobsync.copy(f"{proxy.endpoint()}/{container.name}/big.bin", tmp_path / "again.bin", config,
+                          cluster="processes:2")
+    assert [f.exit_code for f in wrong.failures] == [blobsync.ExitCode.INTEGRITY]
+    assert not (tmp_path / "again.bin").exists()
+    assert proxy.stats.requests["get_blob"] - before == 2 * -(-BIG // (8 * MiB))  # every range, twice

@@ -82,6 +82,7 @@ class ClusterTransfer:
         self.grace = grace  # how long the job waits with no worker left before it stops
         self.local_root = Path()
         self._rows: dict[str, FileRow] = {}  # files of the units in flight, by local path
+        self._mismatched: dict[str, set[str]] = {}  # split downloads: whole MD5s that differed from the blob's
         self._settle: Settle = lambda report, row, result: None  # the JobRunner's: it records each outcome
 
     async def run(self, ctx: EngineContext, job_id: str, local_root: Path, report: Report,
@@ -214,9 +215,23 @@ class ClusterTransfer:
             files = unit.files if isinstance(unit, ShardSpec) else (unit.file,)
             if isinstance(outcome, BaseException):
                 await self._failed(ctx, report, files, outcome)
+            elif isinstance(unit, SplitFile) and self._fetch_again(ctx, report, unit, outcome):
+                rest.add(asyncio.ensure_future(self._submit(ctx, unit)))
             else:
                 self._apply(ctx, report, files, outcome)
         return rest
+
+    def _fetch_again(self, ctx: EngineContext, report: Report, unit: SplitFile, reports: list[ShardReport]) -> bool:
+        """A split download whose whole MD5 differed from the blob's is fetched again, as a plain download is,
+        until the same bytes come twice (then the stored MD5 is what is wrong, and the file fails)."""
+        digest = next((o.digest for r in reports for o in r.outcomes if o.digest), "")
+        seen = self._mismatched.setdefault(unit.file.rel, set())
+        if self.upload or not digest or digest in seen or len(seen) >= ctx.config.max_retries:
+            return False
+        seen.add(digest)
+        report.retries += 1
+        log.info("%s: the MD5 of the bytes fetched differs from the blob's; fetching it again", unit.file.rel)
+        return True
 
     def _apply(self, ctx: EngineContext, report: Report, files: Iterable[FileOp], reports: list[ShardReport]
                ) -> None:

@@ -49,6 +49,7 @@ class FileOutcome:
     reason: str = ""
     exit_code: int = 0
     skipped: bool = False
+    digest: str = ""  # a download's whole MD5 (hex) where it differed from the blob's: the client fetches again
 
 
 @dataclass

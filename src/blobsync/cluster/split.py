@@ -25,7 +25,7 @@ from blobsync.engine.s2s import copy_headers, source_tags
 from blobsync.engine.staging import read_block
 from blobsync.engine.tasks import for_each, in_thread
 from blobsync.engine.upload import upload_headers
-from blobsync.errors import BlobNotFoundError, BlobsyncError, Scope
+from blobsync.errors import BlobNotFoundError, BlobsyncError, ChecksumMismatchError, Scope
 from blobsync.local.files import OpenFile
 from blobsync.local.target import PartFile, safe_join
 
@@ -61,7 +61,8 @@ async def _file_task(spec: RangeSpec, step: str, before: tuple[ShardReport, ...]
         except BlobsyncError as exc:
             if exc.scope is not Scope.FILE:
                 raise  # the scheduler runs the task again, or the job stops
-            outcome = FileOutcome(f.rel, False, sent, str(exc), int(exc.exit_code))
+            differed = exc.digest.hex() if isinstance(exc, ChecksumMismatchError) and exc.digest else ""
+            outcome = FileOutcome(f.rel, False, sent, str(exc), int(exc.exit_code), digest=differed)
         relay.on_done_outcome(outcome)
     return ShardReport(f"{f.rel} {step}", worker, 1, 0, 0, time.monotonic() - started, ctx.requests.retrier.retries,
                        [outcome])
