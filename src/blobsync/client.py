@@ -21,12 +21,12 @@ from blobsync.clientloop import ClientLoop, track
 from blobsync.config import CheckMd5, Overwrite, TransferConfig
 from blobsync.engine.context import EngineContext
 from blobsync.engine.digest import check_md5, md5_of, new_md5
-from blobsync.engine.fetching import MemorySink, RangeFetch, read_checked, read_whole, span_reader
+from blobsync.engine.fetching import MemorySink, RangeFetch, read_checked, read_whole
 from blobsync.engine.session import Session
 from blobsync.engine.sources import BufferSource, Data, source_of
 from blobsync.engine.streaming import StreamWriter
 from blobsync.engine.tasks import in_thread
-from blobsync.errors import BlobNotFoundError, BlobsyncError, UsageError
+from blobsync.errors import BlobNotFoundError, BlobsyncError, UnpinnedReadError, UsageError
 from blobsync.events import Progress
 from blobsync.jobs import PutSpec, check_writes, run_job
 from blobsync.journal import Journal, default_journal_path
@@ -217,12 +217,14 @@ class AsyncClient:
         def get(at: int, part: memoryview) -> Coroutine[Any, Any, bytes | None]:
             return read_checked(ctx.store, ctx.io_pool, loc.path, at, part, etag)
 
-        if len(view) <= step:
+        if len(view) > step and etag is None:  # the version there now, for every range
+            props = await ctx.request(lambda: ctx.store.stat(loc.path))
+            etag = props.etag or None if props is not None else None
+        if len(view) <= step or etag is None:  # no version to pin: one request, straight into the caller's view
             await ctx.request(lambda: get(offset, view))
             return
         ranges = [(i, offset + at, min(step, len(view) - at)) for i, at in enumerate(range(0, len(view), step))]
-        span = span_reader(ctx.store, loc.path, etag, step)  # nothing hashed in order: a GET may span blocks
-        await RangeFetch(ctx, loc.path, ranges, MemorySink(view, offset), None, get, span).run()
+        await RangeFetch(ctx, loc.path, loc.path, etag, ranges, MemorySink(view, offset), None).run()
 
     async def read_ranges(self, ranges: Sequence[tuple[str, int | None, int | None]]
                           ) -> list[bytes | BlobsyncError]:
@@ -321,6 +323,9 @@ class AsyncClient:
             raise UsageError(f"into= holds {len(given)} bytes; the blob has {props.size}")
         small = props.size <= got
         view = given if given is not None else first[:got] if small else memoryview(bytearray(props.size))
+        if not small and not props.etag:  # no version to pin the rest to: all of it again, in one request
+            props, got = await ctx.request(lambda: ctx.store.read_first(loc.path, view[:props.size]))
+            small = props.size <= got
         mode = self.config.check_md5  # as a download's: hashed where there is a Content-MD5 to compare it with
         if props.content_md5 is None:
             check_md5(mode, loc.path, None, None)  # FailIfDifferentOrMissing: before the rest is read
@@ -332,10 +337,8 @@ class AsyncClient:
                       for i, offset in enumerate(range(got, props.size, step), start=1)]
             if whole is not None:  # the first bytes are range 0 of the in-order hash, there already
                 ranges.insert(0, (0, 0, got))
-            await RangeFetch(ctx, loc.path, ranges, MemorySink(view), whole,
-                             lambda offset, part: read_checked(ctx.store, ctx.io_pool, loc.path, offset, part,
-                                                               props.etag or None),
-                             span_reader(ctx.store, loc.path, props.etag or None, step)).run(done={0})
+            await RangeFetch(ctx, loc.path, loc.path, props.etag or None, ranges, MemorySink(view), whole
+                             ).run(done={0})
         elif whole is not None:
             head = view[:props.size]
             await (in_thread(ctx.io_pool, whole.update, head) if props.size > INLINE_MD5 else _now(whole.update, head))
@@ -359,11 +362,13 @@ class AsyncClient:
             writer = self.stream_writer(loc, config)
             return AsyncBlobWriter(name, writer.write, writer.finish, writer.abort)
         props = await self.stat(name)
+        block = (config or self.config).block_size
+        pinned(props, block)
 
         def fetch(offset: int, length: int) -> Coroutine[Any, Any, bytes]:
             return self.fetch_range(loc, offset, length, props.etag or None)
 
-        return AsyncBlobReader(name, props.size, (config or self.config).block_size, fetch, read_ahead)
+        return AsyncBlobReader(name, props.size, block, fetch, read_ahead)
 
 
 class _Opening:
@@ -476,6 +481,7 @@ class Client:
         props = props or self.stat(name)
         loc = parse_location(self.url_for(name))
         block = (config or self.aio.config).block_size
+        pinned(props, block)
 
         def fetch(offset: int, length: int) -> Coroutine[Any, Any, bytes]:
             return self.aio.fetch_range(loc, offset, length, props.etag or None)
@@ -524,6 +530,15 @@ async def _now(fn: Callable[[memoryview], None], view: memoryview) -> None:
 async def _made(make: Callable[[], T]) -> T:
     """`make()` run on the client's loop (what it builds belongs to that loop)."""
     return make()
+
+
+def pinned(props: BlobProperties, block_size: int) -> None:
+    """A reader's blocks all come from the version opened: refused where the service named none and the blob
+    takes more than one read."""
+    if not props.etag and props.size > block_size:
+        raise UnpinnedReadError(f"{props.name}: the service named no version (ETag) of it, so reading it in "
+                                "blocks could mix two versions of the blob: refused",
+                                hint="read it whole with get(), or fix the server or proxy that drops the ETag")
 
 
 def _is_stream(data: object) -> TypeGuard[Iterable[Buffer] | AsyncIterable[Buffer]]:

@@ -199,6 +199,11 @@ class IntegrityError(BlobsyncError):
     exit_code = ExitCode.INTEGRITY
 
 
+class UnpinnedReadError(IntegrityError):
+    """A read that needs several requests of a blob the service names no version (ETag) of: its ranges could come
+    from two versions, so it is refused."""
+
+
 class ChecksumMismatchError(IntegrityError):
     """The whole file's MD5 differs from the blob's Content-MD5; `digest` is the MD5 of what arrived."""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import re
 import socket
 import threading
 import time
@@ -167,6 +168,14 @@ class ForgetIfMatch:
 
 
 @dataclass(frozen=True)
+class DropEtag:
+    """Forward, then answer without any ETag (the header, and `<Etag>` in a listing): a server or a proxy that
+    names no version of a blob, so no read can be pinned to one."""
+
+    name = "drop_etag"
+
+
+@dataclass(frozen=True)
 class ShiftRange:
     """Forward with the requested byte range moved ``by`` bytes: a server that answers another range than asked
     (its Content-Range says which). Sign requests with a SAS: a Shared Key signature covers the Range header."""
@@ -184,7 +193,7 @@ class Hold:
 
 
 Action = (Respond | ResetBefore | ResetAfter | ResetMidResponse | StallMidResponse | Stall | StallBody | FlipByte
-          | FlipResponseByte | ForgetIfMatch | ShiftRange
+          | FlipResponseByte | ForgetIfMatch | ShiftRange | DropEtag
           | Hold)
 
 
@@ -232,6 +241,10 @@ def hold() -> Hold:
 
 def forget_if_match(held: bool = False) -> ForgetIfMatch:
     return ForgetIfMatch(held)
+
+
+def drop_etag() -> DropEtag:
+    return DropEtag()
 
 
 def shift_range(by: int) -> ShiftRange:
@@ -873,6 +886,11 @@ class FaultProxy:
             pause = action if isinstance(action, StallMidResponse) else None
             return await self._partial(request, req, action.keep, status, reason, resp_headers, body, pause)
 
+        if isinstance(action, DropEtag):
+            resp_headers.popall("ETag", None)
+            if req.op == "list_blobs":
+                body = re.sub(rb"<Etag>[^<]*</Etag>", b"", body)
+                resp_headers.popall("Content-Length", None)
         if isinstance(action, FlipResponseByte) and body:
             i = random.randrange(len(body)) if action.offset is None else action.offset % len(body)
             damaged = bytearray(body)

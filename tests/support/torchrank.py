@@ -70,6 +70,23 @@ def main(args: dict[str, Any]) -> dict[str, Any]:
                     checkpoints.save(step, {"model": model_sd, "optim": optim_sd,
                                             "extra": {"step": args["seed"], "name": "run7"}})
             return {"ok": True}
+        if args["mode"] == "ckpt-async-train":  # async saves while training runs collectives on the default group
+            from blobsync.torch import Checkpoints
+
+            w = torch.zeros(1 << 16)  # the same on every rank (replicated: DCP saves it once)
+            saves = []
+            with Checkpoints(args["url"], keep=2, config=config) as checkpoints:
+                for step in range(args.get("steps", 40)):
+                    grad = torch.ones(1 << 16)
+                    dist.all_reduce(grad)  # training's own collective, beside the save's
+                    w.add_(grad)
+                    if step % 10 == 0:
+                        saves.append(checkpoints.save(step, {"w": w}, async_=True))
+                done = [f.result(timeout=120) for f in saves]
+                state = {"w": torch.zeros(1 << 16)}
+                checkpoints.load(state=state)
+            return {"ok": done == list(range(0, args.get("steps", 40), 10)) and torch.equal(state["w"], w - 
+                    float(world) * (args.get("steps", 40) - 1 - done[-1]))}
         if args["mode"] == "save":
             model, optimizer = model_and_optimizer(args["seed"], args["width"], mesh)
             model_sd, optim_sd = get_state_dict(model, optimizer)

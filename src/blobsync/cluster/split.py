@@ -19,7 +19,7 @@ from blobsync.config import CheckMd5
 from blobsync.engine.commit import commit_checked, part_layout
 from blobsync.engine.context import EngineContext
 from blobsync.engine.digest import WRITTEN_NOWHERE, check_md5, feed, new_md5
-from blobsync.engine.fetching import FileSink, RangeFetch, read_checked, span_reader
+from blobsync.engine.fetching import FileSink, RangeFetch
 from blobsync.engine.mtime import destination_mtime_ns
 from blobsync.engine.s2s import copy_headers, source_tags
 from blobsync.engine.staging import read_block
@@ -178,10 +178,7 @@ async def fetch_range(spec: RangeSpec, publish: Publish | None, worker: str) -> 
     async def fetch(ctx: EngineContext, _source: Store | None) -> tuple[int, int]:
         part = await _shared_part(ctx, spec)
         ranges = [(i, i * size, min(size, f.size - i * size)) for i in range(spec.first, spec.last)]
-        reads = RangeFetch(ctx, f.rel, ranges, FileSink(ctx, part, None), None,
-                           lambda offset, view: read_checked(ctx.store, ctx.io_pool, f.blob, offset, view,
-                                                             f.etag or None),
-                           span_reader(ctx.store, f.blob, f.etag or None, size))
+        reads = RangeFetch(ctx, f.rel, f.blob, f.etag or None, ranges, FileSink(ctx, part, None), None)
         try:
             sent = await reads.run()
             await in_thread(ctx.io_pool, part.sync)

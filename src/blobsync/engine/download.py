@@ -11,7 +11,7 @@ from blobsync.config import CheckMd5, Overwrite
 from blobsync.engine.blocks import block_count, block_ranges
 from blobsync.engine.context import EngineContext
 from blobsync.engine.digest import EMPTY_MD5, WRITTEN_NOWHERE, check_md5, new_md5
-from blobsync.engine.fetching import FileSink, RangeFetch, read_checked, read_whole, span_reader
+from blobsync.engine.fetching import FileSink, RangeFetch, read_checked, read_whole
 from blobsync.engine.mtime import destination_mtime_ns
 from blobsync.engine.tasks import in_thread
 from blobsync.errors import ChecksumMismatchError, ConflictError, IntegrityError
@@ -111,9 +111,8 @@ class FileDownloader:
             return await self._single(row, props, part, want_md5, seen)
         whole = new_md5() if want_md5 else None
         ctx, etag = self.ctx, props.etag or None
-        fetch = RangeFetch(ctx, row.rel, block_ranges(props.size, block_size), FileSink(ctx, part, row.id), whole,
-                           lambda offset, view: read_checked(ctx.store, ctx.io_pool, row.blob, offset, view, etag),
-                           span_reader(ctx.store, row.blob, etag, block_size))
+        fetch = RangeFetch(ctx, row.rel, row.blob, etag, block_ranges(props.size, block_size),
+                           FileSink(ctx, part, row.id), whole)
         sent = await fetch.run(done)
         return sent, whole.digest() if whole is not None else None
 

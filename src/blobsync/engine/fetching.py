@@ -14,7 +14,7 @@ from blobsync.engine.budget import BlockBuffer, Window
 from blobsync.engine.context import EngineContext
 from blobsync.engine.digest import feed, md5_of
 from blobsync.engine.tasks import cancel_all, gather_or_cancel, in_thread, raise_first_failure
-from blobsync.errors import ChecksumMismatchError, ConflictError, CorruptedInTransitError
+from blobsync.errors import ChecksumMismatchError, ConflictError, CorruptedInTransitError, UnpinnedReadError
 from blobsync.local.target import PartFile, current_boot_id
 
 if TYPE_CHECKING:
@@ -170,12 +170,19 @@ class RangeFetch:
     """Fetches the ranges of one blob not yet in the sink, in parallel, each into the sink's view or a pooled
     buffer; hashes them in order as they become available (a buffer goes back once stored and hashed)."""
 
-    def __init__(self, ctx: EngineContext, rel: str, ranges: Iterable[Range], sink: Sink, whole: Md5 | None,
-                 get: GetRange, span: GetSpan | None = None) -> None:
-        self.ctx, self.rel, self.sink, self.whole, self.get = ctx, rel, sink, whole, get
-        self.span = span if whole is None else None  # several blocks a GET: only when none waits for a hash
+    def __init__(self, ctx: EngineContext, rel: str, blob: str, etag: str | None, ranges: Iterable[Range],
+                 sink: Sink, whole: Md5 | None) -> None:
+        self.ctx, self.rel, self.sink, self.whole = ctx, rel, sink, whole
         self.ranges = list(ranges)
+        if not etag and len(self.ranges) > 1:
+            raise UnpinnedReadError(
+                f"{blob}: the service named no version (ETag) of it, so a read in {len(self.ranges)} ranges could "
+                "mix two versions of the blob: refused", hint="read it in one request (a block size of at least "
+                "its size), or fix the server or proxy that drops the ETag")
+        self.get: GetRange = lambda offset, view: read_checked(ctx.store, ctx.io_pool, blob, offset, view, etag)
         self.buffer_size = max((length for _, _, length in self.ranges), default=0)  # pooled buffers: one size
+        # several blocks a GET: only when none waits for a hash
+        self.span = span_reader(ctx.store, blob, etag, self.buffer_size) if whole is None else None
         loop = asyncio.get_running_loop()
         # A fetched range waits here (its view, and its pooled buffer if any) until hashed in order; None: it was
         # in the sink already.

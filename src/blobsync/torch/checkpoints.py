@@ -6,33 +6,48 @@ torch.save. A process killed at any moment leaves `latest()` naming a complete c
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import IO, Any, Literal, cast
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save, save as dcp_save
 
 from blobsync.client import Client
 from blobsync.config import Overwrite, TransferConfig
-from blobsync.errors import BlobNotFoundError, UsageError
+from blobsync.errors import BlobNotFoundError, BlobsyncError, UsageError
 from blobsync.redact import strip_query
+from blobsync.torch import _pending
 from blobsync.torch._paths import below, container_path, folder_url
 from blobsync.torch.dcp import METADATA, BlobStorageReader, BlobStorageWriter, IncompleteCheckpointError
 
 POINTER = "latest"
+POINTER_MAX = 256  # bytes: blobsync's pointer is ~30; a larger (or deeper) one is not blobsync's, and is ignored
 STATE = "state.pt"  # a one-process checkpoint: torch.save's bytes, one blob
 MARKERS = {METADATA: "dcp", STATE: "torch"}  # what makes a folder complete, by its format
-_FOLDER = re.compile(r"^step-(\d{8,})/")
+MAX_STEP = 10**10 - 1  # at most 10 digits: a name outside the range is never taken for a step
+_FOLDER = re.compile(r"^step-([0-9]{8,10})/", re.ASCII)
 Format = Literal["auto", "dcp", "torch"]
 
 
 def folder_of(step: int) -> str:
     return f"step-{step:08d}/"
+
+
+def step_of(relative: str) -> int | None:
+    """The step a name below the run's folder belongs to, if it is in blobsync's one spelling (`step-00000400/`):
+    ASCII digits, eight at least, no extra leading zero, at most MAX_STEP."""
+    match = _FOLDER.match(relative)
+    if match is None:
+        return None
+    step = int(match.group(1))
+    return step if match.group(0) == folder_of(step) else None
 
 
 class Checkpoints:
@@ -41,7 +56,7 @@ class Checkpoints:
     where a process group is running), 'torch' (torch.save of the whole state; the default in one process)."""
 
     def __init__(self, url: str, keep: int = 3, *, client: Client | None = None, config: TransferConfig | None = None,
-                 credential: object = None, format: Format = "auto") -> None:
+                 credential: object = None, format: Format = "auto", process_group: Any = None) -> None:
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
             raise UsageError(f"invalid keep={keep!r}: how many complete checkpoints to keep, 1 or more")
         if format not in ("auto", "dcp", "torch"):
@@ -54,6 +69,7 @@ class Checkpoints:
         self._reading: set[int] = set()  # steps this object is loading: never pruned under it
         self._lock = threading.Lock()
         self._uploads: concurrent.futures.ThreadPoolExecutor | None = None
+        self._group = process_group  # async DCP saves' collectives: apart from training's (made on first use)
 
     def __repr__(self) -> str:
         return f"Checkpoints({strip_query(self.url)!r}, keep={self.keep})"
@@ -64,62 +80,70 @@ class Checkpoints:
              ) -> concurrent.futures.Future[int] | None:
         """Save `state` as checkpoint `step` (every rank calls it under a process group). With `async_`, return once
         the state is copied to host memory: the Future resolves (to `step`) when the checkpoint is complete and
-        `latest` names it; without, return then."""
+        `latest` names it; without, return then. A step older than the newest complete checkpoint here is refused
+        (`keep` would discard it at once): resume from that one, or save to another folder."""
         step = _step(step)
+        self._check_newer(step)
+        what = f"checkpoint {folder_of(step)} under {strip_query(self.url)}"
         if self._format() == "dcp":
             writer = BlobStorageWriter(self._url(folder_of(step)), client=self.client)
             if not async_:
                 dcp_save(state, storage_writer=writer, no_dist=not _distributed())
                 self._complete(step, "dcp")
                 return None
-            return self._then(dcp_async_save(state, storage_writer=writer, no_dist=not _distributed()), step, "dcp")
+            started = dcp_async_save(state, storage_writer=writer, no_dist=not _distributed(),
+                                     process_group=self._async_group())
+            return _pending.chain(cast(concurrent.futures.Future[Any], started), _pending.Save(what),
+                                  lambda _: self._complete(step, "dcp"))
         if not async_:
             self._write_torch(step, state)
             return None
         staged = to_host(state)  # the part training waits for: a copy it may go on changing beside
         if self._uploads is None:
             self._uploads = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="blobsync-checkpoints")
-        return self._uploads.submit(self._write_torch, step, staged)
+        return _pending.chain(self._uploads.submit(self._write_torch, step, staged), _pending.Save(what))
+
+    def _check_newer(self, step: int) -> None:
+        newest = self.latest()
+        if newest is not None and step < newest:
+            raise UsageError(f"step {step} is older than the newest complete checkpoint under "
+                             f"{strip_query(self.url)} (step {newest}): keep={self.keep} would delete it once saved. "
+                             "Resume from that one (load()), or save this run to another folder")
+
+    def _async_group(self) -> Any:
+        """The process group of async DCP saves: one of their own (gloo), so that their collectives, run in the
+        background, never interleave with training's on the default group."""
+        if not _distributed():
+            return None
+        if self._group is None:
+            self._group = dist.new_group(backend="gloo")
+        return self._group
 
     def _write_torch(self, step: int, state: dict[str, Any]) -> int:
         with self.client.open(self._name(folder_of(step) + STATE), "wb") as out:  # one commit, at close
             torch.save(state, cast(IO[bytes], out))
-        self._complete(step, "torch")
-        return step
+        return self._complete(step, "torch")
 
-    def _then(self, future: Any, step: int, fmt: str) -> concurrent.futures.Future[int]:
-        done: concurrent.futures.Future[int] = concurrent.futures.Future()
-
-        def finished(saved: Any) -> None:
-            try:
-                saved.result()
-                self._complete(step, fmt)
-            except BaseException as exc:  # the caller learns why through the Future
-                done.set_exception(exc)
-            else:
-                done.set_result(step)
-
-        future.add_done_callback(finished)
-        return done
-
-    def _complete(self, step: int, fmt: str) -> None:
-        """The folder is whole: the pointer names it (if it is the newest), then older ones go beyond `keep`."""
+    def _complete(self, step: int, fmt: str) -> int:
+        """The folder is whole: the pointer names it (if it is the newest), then older ones go beyond `keep`
+        (never `step` itself: a save that returned is there)."""
         if _distributed() and dist.get_rank() != 0:
-            return
+            return step
         with self._lock:
             newest = self.latest()
             if newest is None or step >= newest:
                 pointer = json.dumps({"step": step, "format": fmt}).encode()
                 self.client.put(pointer, self._name(POINTER), self._overwriting())
-            self._prune()
+            self._prune(step)
+        return step
 
-    def _prune(self) -> None:
+    def _prune(self, saved: int) -> None:
         complete = self._folders()
         kept = sorted(complete)[-self.keep:]
         newest = max(complete, default=-1)
         for step in sorted(self._all_steps()):
-            if step in kept or step in self._reading or step > newest:
-                continue  # kept, being read here, or a save still under way (another process's)
+            if step in kept or step == saved or step in self._reading or step > newest:
+                continue  # kept, just saved, being read here, or a save still under way (another process's)
             self._delete(step, complete.get(step))
 
     def _delete(self, step: int, marker: str | None) -> None:
@@ -137,11 +161,10 @@ class Checkpoints:
     def latest(self) -> int | None:
         """The newest complete checkpoint's step (None: there is none): the pointer's, checked; else a listing's."""
         try:
-            pointed = json.loads(self.client.get(self._name(POINTER)))
-            step = _step(pointed["step"])
-            marker = next(m for m, f in MARKERS.items() if f == pointed["format"])
+            step, fmt = _pointed(self.client.read_ranges([(self._name(POINTER), 0, POINTER_MAX + 1)])[0])
+            marker = next(m for m, f in MARKERS.items() if f == fmt)
             self.client.stat(self._name(folder_of(step) + marker))
-        except (BlobNotFoundError, ValueError, KeyError, TypeError, StopIteration, UsageError):
+        except (BlobNotFoundError, ValueError, StopIteration):
             return max(self._folders(), default=None)
         return step
 
@@ -158,7 +181,8 @@ class Checkpoints:
                 if state is None:
                     raise UsageError("a distributed checkpoint loads into a state dict: pass state= (shapes to fill)")
                 reader = BlobStorageReader(self._url(folder_of(found)), client=self.client)
-                dcp_load(state, storage_reader=reader, no_dist=not _distributed())
+                with _unwrapped():
+                    dcp_load(state, storage_reader=reader, no_dist=not _distributed())
                 return state
             with self.client.open(self._name(folder_of(found) + STATE)) as data:
                 return torch.load(cast(IO[bytes], data), map_location="cpu", weights_only=weights_only)
@@ -184,14 +208,14 @@ class Checkpoints:
         found: dict[int, str] = {}
         for props in self.client.ls(self._prefix):
             rel = props.name[len(self._base_path()):]
-            match = _FOLDER.match(rel)
-            if match and rel[match.end():] in MARKERS:
-                found.setdefault(int(match.group(1)), rel[match.end():])
+            step = step_of(rel)
+            if step is not None and rel[len(folder_of(step)):] in MARKERS:
+                found.setdefault(step, rel[len(folder_of(step)):])
         return found
 
     def _all_steps(self) -> set[int]:
-        return {int(m.group(1)) for p in self.client.ls(self._prefix)
-                if (m := _FOLDER.match(p.name[len(self._base_path()):]))}
+        return {step for p in self.client.ls(self._prefix)
+                if (step := step_of(p.name[len(self._base_path()):])) is not None}
 
     # --- names --------------------------------------------------------------------------------------------
 
@@ -227,9 +251,36 @@ class Checkpoints:
 
 
 def _step(step: object) -> int:
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise UsageError(f"invalid step={step!r}: a whole number, 0 or more")
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= MAX_STEP:
+        raise UsageError(f"invalid step={step!r}: a whole number from 0 to {MAX_STEP}")
     return step
+
+
+def _pointed(data: object) -> tuple[int, str]:
+    """The step and format the pointer names; ValueError for anything not blobsync's small JSON object."""
+    if isinstance(data, BlobNotFoundError):
+        raise data
+    if not isinstance(data, bytes) or len(data) > POINTER_MAX:  # bounded: its depth cannot reach the parser's
+        raise ValueError("not a pointer")
+    try:
+        pointed = json.loads(data)
+        step, fmt = pointed["step"], pointed["format"]
+        return _step(step), str(fmt)
+    except (ValueError, KeyError, TypeError, UsageError, RecursionError) as exc:
+        raise ValueError("not a pointer") from exc
+
+
+@contextlib.contextmanager
+def _unwrapped() -> Iterator[None]:
+    """DCP's CheckpointException (every rank's traceback in its text) as the blobsync error behind it: one line."""
+    try:
+        yield
+    except CheckpointException as exc:
+        errors = [failure[0] if isinstance(failure, tuple) else failure for failure in exc.failures.values()]
+        mine = next((e for e in errors if isinstance(e, BlobsyncError)), None)
+        if mine is None:
+            raise
+        raise mine from None
 
 
 def _distributed() -> bool:

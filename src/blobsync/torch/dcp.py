@@ -36,9 +36,10 @@ from blobsync.backends.base import Buffer
 from blobsync.blobfile import BlobWriter
 from blobsync.client import Client
 from blobsync.config import Overwrite, TransferConfig
-from blobsync.errors import BlobNotFoundError, IntegrityError, UsageError
+from blobsync.errors import BlobNotFoundError, ConflictError, IntegrityError, UsageError
 from blobsync.redact import strip_query
 from blobsync.torch._paths import below, folder_url
+from blobsync.torch._unpickle import load_metadata
 
 METADATA = ".metadata"
 SUFFIX = ".distcp"
@@ -168,8 +169,9 @@ class BlobStorageReader(StorageReader):
         self.folder = _Folder(url, client, config, credential)
         self.storage: dict[MetadataIndex, BlobStorageInfo] = {}
         self.load_id = uuid.uuid4().hex
-        if not _exists(self.folder.client, self.folder.name(METADATA)):
-            raise self._incomplete()
+        self._version = ""  # the ETag of the `.metadata` read
+        self._pinned: dict[str, str | None] = {}  # each data blob's version, as it was under that `.metadata`
+        self._metadata: Metadata | None = self._read_metadata()  # a bad folder is one line here, before DCP starts
 
     def _incomplete(self) -> IncompleteCheckpointError:
         return IncompleteCheckpointError(
@@ -178,20 +180,31 @@ class BlobStorageReader(StorageReader):
             hint="load an earlier checkpoint, or save this one again")
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
+        changed = checkpoint_id is not None and folder_url(checkpoint_id) != self.folder.url
         self.folder.reset(checkpoint_id)
         self.storage = {}
         self.load_id = uuid.uuid4().hex
+        self._pinned = {}
+        if changed:
+            self._metadata = None
 
     def read_metadata(self) -> Metadata:  # no rank-local metadata: DCP then asks for the global one only
-        try:
-            data = self.folder.client.get(self.folder.name(METADATA))
-        except BlobNotFoundError:
-            raise self._incomplete() from None
-        metadata = pickle.loads(data)
-        if not isinstance(metadata, Metadata):
-            raise IntegrityError(f"{self.folder.display}{METADATA} is not a checkpoint's metadata")
+        metadata, self._metadata = self._metadata or self._read_metadata(), None
         metadata.storage_meta = metadata.storage_meta or StorageMeta()
         metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+    def _read_metadata(self) -> Metadata:
+        name = self.folder.name(METADATA)
+        try:
+            props = self.folder.client.stat(name)
+            data = self.folder.client.read_into(name, bytearray(props.size), etag=props.etag or None)
+        except BlobNotFoundError:
+            raise self._incomplete() from None
+        self._version = props.etag
+        metadata = load_metadata(bytes(data), f"{self.folder.display}{METADATA}")
+        if not isinstance(metadata, Metadata):
+            raise IntegrityError(f"{self.folder.display}{METADATA} is not a checkpoint's metadata")
         return metadata
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
@@ -210,7 +223,8 @@ class BlobStorageReader(StorageReader):
         # A tensor the checkpoint holds whole, bound for a contiguous CPU tensor of its type and shape, is read
         # straight into it; the others into a buffer of their own, then copied in.
         targets = [_direct(planner, req, info) for req, info in items]
-        raws = _read_ranges(self.folder, [info for _, info in items], targets)
+        self._pin({info.relative_path for _, info in items})
+        raws = _read_ranges(self.folder, [info for _, info in items], targets, self._pinned)
         for (req, info), raw, target in zip(items, raws, targets, strict=True):
             if target is not None:
                 planner.commit_tensor(req, target)
@@ -219,6 +233,23 @@ class BlobStorageReader(StorageReader):
         done: Future[None] = Future()
         done.set_result(None)
         return done
+
+    def _pin(self, relatives: set[str]) -> None:
+        """The version of each data blob read from here on: the one there while the `.metadata` read is still
+        there (a save deletes it before any rank writes), so no range comes from another save."""
+        client = self.folder.client
+        new = sorted(relatives - self._pinned.keys())
+        if not new:
+            return
+        found = [client.stat(self.folder.name(relative)).etag or None for relative in new]
+        try:
+            still = client.stat(self.folder.name(METADATA)).etag == self._version
+        except BlobNotFoundError:
+            still = False
+        if not still:
+            raise ConflictError(f"{self.folder.display}: the checkpoint is being saved again while it loads; load "
+                                "it again once that save is done", status=412, code="ConditionNotMet")
+        self._pinned.update(zip(new, found, strict=True))
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
@@ -304,13 +335,15 @@ def _direct(planner: LoadPlanner, req: ReadItem, info: BlobStorageInfo) -> torch
     return target
 
 
-def _read_ranges(folder: _Folder, infos: Sequence[BlobStorageInfo], targets: Sequence[torch.Tensor | None]
-                 ) -> list[torch.Tensor]:
-    """The bytes of each item, all ranges in flight at once: into its target's memory, or a uint8 tensor."""
+def _read_ranges(folder: _Folder, infos: Sequence[BlobStorageInfo], targets: Sequence[torch.Tensor | None],
+                 versions: dict[str, str | None]) -> list[torch.Tensor]:
+    """The bytes of each item, all ranges in flight at once, each of its blob's pinned version: into its target's
+    memory, or a uint8 tensor."""
     raws = [t.reshape(-1).view(torch.uint8) if t is not None else torch.empty(info.length, dtype=torch.uint8)
             for info, t in zip(infos, targets, strict=True)]
     client = folder.client
-    futures = [client.submit(client.aio.read_into, folder.name(info.relative_path), _view(raw), info.offset)
+    futures = [client.submit(client.aio.read_into, folder.name(info.relative_path), _view(raw), info.offset,
+                             etag=versions[info.relative_path])
                for info, raw in zip(infos, raws, strict=True) if info.length]
     for future in futures:
         future.result()

@@ -17,6 +17,8 @@ from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from blobsync.client import Client
 from blobsync.config import TransferConfig
 from blobsync.errors import BlobNotFoundError
+from blobsync.redact import strip_query
+from blobsync.torch import _pending
 from blobsync.torch._paths import below, folder_url
 from blobsync.torch.checkpoints import to_host
 
@@ -36,7 +38,7 @@ class BlobCheckpointIO(CheckpointIO):
         self._prefix = below(self.client, self.url)
         self.root = os.path.abspath(root if root is not None else os.getcwd())
         self.async_ = async_
-        self._saving: dict[str, concurrent.futures.Future[None]] = {}
+        self._saving: dict[str, _pending.Save[None]] = {}
         self._lock = threading.Lock()
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
 
@@ -58,7 +60,8 @@ class BlobCheckpointIO(CheckpointIO):
         with self._lock:
             if self._pool is None:
                 self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="blobsync-lightning")
-            self._saving[name] = self._pool.submit(self._write, name, staged)
+            what = f"checkpoint {strip_query(self.client.url_for(name))}"
+            self._saving[name] = _pending.chain(self._pool.submit(self._write, name, staged), _pending.Save(what))
 
     def _write(self, name: str, checkpoint: dict[str, Any]) -> None:
         with self.client.open(name, "wb") as out:  # one commit, at close: never half a checkpoint
@@ -69,8 +72,10 @@ class BlobCheckpointIO(CheckpointIO):
         name = self._settled(self.name(path))
         try:
             with self.client.open(name) as data:
+                # Lightning's None is torch.load's default, True: a planted checkpoint's pickle runs no code
+                # (weights_only=False is the caller's say, for a folder they trust as they trust their code).
                 loaded = torch.load(cast(IO[bytes], data), map_location=map_location or "cpu",
-                                    weights_only=bool(weights_only))
+                                    weights_only=True if weights_only is None else bool(weights_only))
         except BlobNotFoundError:
             raise FileNotFoundError(f"checkpoint {os.fspath(path)!r} not found at {self.client.url_for(name)}"
                                     .split("?")[0]) from None
