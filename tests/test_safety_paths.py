@@ -626,3 +626,45 @@ def test_a_client_read_of_a_blob_without_a_version_is_one_request_or_refused(
         assert client.get("x.bin") == data == container.download("x.bin")
         with pytest.raises(blobsync.errors.UnpinnedReadError, match="named no version"):
             client.open("x.bin").read()
+
+
+# --- a Client's credential on its workers (issue 51) --------------------------------------------------------------
+
+@pytest.mark.parametrize("cluster", [None, "processes:2", "local:2"])
+def test_workers_sign_with_the_clients_credential_never_the_environments(
+        container: ContainerHandle, azurite: Azurite, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        cluster: str | None) -> None:
+    """A Client given a read-only SAS cannot write through its workers: they sign with that SAS, not with the
+    account key the workers' environment holds."""
+    from datetime import UTC, datetime, timedelta
+
+    from azure.storage.blob import ContainerSasPermissions, generate_container_sas
+
+    read_only = generate_container_sas(azurite.account, container.name, account_key=azurite.key,
+                                       expiry=datetime.now(UTC) + timedelta(hours=1),
+                                       permission=ContainerSasPermissions(read=True, list=True))
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azurite.connection_string)  # the key, on every worker
+    for i in range(2):
+        random_file(tmp_path / "src" / f"f{i}.bin", 1000 + i, seed=i)
+    config = blobsync.TransferConfig(journal_path=tmp_path / "j.db", max_retries=0, recursive=True)
+    with blobsync.Client(container.url, config, credential=read_only) as client:
+        with pytest.raises(blobsync.errors.AuthError, match="lacks 'w'"):
+            client.copy(str(tmp_path / "src"), client.url_for("up"), cluster=cluster)
+    assert container.blob_names() == []
+
+
+def test_a_credential_that_cannot_travel_to_workers_is_refused(container: ContainerHandle, tmp_path: Path) -> None:
+    class Local:  # a credential object bound to this process (a lock: it does not pickle)
+        lock = __import__("threading").Lock()
+
+        def __reduce__(self) -> tuple[object, ...]:
+            raise TypeError("cannot pickle")
+
+        def get_token(self, *scopes: str, **kwargs: object) -> SimpleNamespace:
+            return SimpleNamespace(token="t", expires_on=2**40)
+
+    random_file(tmp_path / "src" / "a.bin", 100, seed=1)
+    config = blobsync.TransferConfig(journal_path=tmp_path / "j.db", recursive=True)
+    with blobsync.Client(container.url, config, credential=Local()) as client:
+        with pytest.raises(UsageError, match="credential .* cannot be sent to the workers"):
+            client.copy(str(tmp_path / "src"), client.url_for("up"), cluster="processes:2")

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import pickle
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
@@ -74,8 +75,9 @@ class ClusterTransfer:
     """Runs the files of a job on an Executor instead of the local file pool (JobRunner hands them over)."""
 
     def __init__(self, executor: Executor, url: str, upload: bool, *, source_url: str = "",
-                 grace: float = GRACE) -> None:
+                 grace: float = GRACE, credential: object = None) -> None:
         self.executor = executor
+        self.credential = credential  # the Client's, for the remote side: what the workers sign with
         self.url = url  # as the user gave it (a SAS goes to the workers, never to the journal)
         self.upload = upload  # the workers write blobs (uploads and blob-to-blob copies)
         self.source_url = source_url  # a blob-to-blob copy's source, as the user gave it: no local side
@@ -131,7 +133,7 @@ class ClusterTransfer:
         if getattr(self.executor, "shares_machine", False):  # one machine's memory budget, shared by its workers
             options["memory"] = max(ctx.config.memory // workers, ctx.config.block_size)
         return WorkerJob(job_id, self.upload, str(self.local_root), self.url, options, ctx.config.proxy, topic,
-                       self.source_url)
+                         self.source_url, self.credential)
 
     def _files(self, ctx: EngineContext, job_id: str, items: Iterable[WorkItem]) -> Iterator[FileOp]:
         for item in items:
@@ -322,7 +324,8 @@ def remote(target: object, url: str, source_url: str = "") -> RemoteOpener:
     blob-to-blob copy's source."""
 
     @contextlib.asynccontextmanager
-    async def opened(upload: bool) -> AsyncIterator[RemoteRunner]:
+    async def opened(upload: bool, credential: object) -> AsyncIterator[RemoteRunner]:
+        _sendable(credential)
         executor: Executor
         if isinstance(target, Processes):
             from blobsync.cluster.processes import ProcessExecutor
@@ -333,8 +336,21 @@ def remote(target: object, url: str, source_url: str = "") -> RemoteOpener:
 
             executor = await DaskExecutor.open(target)
         try:
-            yield ClusterTransfer(executor, url, upload, source_url=source_url)
+            yield ClusterTransfer(executor, url, upload, source_url=source_url, credential=credential)
         finally:
             await executor.close()
 
     return opened
+
+
+def _sendable(credential: object) -> None:
+    """A Client's credential goes to the workers with each task; one that cannot is refused here, before any
+    work starts (the workers would otherwise sign with whatever their environment holds)."""
+    if credential is None:
+        return
+    try:
+        pickle.dumps(credential)
+    except Exception:
+        raise UsageError(f"the Client's credential ({type(credential).__name__}) cannot be sent to the workers of "
+                         "a cluster or of processes", hint="give the Client a SAS or an account key, or a "
+                         "credential that pickles, or run without cluster") from None

@@ -16,11 +16,14 @@ class WorkerJob:
     job: str  # the client's job id
     upload: bool
     local_root: str  # the same path on every worker (a shared file system)
-    url: str  # the container URL as the user gave it, SAS included (never journaled)
+    url: str = field(repr=False)  # the container URL as the user gave it, SAS included (never journaled)
     options: dict[str, Any]  # TransferConfig.worker_options(), the cap already split across the workers
     proxy: str | None = None
     topic: str = ""  # where workers publish progress
-    source_url: str = ""  # blob-to-blob copies: the source container's URL as given, SAS included (never journaled)
+    # blob-to-blob copies: the source container's URL as given, SAS included (never journaled)
+    source_url: str = field(default="", repr=False)
+    # the caller's Client's credential for `url`'s account (None: its SAS or the environment's)
+    credential: object = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)

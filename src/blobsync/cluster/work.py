@@ -122,7 +122,8 @@ async def shard_engine(job: WorkerJob, key: str, label: str, publish: Publish | 
         journal = Journal(path)
         try:
             config, progress = worker_config(job, path), Progress(subscribers=[relay])
-            session = Session(config, os.environ, journal, wire_progress=progress)
+            session = Session(config, os.environ, journal, wire_progress=progress, credential=job.credential,
+                              home=job.url)
             try:
                 source = session.store(job.source_url) if job.source_url else None
                 yield session.context(job.url, config, progress=progress), relay, source

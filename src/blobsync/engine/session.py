@@ -68,10 +68,10 @@ class Session:
         store = self._stores.get(key)
         if store is None:
             wire = Wire(self.bucket.take if self.bucket else None, self.progress.on_wire)
-            store = self._stores[key] = open_store(loc, self.config, self.env, wire, self._credential_for(loc))
+            store = self._stores[key] = open_store(loc, self.config, self.env, wire, self.credential_for(loc))
         return store  # container-scoped: a job takes its path from its own location
 
-    def _credential_for(self, loc: Location) -> object:
+    def credential_for(self, loc: Location) -> object:
         """The Client's credential belongs to its account: another account's URL (another host) is signed by its own
         SAS or the environment under the trusted-host rule, and a URL that carries a SAS of its own uses that."""
         if self.credential is None or getattr(loc, "sas", None) or _account(loc) != self._home:

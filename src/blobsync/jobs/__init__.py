@@ -79,7 +79,7 @@ async def run_job(spec: JobSpec, session: Session, config: TransferConfig, *, pr
         from blobsync.jobs.sync import SyncJob
 
         ctx = session.context(spec.remote, config, progress=progress, overwrite_prompt=prompt)
-        async with _cluster(hooks, spec.upload, config, spec.dry_run) as cluster:
+        async with _cluster(hooks, spec.upload, config, spec.dry_run, session.credential_for(spec.remote)) as cluster:
             return await SyncJob(spec, ctx, on_action=hooks.on_action, confirm=hooks.confirm_delete,
                                  cluster=cluster).run()
     from blobsync.jobs.transfer import TransferJob
@@ -87,7 +87,8 @@ async def run_job(spec: JobSpec, session: Session, config: TransferConfig, *, pr
     remote = spec.source if isinstance(spec, DownloadSpec) else spec.dest
     ctx = session.context(remote, config, progress=progress, overwrite_prompt=prompt)
     source = session.store(spec.source) if isinstance(spec, CopySpec) else None
-    async with _cluster(hooks, not isinstance(spec, DownloadSpec), config, spec.dry_run) as cluster:
+    async with _cluster(hooks, not isinstance(spec, DownloadSpec), config, spec.dry_run,
+                        session.credential_for(remote)) as cluster:
         return await TransferJob(spec, ctx, source, job=job, on_action=hooks.on_action, cluster=cluster).run()
 
 
@@ -103,15 +104,16 @@ def _written(spec: JobSpec) -> Location | None:
 
 
 @asynccontextmanager
-async def _cluster(hooks: Hooks, upload: bool, config: TransferConfig, dry_run: bool
+async def _cluster(hooks: Hooks, upload: bool, config: TransferConfig, dry_run: bool, credential: object
                    ) -> AsyncIterator[RemoteRunner | None]:
     """Where a job's files run (None: this process), opened for the job and closed after it (the caller's
-    opener: the cluster sits above the jobs)."""
+    opener: the cluster sits above the jobs); the workers sign with `credential`, the Client's, where it has one
+    for the remote side (never the workers' environment instead)."""
     if hooks.remote is None or dry_run:
         yield None
         return
     if config.overwrite is Overwrite.PROMPT:
         raise UsageError("--overwrite prompt cannot be used with --cluster or --processes: use true, false or "
                          "ifSourceNewer")
-    async with hooks.remote(upload) as runner:
+    async with hooks.remote(upload, credential) as runner:
         yield runner

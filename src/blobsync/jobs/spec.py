@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from blobsync.report import Action
 
     # Opens where a job's files run (upload: whether they write blobs), for the job's length (cluster/client.py).
-    RemoteOpener = Callable[[bool], AbstractAsyncContextManager[RemoteRunner]]
+    RemoteOpener = Callable[[bool, object], AbstractAsyncContextManager[RemoteRunner]]  # (upload, credential)
 
 Cluster = Any  # what a caller may pass: None, a distributed.Client, 'tcp://host:8786', 'local:N' or 'processes:N'
 PROCESSES = "processes:"  # the library's spelling of --processes N

@@ -70,6 +70,7 @@ class Checkpoints:
         self._lock = threading.Lock()
         self._uploads: concurrent.futures.ThreadPoolExecutor | None = None
         self._group = process_group  # async DCP saves' collectives: apart from training's (made on first use)
+        self._last: concurrent.futures.Future[int] | None = None  # the async DCP save under way
 
     def __repr__(self) -> str:
         return f"Checkpoints({strip_query(self.url)!r}, keep={self.keep})"
@@ -91,10 +92,13 @@ class Checkpoints:
                 dcp_save(state, storage_writer=writer, no_dist=not _distributed())
                 self._complete(step, "dcp")
                 return None
+            if self._last is not None:  # one at a time: two saves' collectives on one group would interleave
+                concurrent.futures.wait([self._last])
             started = dcp_async_save(state, storage_writer=writer, no_dist=not _distributed(),
                                      process_group=self._async_group())
-            return _pending.chain(cast(concurrent.futures.Future[Any], started), _pending.Save(what),
-                                  lambda _: self._complete(step, "dcp"))
+            self._last = _pending.chain(cast(concurrent.futures.Future[Any], started), _pending.Save(what),
+                                        lambda _: self._complete(step, "dcp"))
+            return self._last
         if not async_:
             self._write_torch(step, state)
             return None
