@@ -12,6 +12,8 @@ import pytest
 
 from blobsync.backends.azure.auth import is_trusted_host
 from blobsync.backends.azure.location import parse_location
+from blobsync.config import TransferConfig
+from blobsync.errors import UsageError
 from support.cli import run
 from support.recorder import outside_address
 
@@ -117,3 +119,25 @@ def test_ipv6_loopback_without_a_port_is_loopback() -> None:
 def test_a_password_in_a_url_is_never_echoed(tmp_path: Path, url: str) -> None:
     code, err = _cp(tmp_path, url, {})
     assert code == 2 and "s3cretpassw0rd" not in err and "REDACTED" in err, err
+
+
+@pytest.mark.parametrize("suffix", ["2", "0.2", "*.0.2", "*.10.79.0.2", "com", "*.net", "a b", "host:443"])
+def test_a_suffix_that_would_match_inside_an_ip_or_a_whole_tld_is_refused(
+        tmp_path: Path, outside: tuple[str, Listener], suffix: str) -> None:
+    """Issue 51: '2' trusted 10.79.0.2 (the key went there). Suffixes match names on a label boundary, an IP
+    address only named whole; a bare top-level domain is refused: one line, exit 2, nothing sent."""
+    host, listener = outside
+    code, err = _cp(tmp_path, f"https://{host}:{listener.port}/acct/cont", {"AZURE_STORAGE_KEY": KEY},
+                    "--trusted-microsoft-suffixes", suffix)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and "--trusted-microsoft-suffixes" in lines[0], err
+    assert listener.accepted == 0 and KEY not in err
+    with pytest.raises(UsageError, match="trusted-microsoft-suffixes"):
+        TransferConfig(trusted_suffixes=(suffix,))
+
+
+def test_an_ip_address_is_trusted_only_when_named_whole() -> None:
+    assert not is_trusted_host("10.79.0.2", ("0.2",)) and not is_trusted_host("10.79.0.2", ("79.0.2",))
+    assert is_trusted_host("10.79.0.2", TransferConfig(trusted_suffixes=("10.79.0.2",)).trusted_suffixes)
+    assert is_trusted_host("[2001:db8::1]", TransferConfig(trusted_suffixes=("[2001:DB8:0::1]",)).trusted_suffixes)
+    assert not is_trusted_host("evil.example.org.attacker.net", ("example.org",))

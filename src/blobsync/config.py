@@ -118,17 +118,39 @@ def tier_named(text: str | None) -> str | None:
 
 
 def parse_suffixes(text: str | None) -> tuple[str, ...]:
-    """--trusted-microsoft-suffixes 'a.example;*.b.example': host names or domains, without schemes or paths."""
+    """--trusted-microsoft-suffixes 'a.example;*.b.example;10.0.0.5': domains of two labels or more (matched on a
+    label boundary), or IP addresses named whole; no schemes, paths, ports or bare top-level domains."""
     out = []
-    for item in (text or "").split(";"):
-        item = item.strip().lstrip("*").lstrip(".")
+    for given in (text or "").split(";"):
+        item = given.strip()
+        wildcard = item.startswith(("*", "."))
+        item = item.lstrip("*").lstrip(".").rstrip(".").lower()
         if not item:
             continue
-        if not re.fullmatch(r"[A-Za-z0-9.\-:\[\]]+", item):
-            raise UsageError(f"invalid --trusted-microsoft-suffixes item {item!r}: a host name or domain, e.g. "
-                             "'blob.example.com'")
-        out.append(item.lower())
+        address = _ip(item)
+        if address is not None and not wildcard:
+            out.append(address)
+            continue
+        labels = item.split(".")
+        if address is not None or not all(re.fullmatch(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?", x) for x in labels) \
+                or labels[-1].isdigit():
+            raise UsageError(f"invalid --trusted-microsoft-suffixes item {given.strip()!r}: a host name or domain "
+                             "(e.g. 'blob.example.com'), or a whole IP address")
+        if len(labels) < 2:
+            raise UsageError(f"invalid --trusted-microsoft-suffixes item {given.strip()!r}: a top-level domain "
+                             "alone would trust every host under it; name the domain (e.g. 'storage.example.com')")
+        out.append(item)
     return tuple(out)
+
+
+def _ip(text: str) -> str | None:
+    """`text` as an IP address in one spelling (IPv6 with or without brackets), or None."""
+    import ipaddress
+
+    try:
+        return str(ipaddress.ip_address(text.removeprefix("[").removesuffix("]")))
+    except ValueError:
+        return None
 
 
 def parse_metadata(text: str | None) -> dict[str, str]:

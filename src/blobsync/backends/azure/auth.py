@@ -7,6 +7,7 @@ import base64
 import hashlib
 import hmac
 import inspect
+import ipaddress
 import logging
 import re
 import time
@@ -443,8 +444,13 @@ TRUSTED_SUFFIXES = ("core.windows.net", "core.chinacloudapi.cn", "core.cloudapi.
 
 
 def is_trusted_host(host: str, extra: tuple[str, ...] = ()) -> bool:
-    """Whether a key or token may be sent to `host`: a trusted suffix (or the host itself named as one)."""
-    host = host.lower().rstrip(".")
+    """Whether a key or token may be sent to `host`: a name under a trusted suffix, on a label boundary; an IP
+    address only when named whole."""
+    host = host.lower().rstrip(".").removeprefix("[").removesuffix("]")
+    try:
+        return str(ipaddress.ip_address(host)) in {s.strip("[]") for s in extra}
+    except ValueError:
+        pass
     for suffix in (*TRUSTED_SUFFIXES, *extra):
         suffix = suffix.lower().strip().lstrip("*").lstrip(".").rstrip(".")
         if suffix and (host == suffix or host.endswith("." + suffix)):
