@@ -668,3 +668,24 @@ def test_a_credential_that_cannot_travel_to_workers_is_refused(container: Contai
     with blobsync.Client(container.url, config, credential=Local()) as client:
         with pytest.raises(UsageError, match="credential .* cannot be sent to the workers"):
             client.copy(str(tmp_path / "src"), client.url_for("up"), cluster="processes:2")
+
+
+# --- secrets in reprs and pickles (issue 51) ----------------------------------------------------------------------
+
+def _fresh_sas() -> str:  # a credential factory: pickles by name, never by what it returns
+    return "sv=2022-11-02&sp=r&sig=FACTORYsecret0123456789"
+
+
+def test_no_repr_shows_a_secret_and_a_factory_keeps_it_out_of_a_pickle(container: ContainerHandle) -> None:
+    import pickle
+
+    from blobsync.cluster.spec import WorkerJob
+
+    config = blobsync.TransferConfig(proxy="http://user:PROXYpass0123@127.0.0.1:3128")
+    assert "PROXYpass0123" not in repr(config) and "REDACTED" in repr(config)
+    job = WorkerJob("j", True, "/x", f"{container.url}?sv=1&sig=URLsecret0123456", {}, topic="t",
+                    source_url="https://a/b?sig=SRCsecret0123456", credential="sv=1&sig=CREDsecret0123456")
+    assert "secret0123456" not in repr(job)
+    with blobsync.Client(container.url, credential=_fresh_sas) as client:
+        assert b"FACTORYsecret" not in pickle.dumps(client)
+        assert "FACTORYsecret" not in repr(client)

@@ -411,7 +411,8 @@ class Client:
 
     `close()` (and the end of a `with` block) waits for the work submitted; so does the interpreter's exit for a
     Client never closed. A forked child (DataLoader workers, multiprocessing's fork) opens a session of its own on
-    first use, and a Client pickles as its URL, config and credential (spawn)."""
+    first use, and a Client pickles as its URL, config, credential and `env` (spawn): secrets in clear, see
+    docs/library.md; a credential factory (a module-level function returning a SAS) keeps its secret out."""
 
     def __init__(self, url: str, config: TransferConfig | None = None, *, credential: object = None,
                  env: Mapping[str, str] | None = None) -> None:

@@ -17,7 +17,7 @@ from urllib.parse import quote
 from blobsync.arguments import HEADER_CONTROL, FlagEnum, boolean, check_header_text, choice, number, optional_path
 from blobsync.checksums import BlockCheck as BlockCheck
 from blobsync.errors import UsageError
-from blobsync.redact import register_secret
+from blobsync.redact import redact, register_secret
 
 MiB = 1024 * 1024
 MIN_BLOCK_SIZE = 1024
@@ -358,6 +358,11 @@ class TransferConfig:
         "copy's source credential may go to, beside *.core.windows.net and the national clouds' (a SAS in the URL "
         "goes anywhere).",
         metavar="SUFFIXES", parse=parse_suffixes, journal=False))
+
+    def __repr__(self) -> str:
+        # A proxy's password (user:password@) never shows: reprs reach logs, tracebacks and notebooks.
+        shown = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self) if f.repr)
+        return redact(f"TransferConfig({shown})")
 
     def __reduce__(self) -> tuple[object, ...]:
         # Pickled (a Client handed to a spawned process) as its fields, the read-only mappings as plain dicts;
