@@ -101,6 +101,14 @@ LISTINGS = {
                        + _LISTED.split(b"?>", 1)[1] % b"&a;"),
     "gzip": _xml_answer(__import__("gzip").compress(_LISTED % b"a.bin"), b"Content-Encoding: gzip"),
     "control-character": _xml_answer(_LISTED % b"a\x01b.bin"),
+    # issue 51: an OverflowError, a UnicodeDecodeError and an expanded entity before
+    "huge-character-reference": _xml_answer(_LISTED % b"a&#99999999999999999999999;b"),
+    "huge-marker-reference": _xml_answer((_LISTED % b"a.bin").replace(b"<NextMarker/>",
+                                                                       b"<NextMarker>&#x99999999999;</NextMarker>")),
+    "non-utf8-marker": _xml_answer((_LISTED % b"a.bin").replace(b"<NextMarker/>",
+                                                                 b"<NextMarker>\xff\xfe\xfa</NextMarker>")),
+    "utf16-dtd": _xml_answer(('<?xml version="1.0" encoding="utf-16"?><!DOCTYPE r [<!ENTITY a "' + "a" * 1000
+                              + '">]>' + (_LISTED % b"&a;&a;&a;").decode().split("?>", 1)[1]).encode("utf-16")),
 }
 
 
@@ -118,3 +126,21 @@ def test_a_hostile_listing_is_one_line_on_every_listing_path(kind: str, tmp_path
             errors = [line for line in done.stderr.splitlines() if line.startswith("blobsync: error:")]
             assert len(errors) == 1, done.stderr
     assert not (tmp_path / "dl").exists() or not any((tmp_path / "dl").iterdir())
+
+
+def test_a_listed_length_that_is_no_length_fails_that_blob_alone() -> None:
+    """`12abc` and 10^30 stopped the whole job (and 10^30 was a SQLite OverflowError); now the page is read, the
+    two blobs carry an invalid length (their own operation fails with one line), the third is whole."""
+    from blobsync.backends.azure.listing import parse_listing
+    from blobsync.backends.base import INVALID_LENGTH
+
+    def blob(name: str, length: str) -> str:
+        return f"<Blob><Name>{name}</Name><Properties><Content-Length>{length}</Content-Length></Properties></Blob>"
+
+    for page in ('<?xml version="1.0" encoding="utf-8"?><EnumerationResults><Blobs>' + blob("a", "12abc")
+                 + blob("b", "1" + "0" * 30) + blob("c", "3") + "</Blobs><NextMarker/></EnumerationResults>",
+                 '<?xml version="1.0" encoding="utf-8"?><EnumerationResults> <Blobs>' + blob("a", "12abc")
+                 + blob("b", "1" + "0" * 30) + blob("c", "3") + "</Blobs><NextMarker/></EnumerationResults>"):
+        listed, marker = parse_listing(page.encode())  # the scanner's reading, and the XML tree's
+        assert [(p.name, p.size) for p in listed] == [("a", INVALID_LENGTH), ("b", INVALID_LENGTH), ("c", 3)]
+        assert marker == ""

@@ -19,11 +19,16 @@ def parse_xml(body: bytes, what: str) -> ElementTree.Element:
     """The root element of an answer to `what` ('list blobs in c'), or ServiceError saying why it is refused."""
     if body[:2] == b"\x1f\x8b":
         raise ServiceError(f"{what}: the service answered with a gzip-compressed body, which was not asked for")
+    if b"\x00" in body or body[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        # Storage services answer in UTF-8; another encoding would also hide a DTD from the check below.
+        raise ServiceError(f"{what}: the answer is not UTF-8 text, which every storage service sends; refused")
     if _DECLARATION.search(body):
         # A storage service never declares a DTD; entities in one could expand a small answer beyond any bound.
         raise ServiceError(f"{what}: the answer declares a DTD or entities, which no storage service sends; refused")
     try:
-        return ElementTree.fromstring(body)
+        parser = ElementTree.XMLParser(encoding="utf-8")  # whatever the body declares
+        parser.feed(body)
+        return parser.close()
     except ElementTree.ParseError as exc:
         raise ServiceError(f"{what}: the answer is not well-formed XML ({exc})") from None
 

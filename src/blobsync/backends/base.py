@@ -18,6 +18,9 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
+INVALID_LENGTH = -1  # a listed blob whose length the service sent is not one: its own operation fails, not the listing
+
+
 @dataclass(frozen=True)
 class BlobProperties:
     name: str

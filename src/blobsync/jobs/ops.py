@@ -9,14 +9,16 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from blobsync.backends.base import BlobProperties, Store
+from blobsync.backends.base import INVALID_LENGTH, BlobProperties, Store
 from blobsync.engine.blocks import block_count, choose_block_size
 from blobsync.engine.context import EngineContext
 from blobsync.engine.listing import as_properties
+from blobsync.errors import ServiceError
 from blobsync.journal import FileRow, FileState
 from blobsync.journal.index import Entry
 from blobsync.local.files import FileIdentity, Source
 from blobsync.local.target import safe_join
+from blobsync.redact import printable
 from blobsync.report import FileResult
 
 if TYPE_CHECKING:  # imported with the first operation of their kind: a no-op sync never loads them
@@ -80,6 +82,9 @@ class Performer:
         return self._copier
 
     async def __call__(self, row: FileRow, op: FileOp) -> FileResult:
+        if op.size == INVALID_LENGTH and op.kind in (OpKind.DOWNLOAD, OpKind.COPY):
+            raise ServiceError(f"the service listed {printable(op.blob)!r} with an invalid length; this "
+                               "blob is not transferred", code="InvalidContentLength")
         if op.kind is OpKind.DOWNLOAD:
             return await self._downloads().download(row, op.listed(), safe_join(self.root, op.rel))
         if op.kind is OpKind.COPY:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
 from blobsync.backends.answers import parse_xml
-from blobsync.backends.base import BlobProperties
+from blobsync.backends.base import INVALID_LENGTH, BlobProperties
 from blobsync.errors import ServiceError
 from blobsync.redact import printable
 
@@ -61,11 +61,18 @@ def md5_header(value: str | None) -> bytes | None:
     return digest if len(digest) == 16 else None
 
 
-def parse_length(value: str | None, name: str) -> int:
-    """A blob's length as the service sent it; text that is not a length fails this blob, never the process."""
+MAX_LENGTH = 1 << 62  # beyond any blob (Azure's largest is ~190 TiB), and within what SQLite stores
+
+
+def parse_length(value: str | None, name: str, *, listed: bool = False) -> int:
+    """A blob's length as the service sent it. Text that is not a length fails this blob, never the process: a
+    ServiceError here (an answer about this blob alone), or INVALID_LENGTH for a listed one (the listing goes on;
+    the blob's own operation fails with one line)."""
     if not value:
         return 0
-    if not (value.isascii() and value.isdigit()):
+    if not (value.isascii() and value.isdigit() and len(value) < 20 and int(value) <= MAX_LENGTH):
+        if listed:
+            return INVALID_LENGTH
         raise ServiceError(f"the service sent {printable(name)!r} with an invalid length {printable(value[:40])!r}; "
                            "this blob is not transferred", code="InvalidContentLength")
     return int(value)
@@ -110,7 +117,7 @@ def _record(name: str, get: Callable[[str], str | None], metadata: dict[str, str
     md5 = get("Content-MD5")
     return BlobProperties(
         name=name,
-        size=parse_length(get("Content-Length"), name),
+        size=parse_length(get("Content-Length"), name, listed=True),
         etag=get("Etag") or "",
         last_modified=_listed_date(get("Last-Modified")),
         content_md5=md5_header(md5),
@@ -191,7 +198,13 @@ _NAMED = {"amp": "&", "lt": "<", "gt": ">", "quot": '"', "apos": "'"}
 
 def _entity(m: re.Match[str]) -> str:
     hexa, dec, named = m.groups()
-    return chr(int(hexa, 16)) if hexa else chr(int(dec)) if dec else _NAMED[named]
+    if named:
+        return _NAMED[named]
+    digits = hexa or dec
+    code = int(digits, 16 if hexa else 10) if len(digits) <= 8 else -1
+    if not 0 < code <= 0x10FFFF:  # not a character: the page is not XML (ValueError: refused, one line)
+        raise ValueError("a character reference out of range")
+    return chr(code)
 
 
 def _text(raw: str) -> str:
@@ -215,7 +228,7 @@ def _scan_blob(chunk: str) -> BlobProperties:
     text = _text if "&" in chunk else str
     return BlobProperties(
         name=text(name),
-        size=parse_length(text(length) if length else None, text(name)),
+        size=parse_length(text(length) if length else None, text(name), listed=True),
         etag=text(etag) if etag else "",
         last_modified=_listed_date(text(modified) if modified else None),
         content_md5=md5_header(text(md5)) if md5 else None,
@@ -251,7 +264,10 @@ def next_marker_guess(body: bytes) -> str:
     if start < 0:
         return ""
     end = body.find(b"</NextMarker>", start)
-    return _text(body[start + len(b"<NextMarker>"):end].decode("utf-8")) if end > 0 else ""
+    try:
+        return _text(body[start + len(b"<NextMarker>"):end].decode("utf-8")) if end > 0 else ""
+    except ValueError:  # not text, or not XML: a guess only; the page's own reading says what is wrong
+        return ""
 
 
 def parse_tags(body: bytes) -> dict[str, str]:
