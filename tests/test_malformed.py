@@ -144,3 +144,37 @@ def test_a_listed_length_that_is_no_length_fails_that_blob_alone() -> None:
         listed, marker = parse_listing(page.encode())  # the scanner's reading, and the XML tree's
         assert [(p.name, p.size) for p in listed] == [("a", INVALID_LENGTH), ("b", INVALID_LENGTH), ("c", 3)]
         assert marker == ""
+
+
+def test_a_next_marker_that_never_ends_is_one_line(tmp_path: Path) -> None:
+    """Every page names the same NextMarker (issue 51: the listing looped forever)."""
+    page = _xml_answer((_LISTED % b"a.bin").replace(b"<NextMarker/>", b"<NextMarker>again</NextMarker>"))
+    with _Server(page) as server:
+        base = f"http://127.0.0.1:{server.port}/devstoreaccount1/cont"
+        for args in (["ls", base], ["cp", "-r", f"{base}/*", str(tmp_path / "dl"), "--journal", str(tmp_path / "j")],
+                     ["sync", base, str(tmp_path / "dl"), "--journal", str(tmp_path / "j")]):
+            done = run([*args, "--max-retries", "1"], timeout=60)
+            assert done.returncode == 1 and "Traceback" not in done.stderr, (args, done.stderr)
+            assert "the same NextMarker twice" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["--cluster", "notascheme"], "a Dask scheduler's address"),
+    (["--cluster", "http://127.0.0.1:1"], "that is a web address"),
+    (["--cluster", "local:5000"], "local:N takes a number of workers from 1 to 256"),
+    (["--cluster", "local:99999"], "local:N takes a number of workers from 1 to 256"),
+    (["--list-of-files", "/dev/urandom"], "--list-of-files '/dev/urandom': line"),
+])
+def test_unbounded_or_wrong_arguments_are_one_line_at_once(tmp_path: Path, args: list[str], said: str) -> None:
+    (tmp_path / "src").mkdir()
+    done = run(["cp", str(tmp_path / "src"), "http://127.0.0.1:9/devstoreaccount1/cont", "--recursive",
+                "--journal", str(tmp_path / "j"), *args], timeout=60)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2 and len(lines) == 1 and said in lines[0], done.stderr
+
+
+@pytest.mark.parametrize("port", ["99999", "-1"])
+def test_a_url_port_out_of_range_is_one_line(port: str) -> None:
+    done = run(["ls", f"http://127.0.0.1:{port}/devstoreaccount1/cont"], timeout=60)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2 and len(lines) == 1 and f"port '{port}' is not a port" in lines[0], done.stderr

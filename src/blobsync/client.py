@@ -14,7 +14,7 @@ from typing import Any, Concatenate, ParamSpec, TypeGuard, TypeVar, overload
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from blobsync import api, arguments
-from blobsync.backends.base import NO_CONDITIONS, BlobProperties, Buffer, Conditions, Location
+from blobsync.backends.base import NO_CONDITIONS, BlobProperties, Buffer, Conditions, Location, Markers
 from blobsync.backends.registry import parse_location
 from blobsync.blobfile import AsyncBlobReader, AsyncBlobWriter, BlobReader, BlobWriter, check_mode
 from blobsync.clientloop import ClientLoop, track
@@ -265,8 +265,10 @@ class AsyncClient:
         blobs: list[BlobProperties] = []
         folders: list[str] = []
         marker = ""
+        markers = Markers(f"list blobs under {path or '/'!r}")
         while True:
             page, subs, marker = await ctx.request(functools.partial(ctx.store.list_level, path, marker))
+            markers.next(marker)
             blobs += page
             folders += subs
             if not marker:

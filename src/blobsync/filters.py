@@ -8,7 +8,6 @@ import functools
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 
 from blobsync.errors import UsageError
 from blobsync.regex import Matcher, compile_regex
@@ -37,20 +36,40 @@ def _prefix(path: str, flag: str) -> str:
     return path + "/" if flag == "--exclude-path" and given.replace("\\", "/").endswith("/") else path
 
 
+LISTED_LINE_MAX = 16 * 1024  # bytes: a path is at most 4 KiB on any file system, a blob name 1 KiB
+
+
 def _listed(path: str | None) -> tuple[str, ...]:
-    """The relative paths a --list-of-files file names, one per line (blank lines and '#' comments skipped)."""
+    """The relative paths a --list-of-files file names, one per line (blank lines and '#' comments skipped), read
+    as a stream: a line longer than any path, or bytes that are not UTF-8 text, stop it at once with one line."""
     if not path:
         return ()
+    paths = []
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise UsageError(f"cannot read --list-of-files {path!r}: {reason}") from exc
-    paths = tuple(_prefix(line.strip(), "--list-of-files") for line in lines
-                  if line.strip() and not line.lstrip().startswith("#"))
+        with open(path, "rb") as lines:
+            for number, raw in enumerate(iter(lambda: lines.readline(LISTED_LINE_MAX + 1), b""), 1):
+                line = _listed_line(path, number, raw)
+                if line and not line.startswith("#"):
+                    paths.append(_prefix(line, "--list-of-files"))
+    except OSError as exc:
+        raise UsageError(f"cannot read --list-of-files {path!r}: {exc.strerror or exc}") from None
     if not paths:
         raise UsageError(f"--list-of-files {path!r} names nothing: one relative path per line")
-    return paths
+    return tuple(paths)
+
+
+def _listed_line(path: str, number: int, raw: bytes) -> str:
+    if len(raw) > LISTED_LINE_MAX:
+        raise UsageError(f"--list-of-files {path!r}: line {number} is longer than {LISTED_LINE_MAX} bytes, which no "
+                         "path is: give a text file of relative paths, one per line")
+    try:
+        text = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+    except UnicodeDecodeError:
+        text = "\x00"
+    if "\x00" in text:
+        raise UsageError(f"--list-of-files {path!r}: line {number} is not UTF-8 text (a binary file?): give a text "
+                         "file of relative paths, one per line")
+    return text.strip()
 
 
 def wildcard(pattern: str) -> re.Pattern[str]:

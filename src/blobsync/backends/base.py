@@ -10,12 +10,30 @@ from typing import TYPE_CHECKING, Protocol, Self, TypeVar
 
 from blobsync.checksums import BlockCheck as BlockCheck, Buffer as Buffer, PartCheck as PartCheck
 from blobsync.config import PLACEHOLDER as PLACEHOLDER
-from blobsync.errors import ConflictError
+from blobsync.errors import ConflictError, ServiceError
 
 if TYPE_CHECKING:
     from blobsync.errors import ServiceError
 
 T = TypeVar("T")
+
+
+class Markers:
+    """The NextMarkers one listing was given: one that comes again means the listing would never end (a broken or
+    hostile service); it is refused with one line instead of listing forever."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.seen: set[int] = set()  # hashes: a marker per page of up to 5,000 names costs a few bytes
+
+    def next(self, marker: str) -> str:
+        if marker:
+            key = hash(marker)
+            if key in self.seen:
+                raise ServiceError(f"{self.what}: the service gave the same NextMarker twice, so the listing would "
+                                   "never end; refused", code="ListingLoop")
+            self.seen.add(key)
+        return marker
 
 
 INVALID_LENGTH = -1  # a listed blob whose length the service sent is not one: its own operation fails, not the listing

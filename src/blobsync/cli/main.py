@@ -42,7 +42,7 @@ from blobsync.errors import BlobsyncError, ExitCode, UsageError
 from blobsync.events import Progress
 from blobsync.filters import Filters
 from blobsync.jobs.compare import CompareMode
-from blobsync.jobs.spec import Processes, parse_processes
+from blobsync.jobs.spec import Processes, check_cluster_address, parse_processes
 from blobsync.jobs.sync import DeleteMode
 from blobsync.journal import FileState, JobState
 from blobsync.options import MaxDelete
@@ -87,6 +87,7 @@ def _cluster(address: str | None, processes: str | None = None) -> str | Process
                              hint="pass --cluster tcp://scheduler:8786 or --cluster local:N")
     from blobsync.cluster.dask_adapter import require_dask
 
+    check_cluster_address(address)
     require_dask()
     return address
 

@@ -8,7 +8,7 @@ import functools
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 
-from blobsync.backends.base import BlobProperties, Requester, Store
+from blobsync.backends.base import BlobProperties, Markers, Requester, Store
 from blobsync.engine.mtime import MTIME_KEY, format_mtime, parse_mtime
 from blobsync.engine.tasks import for_each
 from blobsync.errors import BlobNotFoundError, UsageError
@@ -83,9 +83,11 @@ class RemoteLister:
         """The objects at the top of the root into the index; the prefixes one level down the filters may enter."""
         prefixes: list[str] = []
         marker = ""
+        markers = Markers(f"list blobs under {self.root or '/'!r}")
         while True:
             objects, below, marker = await self.request(functools.partial(self.store.list_level, self.root,
                                                                           marker))
+            markers.next(marker)
             batch: list[Entry] = []
             for props in objects:
                 self._take(props, batch)
@@ -115,10 +117,11 @@ async def blobs_at(store: Store, path: str, request: Requester) -> AsyncIterator
         return asyncio.ensure_future(request(functools.partial(store.list_page, path, marker)))
 
     ahead = fetch("")
+    markers = Markers(f"list blobs under {path or '/'!r}")
     try:
         while True:
             page, marker = await ahead
-            if marker:
+            if markers.next(marker):
                 ahead = fetch(marker)
                 await asyncio.sleep(0)  # let the request leave now, not when the caller next awaits
             for props in page:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,9 +54,34 @@ class Processes:
     count: int
 
 
+DASK_SCHEMES = ("tcp://", "tls://", "ucx://", "inproc://", "ws://", "wss://")
+
+
+def check_cluster_address(where: str) -> str:
+    """A --cluster address as Dask takes it, checked before anything starts: 'local:N' (N from 1 to
+    MAX_PROCESSES) or a scheduler's address; anything else is one line."""
+    if where.startswith("local:"):
+        n = where.removeprefix("local:")
+        if not (n.isascii() and n.isdigit() and 1 <= int(n) <= MAX_PROCESSES):
+            raise UsageError(f"invalid --cluster {where!r}: local:N takes a number of workers from 1 to "
+                             f"{MAX_PROCESSES}, e.g. local:4")
+        return where
+    if where.startswith(("http://", "https://")):
+        raise UsageError(f"invalid --cluster {where!r}: that is a web address (the dashboard's?); a Dask scheduler "
+                         "listens at tcp://host:8786")
+    scheme = where.split("://", 1)[0] + "://" if "://" in where else ""
+    host = where.split("://", 1)[-1]
+    if (scheme and scheme not in DASK_SCHEMES) or not re.fullmatch(r"[A-Za-z0-9.\-\[\]:_]+:[0-9]{1,5}", host):
+        raise UsageError(f"invalid --cluster {where!r}: a Dask scheduler's address (tcp://host:8786) or local:N")
+    return where
+
+
 def processes_target(cluster: object) -> object:
     """A `cluster` argument as the job takes it, read once: 'processes:N' (or 'processes:auto') becomes Processes,
-    or None where that means one process (the plain engine); any other value is passed on as it is."""
+    or None where that means one process (the plain engine); a Dask address is checked; any other value is passed
+    on as it is."""
+    if isinstance(cluster, str) and not cluster.startswith(PROCESSES):
+        return check_cluster_address(cluster)
     if not isinstance(cluster, str) or not cluster.startswith(PROCESSES):
         return cluster
     n = parse_processes(cluster.removeprefix(PROCESSES))

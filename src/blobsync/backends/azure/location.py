@@ -104,6 +104,11 @@ def parse_location(url: str) -> BlobLocation:
     if not host:
         raise UsageError(f"malformed URL {shown!r}: no host")
     netloc = parts.netloc.rsplit("@", 1)[-1]
+    try:
+        parts.port  # noqa: B018  (urlsplit checks a port only when asked: 99999 and -1 fail here, not in a request)
+    except ValueError:
+        port = netloc.rpartition(":")[2]
+        raise UsageError(f"malformed URL {shown!r}: port {port!r} is not a port (a number from 0 to 65535)") from None
     segments = parts.path.split("/")[1:]  # path starts with '/'
     path_style = _is_path_style_host(host)
     if path_style:

@@ -42,6 +42,7 @@ from blobsync.backends.base import (
     Conditions,
     CopySource,
     Location,
+    Markers,
     Part,
     PartCheck,
     Parts,
@@ -563,6 +564,7 @@ class AzureContainerStore:
             return self.page_size
 
         ahead = asyncio.ensure_future(self._page(request, prefix, "", next_size()))
+        markers = Markers(f"list blobs under {prefix or '/'!r}")
         try:
             while True:
                 body = await ahead
@@ -574,6 +576,7 @@ class AzureContainerStore:
                     # never gives it: without this yield the request left only after the page was consumed.
                     await asyncio.sleep(0)
                 page, marker = parse_listing(body)
+                markers.next(marker)
                 if marker != guess:  # an escaping the quick scan got wrong: ask again, properly
                     ahead.cancel()
                     ahead = asyncio.ensure_future(self._page(request, prefix, marker, self.page_size))
