@@ -647,9 +647,9 @@ def test_workers_sign_with_the_clients_credential_never_the_environments(
     for i in range(2):
         random_file(tmp_path / "src" / f"f{i}.bin", 1000 + i, seed=i)
     config = blobsync.TransferConfig(journal_path=tmp_path / "j.db", max_retries=0, recursive=True)
-    with blobsync.Client(container.url, config, credential=read_only) as client:
-        with pytest.raises(blobsync.errors.AuthError, match="lacks 'w'"):
-            client.copy(str(tmp_path / "src"), client.url_for("up"), cluster=cluster)
+    with blobsync.Client(container.url, config, credential=read_only) as client, \
+            pytest.raises(blobsync.errors.AuthError, match="lacks 'w'"):
+        client.copy(str(tmp_path / "src"), client.url_for("up"), cluster=cluster)
     assert container.blob_names() == []
 
 
@@ -665,9 +665,9 @@ def test_a_credential_that_cannot_travel_to_workers_is_refused(container: Contai
 
     random_file(tmp_path / "src" / "a.bin", 100, seed=1)
     config = blobsync.TransferConfig(journal_path=tmp_path / "j.db", recursive=True)
-    with blobsync.Client(container.url, config, credential=Local()) as client:
-        with pytest.raises(UsageError, match="credential .* cannot be sent to the workers"):
-            client.copy(str(tmp_path / "src"), client.url_for("up"), cluster="processes:2")
+    with blobsync.Client(container.url, config, credential=Local()) as client, \
+            pytest.raises(UsageError, match=r"credential .* cannot be sent to the workers"):
+        client.copy(str(tmp_path / "src"), client.url_for("up"), cluster="processes:2")
 
 
 # --- secrets in reprs and pickles (issue 51) ----------------------------------------------------------------------

@@ -227,7 +227,7 @@ def test_a_load_during_a_save_of_the_same_checkpoint_is_never_torn(source: Side,
 class _Given(BlobStorageReader):
     """A reader whose `.metadata` was read earlier (the load that a save overtook)."""
 
-    def __init__(self, reader: BlobStorageReader, metadata: object) -> None:  # noqa: D107
+    def __init__(self, reader: BlobStorageReader, metadata: object) -> None:
         self.__dict__.update(reader.__dict__)
         self._given = metadata
 

@@ -85,7 +85,7 @@ def main(args: dict[str, Any]) -> dict[str, Any]:
                 done = [f.result(timeout=120) for f in saves]
                 state = {"w": torch.zeros(1 << 16)}
                 checkpoints.load(done[-1], state=state)  # rank 0 may not have moved `latest` yet
-            return {"ok": done == list(range(0, args.get("steps", 40), 10)) and torch.equal(state["w"], w - 
+            return {"ok": done == list(range(0, args.get("steps", 40), 10)) and torch.equal(state["w"], w -
                     float(world) * (args.get("steps", 40) - 1 - done[-1]))}
         if args["mode"] == "save":
             model, optimizer = model_and_optimizer(args["seed"], args["width"], mesh)
