@@ -233,3 +233,9 @@ class _Given(BlobStorageReader):
 
     def read_metadata(self) -> object:  # type: ignore[override]
         return self._given
+
+
+def test_a_wrong_type_for_the_url_is_one_line() -> None:
+    for url in (None, 3, b"https://x"):
+        with pytest.raises(UsageError, match="invalid url"):
+            Checkpoints(url)  # type: ignore[arg-type]

@@ -11,7 +11,7 @@ from blobsync.redact import strip_query
 
 def folder_url(url: str | os.PathLike[str], what: str = "url") -> str:
     """`url` as a folder URL: its path ends in '/', its query (a SAS) kept."""
-    text = os.fspath(url)
+    text = os.fspath(url) if isinstance(url, str | os.PathLike) else url
     if not isinstance(text, str) or "://" not in text:
         raise UsageError(f"invalid {what} {text!r}: a folder URL under a container (https://..., memory://)")
     base, sep, query = text.partition("?")
