@@ -62,6 +62,7 @@ if TYPE_CHECKING:
         ThrottledError as ThrottledError,
         TransferFailedError as TransferFailedError,
         TransientError as TransientError,
+        UnpinnedReadError as UnpinnedReadError,
         UnsafeNameError as UnsafeNameError,
         UnsafeTargetError as UnsafeTargetError,
         UsageError as UsageError,
@@ -91,7 +92,8 @@ _ERRORS = (
     "ConnectionSetupError", "ContainerNotFoundError", "CopySourceError", "CorruptedInTransitError", "DiskFullError",
     "DroppedError", "ExitCode", "IntegrityError", "InvalidBlockListError", "JobBusyError", "LocalWriteError",
     "NetworkError", "Scope", "ServiceError", "SourceChangedError", "SourceError", "StagingRefusedError",
-    "TargetBusyError", "ThrottledError", "TransferFailedError", "TransientError", "UnsafeNameError",
+    "TargetBusyError", "ThrottledError", "TransferFailedError", "TransientError", "UnpinnedReadError",
+    "UnsafeNameError",
     "UnsafeTargetError", "UsageError"
 )
 _HOMES = {
