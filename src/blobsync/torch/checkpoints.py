@@ -53,7 +53,8 @@ def step_of(relative: str) -> int | None:
 class Checkpoints:
     """`Checkpoints(url, keep=3)` then `save(step, state)`, `latest()`, `load()`, `list()`. `url` is a folder URL
     (a SAS in it, or `credential`, or the environment's). `format`: 'dcp' (Distributed Checkpoint; the default
-    where a process group is running), 'torch' (torch.save of the whole state; the default in one process)."""
+    where a process group is running), 'torch' (torch.save of the whole state; the default in one process).
+    `process_group`: the group async DCP saves run their collectives on (default: a gloo group made for them)."""
 
     def __init__(self, url: str, keep: int = 3, *, client: Client | None = None, config: TransferConfig | None = None,
                  credential: object = None, format: Format = "auto", process_group: Any = None) -> None:
@@ -244,6 +245,8 @@ class Checkpoints:
         """Wait for the saves under way; close the Client made here."""
         if self._uploads is not None:
             self._uploads.shutdown(wait=True)
+        if self._last is not None:  # an async DCP save: its upload and pointer need the Client still open
+            concurrent.futures.wait([self._last])
         if self._own:
             self.client.close()
 
