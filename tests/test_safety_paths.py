@@ -689,3 +689,26 @@ def test_no_repr_shows_a_secret_and_a_factory_keeps_it_out_of_a_pickle(container
     with blobsync.Client(container.url, credential=_fresh_sas) as client:
         assert b"FACTORYsecret" not in pickle.dumps(client)
         assert "FACTORYsecret" not in repr(client)
+
+
+# --- the folder cp -r adds to the destination (issue 51) ----------------------------------------------------------
+
+@pytest.mark.parametrize("level", ["prefix", "container"])
+@pytest.mark.parametrize("path", [*PATHS, *LIBRARY])
+def test_a_link_planted_at_the_folder_cp_r_adds_gets_nothing(container: ContainerHandle, tmp_path: Path, path: str,
+                                                            level: str) -> None:
+    """`cp -r <container>/d T` makes T/d (and `cp -r <container> T` makes T/<container>): a link planted there
+    before the run was followed and the files landed in the folder it names."""
+    target, victim = tmp_path / "T", tmp_path / "V"
+    target.mkdir()
+    victim.mkdir()
+    name = "d" if level == "prefix" else container.name
+    os.symlink(victim, target / name)
+    container.client.upload_blob("d/a.txt", b"attacker bytes")
+    src = f"{container.url}/d" if level == "prefix" else container.url
+    code, said = finish(start_on(path, "cp", src, str(target), tmp_path / "j.db", container.url))
+    assert list(victim.iterdir()) == [], said
+    if (path, level) == ("fsspec", "container"):  # fsspec's get of a whole container puts its blobs into T itself
+        assert code == 0 and (target / "d" / "a.txt").read_bytes() == container.download("d/a.txt"), said
+        return
+    assert code != 0 and "symbolic link" in said and "Traceback" not in said, said

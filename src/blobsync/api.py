@@ -228,7 +228,7 @@ def _copy_spec(source: str, dest: str, config: TransferConfig, as_subdir: bool, 
                 replace(config, recursive=both.many), _remote(cluster, dest, source))
     plan = plan_copy(source, dest, recursive=config.recursive, as_subdir=as_subdir, filters=filters)
     spec: JobSpec = UploadSpec(plan.local, plan.remote, plan.filters, dry_run) if plan.upload else \
-        DownloadSpec(plan.remote, plan.local, plan.dest_is_folder, plan.filters, dry_run)
+        DownloadSpec(plan.remote, plan.local, plan.dest_is_folder, plan.filters, dry_run, plan.base)
     return spec, replace(config, recursive=plan.many), _remote(cluster, dest if plan.upload else source)
 
 

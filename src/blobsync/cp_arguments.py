@@ -25,6 +25,7 @@ class CopyPlan:
     filters: Filters
     many: bool
     dest_is_folder: bool = False  # download of one blob: the user wrote a trailing '/'
+    base: Path | None = None  # a download into a folder blobsync adds (`local`'s parent): the folder the user named
 
 
 def _join(prefix: str, name: str) -> str:
@@ -129,7 +130,9 @@ def plan_download(source: str, dest: str, *, recursive: bool, as_subdir: bool, f
     if not recursive:
         return CopyPlan(False, target, loc, filters, many=False, dest_is_folder=folder)
     level = posixpath.basename(loc.path.rstrip("/")) or loc.container
-    return CopyPlan(False, target / level if as_subdir else target, loc, filters, many=True)
+    if as_subdir:  # blobsync makes target/level: a link planted there is not followed (see PartFile's root)
+        return CopyPlan(False, target / level, loc, filters, many=True, base=target)
+    return CopyPlan(False, target, loc, filters, many=True)
 
 
 def plan_copy(source: str, dest: str, *, recursive: bool, as_subdir: bool = True,

@@ -83,13 +83,15 @@ class ClusterTransfer:
         self.source_url = source_url  # a blob-to-blob copy's source, as the user gave it: no local side
         self.grace = grace  # how long the job waits with no worker left before it stops
         self.local_root = Path()
+        self.base = Path()  # the folder the user named: downloads follow no link below it
         self._rows: dict[str, FileRow] = {}  # files of the units in flight, by local path
         self._mismatched: dict[str, set[str]] = {}  # split downloads: whole MD5s that differed from the blob's
         self._settle: Settle = lambda report, row, result: None  # the JobRunner's: it records each outcome
 
     async def run(self, ctx: EngineContext, job_id: str, local_root: Path, report: Report,
-                  items: Iterable[WorkItem], totals: tuple[int, int], settle: Settle) -> None:
+                  items: Iterable[WorkItem], totals: tuple[int, int], settle: Settle, base: Path) -> None:
         self.local_root = local_root
+        self.base = base
         self._settle = settle
         workers = await self._workers()
         if not self.source_url:
@@ -133,7 +135,7 @@ class ClusterTransfer:
         if getattr(self.executor, "shares_machine", False):  # one machine's memory budget, shared by its workers
             options["memory"] = max(ctx.config.memory // workers, ctx.config.block_size)
         return WorkerJob(job_id, self.upload, str(self.local_root), self.url, options, ctx.config.proxy, topic,
-                         self.source_url, self.credential)
+                         self.source_url, self.credential, str(self.base))
 
     def _files(self, ctx: EngineContext, job_id: str, items: Iterable[WorkItem]) -> Iterator[FileOp]:
         for item in items:
@@ -203,7 +205,7 @@ class ClusterTransfer:
     def _prepare_part(self, unit: SplitFile) -> None:
         """The shared partial file, sized, before several workers write their ranges into it."""
         f = unit.file
-        PartFile(safe_join(self.local_root, f.rel), f.size, keep=False, root=self.local_root).close()
+        PartFile(safe_join(self.local_root, f.rel), f.size, keep=False, root=self.base).close()
 
     async def _collect(self, ctx: EngineContext, report: Report, pending: set[asyncio.Task[Any]]) -> set[Any]:
         alone_since: float | None = None

@@ -24,6 +24,7 @@ class WorkerJob:
     source_url: str = field(default="", repr=False)
     # the caller's Client's credential for `url`'s account (None: its SAS or the environment's)
     credential: object = field(default=None, repr=False)
+    base: str = ""  # the folder the user named (`local_root` may be one blobsync made in it): no link below is followed
 
 
 @dataclass(frozen=True)

@@ -217,9 +217,9 @@ async def finish_download(spec: RangeSpec, *fetched: ShardReport, publish: Publi
 
 async def _shared_part(ctx: EngineContext, spec: RangeSpec) -> PartFile:
     """The split download's one partial file, which every range task writes its ranges into."""
-    root = Path(spec.job.local_root)
-    target = safe_join(root, spec.file.rel)
-    return await in_thread(ctx.io_pool, lambda: PartFile(target, spec.file.size, keep=True, root=root, shared=True))
+    target = safe_join(Path(spec.job.local_root), spec.file.rel)
+    base = Path(spec.job.base or spec.job.local_root)  # no link below the folder the user named
+    return await in_thread(ctx.io_pool, lambda: PartFile(target, spec.file.size, keep=True, root=base, shared=True))
 
 
 # --- blob-to-blob copies: the destination's service reads each range from the source's URL ---

@@ -147,7 +147,7 @@ async def run_shard(spec: ShardSpec, publish: Publish | None, worker: str) -> Sh
         report = Report(job.id, spec.job.local_root, ctx.store.display_url, listener=ctx.progress.finished)
         rows = ctx.journal.add_files(job.id, ((f.rel, f.blob, f.size, f.mtime_ns, 0) for f in spec.files))
         # The operations the client made, run as the plain job runs them (the same Performer).
-        runner.performing(Path(spec.job.local_root), source)
+        runner.performing(Path(spec.job.local_root), source, Path(spec.job.base or spec.job.local_root))
         await runner.run(report, [WorkItem(rows[f.rel], f) for f in spec.files
                                   if rows[f.rel].state is not FileState.COMMITTED])
         retries = ctx.requests.retrier.retries

@@ -71,8 +71,10 @@ class Performer:
     """Carries out the operations of one job on its engine context: files under `root`, a copy's blobs read from
     `source`. Each kind's engine part is made (and its code imported) with its first operation."""
 
-    def __init__(self, ctx: EngineContext, root: Path, source: Store | None = None) -> None:
+    def __init__(self, ctx: EngineContext, root: Path, source: Store | None = None, base: Path | None = None
+                 ) -> None:
         self.ctx, self.root, self.source = ctx, root, source
+        self.base = base or root  # no link below it is followed (root may be a folder blobsync made in it)
         self._uploader: FileUploader | None = None
         self._downloader: FileDownloader | None = None
         self._copier: BlobCopier | None = None
@@ -107,7 +109,7 @@ class Performer:
         if self._downloader is None:
             from blobsync.engine.download import FileDownloader
 
-            self._downloader = FileDownloader(self.ctx, self.root)
+            self._downloader = FileDownloader(self.ctx, self.base)
         return self._downloader
 
     def _copies(self) -> BlobCopier:

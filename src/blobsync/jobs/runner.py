@@ -69,7 +69,7 @@ class RemoteRunner(Protocol):
     file's outcome comes back through `settle`."""
 
     async def run(self, ctx: EngineContext, job_id: str, local_root: Path, report: Report,
-                  items: Iterable[WorkItem], totals: tuple[int, int], settle: Settle) -> None: ...
+                  items: Iterable[WorkItem], totals: tuple[int, int], settle: Settle, base: Path) -> None: ...
 
 
 # The journal state a file's outcome leaves it in.
@@ -101,9 +101,10 @@ class JobRunner:
         self.cluster = cluster  # runs the files on other machines instead of the local pool
         self.perform = Performer(ctx, Path())  # the job sets the folder its operations' paths are under
 
-    def performing(self, root: Path, source: Store | None = None) -> Performer:
-        """The job's operations run under `root` (a copy's: reading `source`)."""
-        self.perform = Performer(self.ctx, root, source)
+    def performing(self, root: Path, source: Store | None = None, base: Path | None = None) -> Performer:
+        """The job's operations run under `root` (a copy's: reading `source`); downloads follow no link below
+        `base` (default: `root`), the folder the user named."""
+        self.perform = Performer(self.ctx, root, source, base)
         return self.perform
 
     def open_job(self, source: str, dest: str) -> JobRow:
@@ -145,7 +146,7 @@ class JobRunner:
         try:
             if self.cluster is not None:
                 await self.cluster.run(self.ctx, self.job.id, self.perform.root, report, items,
-                                       totals or (files, self.progress.bytes_total), self.settle)
+                                       totals or (files, self.progress.bytes_total), self.settle, self.perform.base)
                 self.tally(report)
             else:
                 await self._pool(report, items, files, announce=totals is not None)

@@ -103,6 +103,7 @@ class DownloadSpec:
     dest_is_folder: bool = False  # the user wrote a trailing '/': a single blob keeps its own name inside
     filters: Filters = field(default_factory=Filters)  # which blobs under the prefix take part
     dry_run: bool = False  # list what would be downloaded (on_action), write nothing, journal nothing
+    base: Path | None = None  # the folder the user named, when `dest` is one blobsync makes in it (cp -r's level)
 
 
 @dataclass(frozen=True)

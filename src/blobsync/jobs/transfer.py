@@ -5,6 +5,7 @@ or a cluster). What differs per direction (upload, download, blob to blob) is a 
 from __future__ import annotations
 
 import logging
+import os
 import posixpath
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from blobsync.journal import FileRow, FileState, JobKind, JobRow
 from blobsync.journal.index import Entry, SyncIndex
 from blobsync.local.files import SkippedEntry, blob_rel, check_source, stat_file, walk, warm_if_cold
 from blobsync.local.folding import NameClaims, probe
-from blobsync.local.target import safe_join
+from blobsync.local.target import open_folder, safe_join
 from blobsync.naming import folder_prefix, upload_name
 from blobsync.report import DRY_RUN, Action, FileResult, FileStatus, Report
 
@@ -168,6 +169,10 @@ class Download(Direction):
             if spec.dest.is_dir() or spec.dest_is_folder:
                 return Listing(spec.dest, single=_entry(posixpath.basename(name), props))
             return Listing(spec.dest.parent, single=_entry(spec.dest.name, props))
+        if spec.base is not None and not spec.dry_run:  # the folder cp -r adds: made here, never through a link
+            made = open_folder(spec.base, spec.dest.relative_to(spec.base).parts)
+            if made is not None:
+                os.close(made)
         if spec.dest.exists() and not spec.dest.is_dir():
             raise UsageError(f"destination {str(spec.dest)!r} is a file: -r needs a folder")
         # A job on a cluster lists one prefix per task.
@@ -248,7 +253,8 @@ class TransferJob:
         if way.op is not OpKind.DOWNLOAD and self.ctx.config.create_container and await runner.requests(
                 self.ctx.store.create_container):
             log.info("created container %s", self.ctx.store.display_url)
-        perform = runner.performing(listing.root, self.source)
+        base = self.spec.base if isinstance(self.spec, DownloadSpec) else None
+        perform = runner.performing(listing.root, self.source, base)
         await runner.run(report, self._work(listing, report), listing.totals())
         if perform.copier is not None and perform.copier.fallback is not None:
             report.notes.append(f"copied through this machine: {perform.copier.fallback}")
