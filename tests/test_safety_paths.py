@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import stat
 import subprocess
 import sys
 import time
@@ -712,3 +713,17 @@ def test_a_link_planted_at_the_folder_cp_r_adds_gets_nothing(container: Containe
         assert code == 0 and (target / "d" / "a.txt").read_bytes() == container.download("d/a.txt"), said
         return
     assert code != 0 and "symbolic link" in said and "Traceback" not in said, said
+
+
+@pytest.mark.parametrize("path", [*PATHS, *LIBRARY])
+def test_a_fifo_at_a_download_target_is_refused_not_replaced(container: ContainerHandle, tmp_path: Path,
+                                                             path: str) -> None:
+    """A download onto a FIFO (or a device: as root, `cp URL /dev/null`) replaced it with a regular file."""
+    dl = tmp_path / "dl"
+    dl.mkdir()
+    os.mkfifo(dl / "x.bin")
+    container.client.upload_blob("x.bin", b"bytes for a fifo")
+    code, said = finish(start_on(path, "cp", f"{container.url}/*", str(dl), tmp_path / "j.db", container.url))
+    assert code != 0 and "is a device, a FIFO or a socket" in said, said
+    assert stat.S_ISFIFO(os.lstat(dl / "x.bin").st_mode)
+    assert not (dl / "x.bin.blobsync-part").exists()

@@ -260,6 +260,7 @@ class PartFile:
             folders = target.parent.relative_to(root).parts
             folder_fd = open_folder(root, folders)
             self._folder_fd = -1 if folder_fd is None else folder_fd
+            _check_replaceable(target, folder_fd)  # before a byte is fetched
             self.fd = _open_part(self.path.name, self.path, folder_fd)
             if not lock_file(self.fd, shared=shared):
                 raise TargetBusyError(f"{target}: another blobsync run is writing this file (its partial file is "
@@ -368,6 +369,7 @@ class PartFile:
                 else:
                     os.utime(extended_path(str(self.path)), ns=(mtime_ns, mtime_ns))
             self._check_still_ours()
+            _check_replaceable(self.target, self._folder_fd if self._folder_fd >= 0 else None)
             if self._folder_fd >= 0:
                 os.replace(self.path.name, self.target.name, src_dir_fd=self._folder_fd,
                            dst_dir_fd=self._folder_fd)
@@ -416,6 +418,21 @@ class PartFile:
                 else:
                     os.unlink(extended_path(str(self.path)))
         self._close_fds()
+
+
+def _check_replaceable(target: Path, folder_fd: int | None) -> None:
+    """The final name holds nothing, a regular file or a link (replaced, never followed): a device, a FIFO or a
+    socket there is refused (as root, `cp URL /dev/null` would replace /dev/null with a file)."""
+    try:
+        if folder_fd is not None:
+            st = os.stat(target.name, dir_fd=folder_fd, follow_symlinks=False)
+        else:
+            st = os.lstat(extended_path(str(target)))
+    except FileNotFoundError:
+        return
+    if not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+        raise UnsafeTargetError(f"{target}: is a device, a FIFO or a socket, not a file; refusing to replace it "
+                                "(download to a file's name)")
 
 
 def _inode(st: os.stat_result) -> tuple[int, int]:
