@@ -183,6 +183,30 @@ def test_blobsyncs_own_files_are_the_users_alone(container: ContainerHandle, tmp
         assert stat.S_IMODE(extra.stat().st_mode) & 0o077 == 0, extra
 
 
+def test_the_log_file_follows_no_link_and_is_never_another_users(container: ContainerHandle, tmp_path: Path) -> None:
+    """Issue 51: --log-file followed a planted link and appended to another user's 0666 file."""
+    import stat
+
+    (tmp_path / "f").write_bytes(b"x")
+    theirs = tmp_path / "theirs.log"
+    theirs.write_text("their log\n")
+    os.chmod(theirs, 0o666)
+    base = ["cp", str(tmp_path / "f"), container.url, "--journal", str(tmp_path / "j.db"), "--log-level", "INFO",
+            "--overwrite", "true", "--log-file"]
+    os.symlink(theirs, tmp_path / "planted.log")
+    done = run([*base, str(tmp_path / "planted.log")])
+    assert done.returncode == 2 and "symbolic link" in done.stderr and "Traceback" not in done.stderr, done.stderr
+    if os.geteuid() == 0:  # another user's file: only root can make one here
+        os.chown(theirs, 65534, 65534)
+        done = run([*base, str(theirs)])
+        assert done.returncode == 2 and "not a regular file of this user's" in done.stderr, done.stderr
+        os.chown(theirs, 0, 0)
+    assert theirs.read_text() == "their log\n"
+    done = run([*base, str(theirs)])  # the user's own, too open: used, and made 0600
+    assert done.returncode == 0, done.stderr
+    assert stat.S_IMODE(theirs.stat().st_mode) == 0o600 and theirs.read_text().startswith("their log\n")
+
+
 def test_worker_shard_journals_live_in_a_private_folder_of_their_own() -> None:
     import stat
     import tempfile

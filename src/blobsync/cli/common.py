@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import io
 import logging
 import math
 import os
 import sqlite3
+import stat
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TextIO, TypeVar
 
 import click
 
@@ -117,13 +119,7 @@ _LEVELS = {"PANIC": "CRITICAL", "NONE": None}  # AzCopy's words; NONE logs nothi
 def setup_logging(level: str, log_file: Path | None = None) -> None:
     """Logs go to stderr, or to `log_file`; never to stdout, where results and JSON lines go."""
     name = _LEVELS.get(level.upper(), level.upper())
-    try:
-        if log_file:  # created 0600: a log names files and hosts, and is no one else's to read
-            os.close(os.open(log_file, os.O_CREAT | os.O_APPEND | os.O_WRONLY, 0o600))
-        handler: logging.Handler = logging.FileHandler(log_file, encoding="utf-8") if log_file \
-            else logging.StreamHandler(sys.stderr)
-    except OSError as exc:
-        raise click.BadParameter(f"cannot open {log_file}: {exc.strerror}", param_hint="--log-file") from exc
+    handler: logging.Handler = logging.StreamHandler(_log_stream(log_file) if log_file else sys.stderr)
     handler.addFilter(RedactingFilter())
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger("blobsync")
@@ -131,6 +127,27 @@ def setup_logging(level: str, log_file: Path | None = None) -> None:
     root.setLevel(name or logging.CRITICAL + 10)
     root.propagate = False
 
+
+
+def _log_stream(log_file: Path) -> TextIO:
+    """The log file, appended to: created 0600 (a log names files and hosts, and is no one else's to read), never
+    through a link, and only a regular file of this user's (made 0600 again if it was more open)."""
+    try:
+        fd = os.open(log_file, os.O_CREAT | os.O_APPEND | os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    except OSError as exc:
+        why = "it is a symbolic link" if exc.errno == errno.ELOOP else exc.strerror
+        raise click.BadParameter(f"cannot open {log_file}: {why}", param_hint="--log-file") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or (hasattr(os, "geteuid") and st.st_uid != os.geteuid()):
+            raise click.BadParameter(f"cannot write to {log_file}: not a regular file of this user's",
+                                     param_hint="--log-file")
+        if st.st_mode & 0o077 and hasattr(os, "fchmod"):
+            os.fchmod(fd, 0o600)
+        return open(fd, "a", encoding="utf-8")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def logging_options(fn: F) -> F:
