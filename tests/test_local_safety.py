@@ -218,3 +218,25 @@ def test_worker_shard_journals_live_in_a_private_folder_of_their_own() -> None:
         assert stat.S_IMODE(folder.stat().st_mode) == 0o700 and folder.stat().st_uid == os.getuid()
         assert folder.name != f"blobsync-shards-{os.getuid()}"  # not a name another user could create first
     assert not folder.exists()  # removed once no task uses it
+
+
+def test_a_folder_swapped_for_a_link_after_the_walk_is_not_read_through(tmp_path: Path) -> None:
+    """Issue 51: the walk's check was the inode number alone, and the folders on the way were followed: with the
+    parent folder swapped for a link to a folder holding a file of the same identity, the open went through it.
+    Now each folder below the root is opened without following links, on every path (OpenFile is under all)."""
+    from blobsync.errors import SourceChangedError
+    from blobsync.local.files import OpenFile
+
+    root = tmp_path / "src"
+    (root / "sub").mkdir(parents=True)
+    (root / "sub" / "a.bin").write_bytes(b"listed")
+    walked = (root / "sub" / "a.bin").stat().st_ino
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    os.link(root / "sub" / "a.bin", elsewhere / "a.bin")  # the same inode, reached through another folder
+    (root / "sub").rename(tmp_path / "moved")
+    os.symlink(elsewhere, root / "sub")
+    with pytest.raises(SourceChangedError, match="symbolic link"):
+        OpenFile(root / "sub" / "a.bin", walked=walked, follow_symlinks=False, root=root)
+    opened = OpenFile(root / "sub" / "a.bin", walked=walked, follow_symlinks=True, root=root)  # the user's choice
+    opened.close()

@@ -92,7 +92,8 @@ async def _stage_blocks(ctx: EngineContext, spec: RangeSpec, stage: Callable[[in
                         Awaitable[None]], tokens: list[str], present: set[str]) -> int:
     f, path, size = spec.file, _path(spec), spec.block_size
     kind = choose_check(ctx.store.capabilities.part_checks, ctx.config.block_check)
-    src = OpenFile(path, walked=f.inode or None, follow_symlinks=ctx.config.follow_symlinks)
+    src = OpenFile(path, walked=f.inode or None, follow_symlinks=ctx.config.follow_symlinks,
+                   root=Path(spec.job.local_root))
     sent = 0
 
     async def one(idx: int) -> None:
@@ -125,7 +126,7 @@ def hash_file(spec: RangeSpec) -> str:
     path = _path(spec)
     check_identity(path, spec.file)
     src = OpenFile(path, walked=spec.file.inode or None,
-                   follow_symlinks=bool(spec.job.options.get("follow_symlinks", False)))
+                   follow_symlinks=bool(spec.job.options.get("follow_symlinks", False)), root=Path(spec.job.local_root))
     try:
         digest = new_md5()
         for offset, length in _steps(spec.file.size):

@@ -48,11 +48,12 @@ class FileUploader:
         self.ctx = ctx
         self.blocks = BlockUploader(ctx)
 
-    async def upload(self, row: FileRow, path: Path, walked: int | None = None) -> FileResult:
+    async def upload(self, row: FileRow, path: Path, walked: int | None = None, root: Path | None = None
+                     ) -> FileResult:
         """Upload `path`; `walked`: the inode a walk listed it with (it is opened only if it is still that file,
-        and not through a link unless --follow-symlinks)."""
+        and not through a link unless --follow-symlinks, no folder below `root` either)."""
         self.ctx.store.check_name(row.blob)
-        src = OpenFile(path, walked=walked, follow_symlinks=self.ctx.config.follow_symlinks)
+        src = OpenFile(path, walked=walked, follow_symlinks=self.ctx.config.follow_symlinks, root=root)
         try:
             return await self._upload(row, src)
         finally:

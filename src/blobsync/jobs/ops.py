@@ -96,7 +96,7 @@ class Performer:
             return await self._uploads().upload_source(row, op.data)
         path = self.root / op.rel
         # Opened as the walk listed it (its inode; no link unless --follow-symlinks).
-        return await self._uploads().upload(self._adopt_upload(row, op, path), path, op.inode or None)
+        return await self._uploads().upload(self._adopt_upload(row, op, path), path, op.inode or None, self.root)
 
     def _uploads(self) -> FileUploader:
         if self._uploader is None:

@@ -13,7 +13,7 @@ from pathlib import Path, PurePath
 from typing import Protocol
 
 from blobsync.errors import SourceChangedError, SourceError, UsageError
-from blobsync.local.platform import features, open_positional
+from blobsync.local.platform import PositionalFile, extended_path, features, open_positional
 from blobsync.redact import printable
 
 INLINE_READ_MAX = 64 * 1024  # files up to this size are read and hashed on the event loop when cached
@@ -202,6 +202,27 @@ class Source(Protocol):
     def read_all_cached(self, size: int) -> bytearray | None: ...
 
 
+def _open_below(root: Path, path: Path, nofollow: int) -> PositionalFile:
+    """`path` opened from `root` one folder at a time, none of them through a link (a folder swapped for one after
+    the walk would otherwise lead the open elsewhere); the descriptor is of the file the names lead to."""
+    *folders, name = path.relative_to(root).parts
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for folder in folders:
+            try:
+                child = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | nofollow, dir_fd=fd)
+            except NotADirectoryError:  # a link to a folder, refused by O_NOFOLLOW (or a file swapped in)
+                raise OSError(errno.ELOOP, "a symbolic link") from None
+            os.close(fd)
+            fd = child
+        opened = os.open(name, os.O_RDONLY | nofollow, dir_fd=fd)
+    finally:
+        os.close(fd)
+    st = os.fstat(opened)
+    return PositionalFile(opened, extended_path(str(path)), os.O_RDONLY | nofollow, not features().positional,
+                          (st.st_dev, st.st_ino))
+
+
 class OpenFile:
     """An open source file read at offsets: many threads may read different offsets at once.
 
@@ -209,13 +230,16 @@ class OpenFile:
     `follow_symlinks` a link swapped in since (to a secret elsewhere) is refused at the open (O_NOFOLLOW where the
     OS has it; the inode check everywhere)."""
 
-    def __init__(self, path: Path, *, walked: int | None = None, follow_symlinks: bool = True) -> None:
+    def __init__(self, path: Path, *, walked: int | None = None, follow_symlinks: bool = True,
+                 root: Path | None = None) -> None:
         self.path = path
         nofollow = 0 if follow_symlinks or walked is None else getattr(os, "O_NOFOLLOW", 0)
         try:
             if walked is not None and not follow_symlinks and os.path.islink(path):
                 raise OSError(errno.ELOOP, "")
-            self.file = open_positional(str(path), os.O_RDONLY | nofollow)
+            below = root is not None and nofollow and os.open in os.supports_dir_fd and root in path.parents
+            self.file = _open_below(root, path, nofollow) if below and root is not None else \
+                open_positional(str(path), os.O_RDONLY | nofollow)
         except OSError as exc:
             if exc.errno == errno.ELOOP:
                 raise SourceChangedError(f"{printable(str(path))}: is a symbolic link now (a file when listed): not "
