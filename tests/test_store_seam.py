@@ -183,13 +183,38 @@ def test_clearing_parts_another_tool_left_makes_no_blob_a_later_run_would_skip(t
     assert again.ok and again.files_transferred == 1, again.skipped_notes
     assert box.objects["f.bin"].data == data
 
-    # A store that had to make an empty object to drop the parts, killed before it deleted it: not the file's.
-    with blobsync.Client(f"memory://{box.name}", _config(tmp_path)) as client:
+
+
+def test_a_placeholder_is_this_writes_own_or_it_is_a_users_blob(tmp_path: Path, box: memory.Container) -> None:
+    """An empty object made to drop another tool's parts carries the write's nonce: one its crash left is taken
+    for no object by that write's resume; any other (another tool's `blobsyncplaceholder: 1`) is a blob like any
+    other, which --overwrite false leaves alone on the job paths and the Client alike (issue 51: they disagreed)."""
+    import sqlite3
+
+    from blobsync.errors import ConflictError, ServiceError
+
+    with blobsync.Client(f"memory://{box.name}", _config(tmp_path, overwrite="false")) as client:
         client.put(b"", "g.bin")
-    box.objects["g.bin"].headers = replace(box.objects["g.bin"].headers, metadata={PLACEHOLDER: "1"})
-    random_file(tmp_path / "g.bin", 100, seed=7)
-    third = blobsync.copy(tmp_path / "g.bin", f"memory://{box.name}/g.bin", _config(tmp_path, overwrite="false"))
-    assert third.ok and third.files_transferred == 1 and len(box.objects["g.bin"].data) == 100
+        box.objects["g.bin"].headers = replace(box.objects["g.bin"].headers, metadata={PLACEHOLDER: "1"})
+        random_file(tmp_path / "g.bin", 100, seed=7)
+        third = blobsync.copy(tmp_path / "g.bin", f"memory://{box.name}/g.bin", _config(tmp_path, overwrite="false"))
+        assert third.ok and third.files_transferred == 0 and box.objects["g.bin"].data == b""
+        with pytest.raises(ConflictError):
+            client.put(b"x" * 100, "g.bin")
+        assert box.objects["g.bin"].data == b""
+
+    data = random_file(tmp_path / "h.bin", 2 * MiB + 1, seed=8)  # in blocks: its nonce is journaled
+    box.faults.add("commit", lambda: ServiceError("HTTP 500 InternalError", status=500), times=100)
+    first = blobsync.copy(tmp_path / "h.bin", f"memory://{box.name}/h.bin", _config(tmp_path, overwrite="false"))
+    assert not first.ok
+    box.faults.clear()
+    with sqlite3.connect(tmp_path / "j.db") as db:
+        (nonce,) = db.execute("select nonce from files where rel = 'h.bin'").fetchone()
+    with blobsync.Client(f"memory://{box.name}", _config(tmp_path)) as client:  # its crash's leftover
+        client.put(b"", "h.bin")
+    box.objects["h.bin"].headers = replace(box.objects["h.bin"].headers, metadata={PLACEHOLDER: nonce})
+    again = blobsync.copy(tmp_path / "h.bin", f"memory://{box.name}/h.bin", _config(tmp_path, overwrite="false"))
+    assert again.ok and again.files_transferred == 1 and box.objects["h.bin"].data == data
 
 
 def test_a_store_that_keeps_failing_stops_the_job_resumable(tmp_path: Path, box: memory.Container) -> None:

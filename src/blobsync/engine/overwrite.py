@@ -11,16 +11,19 @@ from blobsync.errors import ConflictError
 EXISTS = "exists at the destination (--overwrite false)"
 
 
-async def write_conditions(ctx: EngineContext, name: str, source_mtime_ns: int) -> Conditions | str:
+async def write_conditions(ctx: EngineContext, name: str, source_mtime_ns: int, nonce: str | None = None
+                           ) -> Conditions | str:
     """The write's preconditions under ctx.config.overwrite (create-only, or over the version compared), or the
-    reason the object `name` is to be left as it is."""
+    reason the object `name` is to be left as it is. `nonce`: the write's own (a resumed one's), which an empty
+    placeholder its crash left behind carries: that one is taken for no object; any other blob is a blob."""
     overwrite = ctx.config.overwrite
     if overwrite is Overwrite.TRUE:
         return Conditions()
     props = await ctx.request(lambda: ctx.store.stat(name))
     if props is None:
         return Conditions(if_none_match_any=True)
-    if props.size == 0 and PLACEHOLDER in props.metadata:  # made to drop another tool's parts, left by a crash
+    if props.size == 0 and nonce is not None and props.metadata.get(PLACEHOLDER) == nonce:  # this write's, left by
+        # a crash while it dropped another tool's parts
         return Conditions(if_match=props.etag)
     if overwrite is Overwrite.FALSE:
         return EXISTS

@@ -99,7 +99,7 @@ class BlobCopier:
     async def copy(self, row: FileRow, listed: BlobProperties) -> FileResult:
         ctx = self.ctx
         ctx.store.check_name(row.blob)
-        conditions = await write_conditions(ctx, row.blob, destination_mtime_ns(listed))
+        conditions = await write_conditions(ctx, row.blob, destination_mtime_ns(listed), row.nonce)
         if isinstance(conditions, str):
             return FileResult(row.rel, row.blob, listed.size, FileStatus.SKIPPED, reason=conditions)
         if self.by_service:

@@ -69,7 +69,7 @@ class FileUploader:
     async def _upload(self, row: FileRow, src: Source, headers: BlobHeaders | None = None,
                       conditions: Conditions | None = None, expected_md5: bytes | None = None) -> FileResult:
         identity = src.opened
-        decided = conditions or await write_conditions(self.ctx, row.blob, identity.mtime_ns)
+        decided = conditions or await write_conditions(self.ctx, row.blob, identity.mtime_ns, row.nonce)
         if isinstance(decided, str):
             return self._skipped(row, identity, decided)
         plan = UploadPlan(row.blob, identity, headers or self._headers(src.path, identity), decided, expected_md5)

@@ -76,7 +76,7 @@ class BlockBlobWriter:
         if props is None:
             # No current version: an empty commit discards the blocks, and its blob goes at once (left behind, a
             # later run under --overwrite false would skip the file as there).
-            placeholder = await store.put_block_list(name, [], replace(headers, metadata={PLACEHOLDER: "1"}),
+            placeholder = await store.put_block_list(name, [], replace(headers, metadata={PLACEHOLDER: self.nonce}),
                                                      Conditions(if_none_match_any=True))
             await store.delete(name, placeholder.etag)
             return ""
