@@ -231,3 +231,25 @@ def test_max_delete_is_read_once_into_a_typed_value() -> None:
     for bad in ("-1", "101%", "lots", True, 2.5, "%"):
         with pytest.raises(UsageError, match="invalid --max-delete"):
             MaxDelete.parse(bad)
+
+
+def test_wrong_arguments_that_reached_inside_are_one_line(container: ContainerHandle, tmp_path: Path) -> None:
+    """Issue 51: each of these was a TypeError from inside, a silent empty answer, or a date moved a day."""
+    from blobsync.engine.mtime import parse_mtime
+    from blobsync.torch import IterableBlobDataset
+
+    assert parse_mtime("2024-02-30T00:00:00Z") is None and parse_mtime("2023-02-29T00:00:00Z") is None
+    assert parse_mtime("2024-02-29T00:00:00Z") == 1709164800 * 10**9
+    for kwargs in ({"seed": "x"}, {"rank": 0.5}, {"world_size": "2"}, {"read_ahead_bytes": 1.5}):
+        with pytest.raises(UsageError, match=f"invalid {next(iter(kwargs))}="):
+            IterableBlobDataset(f"{container.url}/x", **kwargs)  # type: ignore[arg-type]
+    config = TransferConfig(journal_path=tmp_path / "j.db")
+    env = {"AZURE_STORAGE_CONNECTION_STRING": "UseDevelopmentStorage=true"}
+    with blobsync.Client(container.url, config, env=env) as client:
+        with pytest.raises(UsageError, match="a chunk of str, where bytes-like data is written"):
+            client.put(iter(["text", "chunks"]), "x.txt")
+        assert "x.txt" not in container.blob_names()
+        client.put(b"hello", "y.txt")
+        with pytest.raises(UsageError, match="the end is before the start"):
+            client.read_ranges([("y.txt", 3, 1)])
+        assert client.read_ranges([("y.txt", 1, 3), ("y.txt", -2, None), ("y.txt", 2, 2)]) == [b"el", b"lo", b""]

@@ -438,6 +438,7 @@ def test_clicks_usage_errors_never_print_a_sas(tmp_path: Path, args: list[str]) 
     "update files set size = NULL",
     "update files set state = 'sideways'",
     "update files set mtime_ns = 'soon'",
+    """update jobs set options = '{"from_a_later_version": 1}'""",  # issue 51: a TypeError from jobs resume
 ])
 def test_a_crafted_journal_row_is_one_line_in_every_jobs_command(
         container: ContainerHandle, tmp_path: Path, damage: str) -> None:
@@ -450,13 +451,15 @@ def test_a_crafted_journal_row_is_one_line_in_every_jobs_command(
     assert done.returncode == 0, done.stderr
     with sqlite3.connect(journal) as conn:
         job = conn.execute("select id from jobs").fetchone()[0]
-        if "files" in damage:
-            conn.execute("update jobs set state = 'running'")  # resume reads its files
+        if "files" in damage or "later_version" in damage:
+            conn.execute("update jobs set state = 'running'")  # resume reads its files and options
         conn.execute(damage)
     for args in (["jobs", "list"], ["jobs", "show", job], ["jobs", "resume", job]):
         done = run([*args, "--journal", str(journal)], env=env, timeout=60)
         assert "Traceback" not in done.stderr, (args, done.stderr)
-        if args[1] == "list" and "files" in damage:
+        # Rows only a resume reads: list (and, for options it does not parse, show) print the job as it is.
+        lenient = ("list",) if "files" in damage else ("list", "show") if "later_version" in damage else ()
+        if args[1] in lenient:
             assert done.returncode == 0 and job in done.stdout, done.stderr
             continue
         assert done.returncode == (0 if args[1] == "list" else 2), (args, done.stderr)

@@ -29,6 +29,7 @@ from blobsync.jobs import CopySpec, DownloadSpec, Hooks, JobSpec, RemoveSpec, Sy
 from blobsync.jobs.spec import Cluster, Processes, processes_target
 from blobsync.journal import FileRow, JobKind, JobRow, JobState, Journal, default_journal_path
 from blobsync.journal.states import MEMORY_SOURCE
+from blobsync.journal.store import damaged_row
 from blobsync.options import CompareMode, DeleteMode, MaxDelete
 from blobsync.report import Action, Report
 
@@ -415,7 +416,12 @@ async def resume_on(
             raise UsageError(f"job {job.id} is a sync: run the same 'blobsync sync' command again to resume it")
         options = dict(job.options)
         filters = Filters.from_journal(options.pop("filters", None))
-        config = TransferConfig.from_journal(options, journal_path=journal_path, **overrides)
+        try:
+            config = TransferConfig.from_journal(options, journal_path=journal_path, **overrides)
+        except UsageError as exc:
+            if set(options) <= {f.name for f in fields(TransferConfig)}:
+                raise  # the caller's overrides, not the row
+            raise damaged_row("job", job.id, exc) from None
         remote = job.source if job.kind is JobKind.DOWNLOAD else job.dest
         loc = parse_location(remote)
         loc = loc.with_sas(sas) if sas else loc

@@ -236,6 +236,8 @@ class AsyncClient:
             for bound, what in ((start, "start"), (end, "end")):
                 if bound is not None and (not isinstance(bound, int) or isinstance(bound, bool)):
                     raise UsageError(f"invalid {what}={bound!r} for {name!r}: a whole number of bytes or None")
+            if start is not None and end is not None and 0 <= end < start:  # a mistake, not an empty range
+                raise UsageError(f"invalid range {start}..{end} of {name!r}: the end is before the start")
         names = sorted({name for name, _, _ in ranges})
         found = await asyncio.gather(*(self.stat(name) for name in names), return_exceptions=True)
         stats = dict(zip(names, found, strict=True))

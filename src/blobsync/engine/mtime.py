@@ -42,9 +42,9 @@ def parse_mtime(text: str) -> int | None:
             return None
         fields = (int(head[0:4]), int(head[5:7]), int(head[8:10]), int(head[11:13]), int(head[14:16]),
                   int(head[17:19]))
-        if not (1 <= fields[1] <= 12 and 1 <= fields[2] <= 31 and fields[3] <= 23 and fields[4] <= 59
-                and fields[5] <= 60):
-            return None
+        if not (1 <= fields[1] <= 12 and fields[3] <= 23 and fields[4] <= 59 and fields[5] <= 60
+                and 1 <= fields[2] <= calendar.monthrange(max(fields[0], 1), fields[1])[1]):
+            return None  # 2024-02-30 is no day (timegm would take it for 2024-03-01)
         seconds = calendar.timegm((*fields, 0, 0, 0))
         if len(_SECONDS) >= 4096:  # bounded: a tree written over years must not grow it forever
             _SECONDS.clear()

@@ -47,7 +47,11 @@ class StreamWriter:
         """Take `data` (copied: the caller may reuse its buffer); a block that fills is staged."""
         if self.closed:
             raise UsageError(f"{self.blob}: write to a closed blob writer")
-        view = memoryview(data).cast("B")
+        try:
+            view = memoryview(data).cast("B")
+        except TypeError:  # a str, an int...: said before anything of it is staged; the write is aborted
+            raise UsageError(f"{self.blob}: a chunk of {type(data).__name__}, where bytes-like data is written "
+                             "(encode text first)") from None
         done, block = 0, self.block_size
         if self._buf:  # the block begun by earlier writes is filled first
             done = min(len(view), block - len(self._buf))

@@ -75,6 +75,10 @@ class IterableBlobDataset(IterableDataset[Any]):
                  rank: int | None = None, world_size: int | None = None, read_ahead_bytes: int | None = None,
                  client: Client | None = None, config: TransferConfig | None = None,
                  credential: object = None) -> None:
+        for value, what in ((seed, "seed"), (rank, "rank"), (world_size, "world_size"),
+                            (read_ahead_bytes, "read_ahead_bytes")):  # checked before any request
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise UsageError(f"invalid {what}={value!r}: a whole number")
         self._listing = _Listing(url_prefix, client, config, credential)
         self.names = self._listing.names
         self.transform, self.shuffle, self.seed, self.epoch = transform, shuffle, seed, 0
