@@ -289,7 +289,7 @@ class _InProcess:
         self.files = 0
 
     async def run(self, ctx: object, job_id: str, local_root: Path, report: blobsync.Report,
-                  items: object, totals: tuple[int, int], settle: Callable[..., None]) -> None:
+                  items: object, totals: tuple[int, int], settle: Callable[..., None], base: Path) -> None:
         from blobsync.jobs.ops import Performer
 
         perform = Performer(ctx, local_root)  # type: ignore[arg-type]
