@@ -730,3 +730,19 @@ def test_a_fifo_at_a_download_target_is_refused_not_replaced(container: Containe
     assert code != 0 and "is a device, a FIFO or a socket" in said, said
     assert stat.S_ISFIFO(os.lstat(dl / "x.bin").st_mode)
     assert not (dl / "x.bin.blobsync-part").exists()
+
+
+def test_a_refused_cluster_copy_is_one_line(container: ContainerHandle, azurite: Azurite, tmp_path: Path) -> None:
+    """Issue 51: Dask's "Compute Failed" and a traceback (22 lines) came before the final line."""
+    from datetime import UTC, datetime, timedelta
+
+    from azure.storage.blob import ContainerSasPermissions, generate_container_sas
+
+    read_only = generate_container_sas(azurite.account, container.name, account_key=azurite.key,
+                                       expiry=datetime.now(UTC) + timedelta(hours=1),
+                                       permission=ContainerSasPermissions(read=True, list=True))
+    random_file(tmp_path / "src" / "a.bin", 1000, seed=3)
+    done = run(["cp", str(tmp_path / "src"), f"{container.url}?{read_only}", "--recursive", "--cluster", "local:2",
+                "--journal", str(tmp_path / "j.db"), "--max-retries", "0"], env={}, timeout=180)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 3 and len(lines) == 1 and "lacks 'w'" in lines[0], done.stderr

@@ -60,9 +60,10 @@ class DaskExecutor:
         if where.startswith("local:"):
             local_type: Any = distributed.LocalCluster
             # No dashboard, and the scheduler's HTTP routes on a free port: a second local cluster (another job
-            # here) must not find 8787 taken and warn about it.
+            # here) must not find 8787 taken and warn about it. Its workers share our stderr: a task's failure
+            # (Dask logs "Compute Failed" with a traceback at ERROR) reaches the user as the job's one line.
             cluster = await local_type(n_workers=_local_workers(where), processes=True, threads_per_worker=1,
-                                         asynchronous=True, dashboard_address=None, silence_logs=logging.ERROR,
+                                         asynchronous=True, dashboard_address=None, silence_logs=logging.CRITICAL,
                                          scheduler_kwargs={"dashboard_address": ":0"})
             return cls(await client_type(cluster, asynchronous=True), cluster)
         try:
