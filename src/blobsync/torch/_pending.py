@@ -9,6 +9,7 @@ import threading
 from typing import Any, TypeVar
 
 import blobsync.clientloop  # noqa: F401  its exit hook registered first, so it runs after this module's
+from blobsync.redact import redact
 
 T = TypeVar("T")
 _PENDING: dict[Save[Any], str] = {}
@@ -76,7 +77,7 @@ def wait_all() -> list[str]:
         concurrent.futures.wait([future])
         error = concurrent.futures.Future.exception(future) if not future.cancelled() else None
         if future.cancelled() or error is not None:
-            lines.append(f"blobsync: {what} was NOT saved: {error or 'cancelled'}")
+            lines.append(redact(f"blobsync: {what} was NOT saved: {error or 'cancelled'}"))  # any error's text
         _forget(future)
     for line in lines:
         print(line, file=sys.stderr, flush=True)
