@@ -71,7 +71,9 @@ def test_a_cold_batch_of_small_files_is_read_ahead_and_a_warm_one_is_left_alone(
 
     for path in [*paths, big]:
         _evict(path)
-    if not looks_cold(paths[0]):
+    # Probed on a file warm_if_cold does not sample: a probe that misses starts the kernel's readahead of that
+    # file, which made paths[0] (a sampled one) warm again by the time warm_if_cold looked (seen under CPU load).
+    if not looks_cold(paths[3]):
         pytest.skip("this file system serves reads without waiting anyway")
     assert warm_if_cold(batch, submitted.append)
     assert len(submitted) == 1

@@ -416,12 +416,7 @@ async def resume_on(
             raise UsageError(f"job {job.id} is a sync: run the same 'blobsync sync' command again to resume it")
         options = dict(job.options)
         filters = Filters.from_journal(options.pop("filters", None))
-        try:
-            config = TransferConfig.from_journal(options, journal_path=journal_path, **overrides)
-        except UsageError as exc:
-            if set(options) <= {f.name for f in fields(TransferConfig)}:
-                raise  # the caller's overrides, not the row
-            raise damaged_row("job", job.id, exc) from None
+        config = _journaled_config(job, options, journal_path, overrides)
         remote = job.source if job.kind is JobKind.DOWNLOAD else job.dest
         loc = parse_location(remote)
         loc = loc.with_sas(sas) if sas else loc
@@ -433,6 +428,16 @@ async def resume_on(
         UploadSpec(Path(job.source), loc, filters)
     return await _run(session, spec, config, env, progress, Hooks(confirm_overwrite=confirm_overwrite),
                       raise_on_error, job=job, journal=journal)
+
+
+def _journaled_config(job: JobRow, options: dict[str, object], journal_path: str | os.PathLike[str] | None,
+                      overrides: Mapping[str, object]) -> TransferConfig:
+    """The config a job was journaled with, `overrides` on top; a row naming options this blobsync does not know
+    (another version's, or edited) is damaged: one line, not a TypeError."""
+    unknown = sorted(str(k) for k in options if k not in {f.name for f in fields(TransferConfig)})
+    if unknown:
+        raise damaged_row("job", job.id, UsageError(f"unknown option(s) {', '.join(map(repr, unknown))}"))
+    return TransferConfig.from_journal(options, journal_path=journal_path, **overrides)
 
 
 resume_async = alone(resume_on)

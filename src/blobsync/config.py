@@ -495,10 +495,6 @@ class TransferConfig:
         """The config a job was journaled with (`journal_options`), its enum fields read back from their words by
         the same rule as any caller's (see _typed_fields), with `overrides` on top."""
         known = dict(options)
-        names = {f.name for f in fields(cls) if f.init}
-        unknown = sorted(str(k) for k in known if k not in names)
-        if unknown:  # a row another version (or an edit) wrote: one line, not a TypeError from the constructor
-            raise UsageError(f"option(s) {', '.join(map(repr, unknown))} this blobsync does not know")
         if "concurrency" in known:  # an int in journals written before "auto" existed; either form is read back
             known["concurrency"] = parse_concurrency(known["concurrency"])  # type: ignore[arg-type]
         known.update(overrides)
