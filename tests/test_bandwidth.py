@@ -62,11 +62,12 @@ def test_rate_change_keeps_earned_tokens_and_grants_none() -> None:
     assert bucket.burst == MiB
     bucket.set_rate(1 * MiB)
     assert bucket.burst == 256 * 1024  # burst follows the rate: no spike at the old rate's size
-    assert bucket._tokens == 256 * 1024
-    bucket._tokens = 0
+    assert bucket.tokens == 256 * 1024
+    asyncio.run(bucket.take(256 * 1024))  # the bucket is empty now
+    assert bucket.tokens == 0
     now[0] = 0.1
     bucket.set_rate(2 * MiB)  # 0.1 s at the old 1 MiB/s was earned; the change itself grants nothing
-    assert bucket._tokens == pytest.approx(0.1 * MiB)
+    assert bucket.tokens == pytest.approx(0.1 * MiB)
 
 
 def test_raised_rate_releases_a_waiting_taker() -> None:

@@ -136,3 +136,30 @@ def test_the_proxy_password_reaches_no_output_log_or_journal(https_azurite: tupl
     bad = run(["ls", f"{azurite.blob_endpoint}/viaproxy", "--proxy", "http://alice:s3cret-pw@127.0.0.1:1/\n"])
     assert bad.returncode == 2 and "s3cret-pw" not in bad.stdout + bad.stderr
     assert b"s3cret-pw" not in journal.read_bytes()
+
+
+def test_a_client_calls_own_proxy_is_the_one_its_requests_take(https_azurite: tuple[Azurite, Path],
+                                                              proxy_server: ConnectProxy, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A setting of the session (how requests go out) given on one call of a Client is honoured for that call
+    (it runs on a session of its own), and the Client's other calls keep the Client's."""
+    import blobsync
+
+    azurite, cert = https_azurite
+    data = random_file(tmp_path / "f.bin", 2000)
+    for name, value in _env(cert).items():  # the TLS trust comes from the process's environment
+        monkeypatch.setenv(name, value)
+    env = {**_env(cert), "AZURE_STORAGE_CONNECTION_STRING": azurite.connection_string}
+    url = f"{azurite.blob_endpoint}/viaproxy"
+    journal = tmp_path / "j.db"
+    with blobsync.Client(url, blobsync.TransferConfig(journal_path=journal), env=env) as client:
+        client.copy(tmp_path / "f.bin", f"{url}/direct.bin", raise_on_error=True)
+        assert proxy_server.tunnels == 0
+        client.copy(tmp_path / "f.bin", f"{url}/proxied.bin",
+                    blobsync.TransferConfig(journal_path=journal, proxy=proxy_server.url), raise_on_error=True)
+        assert proxy_server.tunnels > 0
+        tunnels = proxy_server.tunnels
+        client.copy(tmp_path / "f.bin", f"{url}/direct2.bin", raise_on_error=True)
+        assert proxy_server.tunnels == tunnels
+    service = BlobServiceClient.from_connection_string(azurite.connection_string, connection_verify=str(cert))
+    assert service.get_blob_client("viaproxy", "proxied.bin").download_blob().readall() == data

@@ -7,7 +7,7 @@ import math
 import re
 import typing
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from enum import Enum
 from pathlib import Path
 from types import MappingProxyType
@@ -226,6 +226,9 @@ class Flag:
     metavar: str | None = None
     shown: str = ""  # the value as the manual's flag table shows it ('F', 'auto|N', '"k=v;k2=v2"'); derived if ''
     default_text: str = ""  # the default in words, where the value alone says too little ('the block size')
+    # "session": how requests are made (connections, budgets, cap, retries, journal), shared by every call of a
+    # Client or a `blobsync run`; "call": what one job does. See TransferConfig.in_session.
+    scope: Literal["session", "call"] = "call"
 
 
 def _flag(decl: str | None, help: str = "", **kwargs: Any) -> dict[str, Flag]:
@@ -266,11 +269,11 @@ class TransferConfig:
         "--concurrency", "Requests in flight, one budget shared by all files: `auto` tunes the level to the link (16 "
                          "up to 64), a number is a fixed ceiling; while the service throttles (429, 503, 500 "
                          "OperationTimedOut) the limit halves and then grows back.",
-        shown="auto|N", default="auto", show_default=True, parse=parse_concurrency))
+        shown="auto|N", default="auto", show_default=True, parse=parse_concurrency, scope="session"))
     memory: int = field(default=256 * MiB, metadata=_flag(
         "--memory-mb", "Bytes in flight (read buffers), one budget shared by all files.",
         shown="F", kind=float, default=256,
-        show_default=True, parse=lambda v: _mib(v, "--memory-mb", MiB, MAX_MEMORY)))
+        show_default=True, parse=lambda v: _mib(v, "--memory-mb", MiB, MAX_MEMORY), scope="session"))
     overwrite: Overwrite = field(default=Overwrite.TRUE, metadata=_flag(None, parse=Overwrite.parse))
     put_md5: bool = field(default=True, metadata=_flag(
         "--put-md5/--no-put-md5", "Uploads: store the whole-file MD5 as the blob's Content-MD5 (each block always "
@@ -329,24 +332,25 @@ class TransferConfig:
         "--journal", "The job journal.",
         shown="PATH", default_text="`$XDG_STATE_HOME/blobsync/journal.db` (else `~/.local/state/blobsync/journal.db`)",
         kind=Path,
-        journal=False))
+        journal=False, scope="session"))
     max_retries: int = field(default=8, metadata=_flag(
         "--max-retries", "Retries per request (429, 500, 502, 503, 504, 408, timeouts, resets, corrupted bodies).",
-        shown="N", kind=int, default=8, show_default=True, journal=False))
+        shown="N", kind=int, default=8, show_default=True, journal=False, scope="session"))
     retry_deadline: float = field(default=900.0, metadata=_flag(
         "--retry-deadline", "A request stops retrying after this many seconds.", shown="S", kind=float, default=900,
-        show_default=True, journal=False))
+        show_default=True, journal=False, scope="session"))
     stall_timeout: float = field(default=120.0, metadata=_flag(
         "--stall-timeout", "A request whose body or response makes no progress for this long is aborted and retried "
                            "(not a total-time limit: a slow but moving transfer is never cut off).",
-        shown="S", kind=float, default=120, show_default=True, journal=False))
+        shown="S", kind=float, default=120, show_default=True, journal=False, scope="session"))
     cap_mbps: float | None = field(default=None, metadata=_flag(  # for the whole job, as AzCopy's --cap-mbps
         "--cap-mbps", "Cap the job's bandwidth in megabits per second: one token bucket shared by every connection, "
-                      "uploads and downloads, paced in 256 KiB slices.", shown="N",
-        kind=float))
+                      "uploads and downloads, paced in 256 KiB slices, and by every worker of `--processes` (on "
+                      "`--cluster`, each worker an equal share).", shown="N",
+        kind=float, scope="session"))
     proxy: str | None = field(default=None, metadata=_flag(  # over the environment's proxies; never journaled
         "--proxy", "Proxy for every request, http://[user:password@]host:port.", metavar="URL", journal=False,
-        shown="URL", default_text="HTTPS_PROXY, HTTP_PROXY, ALL_PROXY, minus NO_PROXY"))
+        shown="URL", default_text="HTTPS_PROXY, HTTP_PROXY, ALL_PROXY, minus NO_PROXY", scope="session"))
     properties: Mapping[str, str] = field(default_factory=dict, metadata=_flag(  # uploads: cache_control, ...
         None, "Uploads: the blob's {title} header (returned on download).", group=BLOB_PROPERTIES,
         parse=lambda values: {k: v for k, v in values.items() if v is not None}))
@@ -357,7 +361,7 @@ class TransferConfig:
         "--trusted-microsoft-suffixes", "More host suffixes (';'-separated) that account keys, Azure AD tokens and a "
         "copy's source credential may go to, beside *.core.windows.net and the national clouds' (a SAS in the URL "
         "goes anywhere).",
-        metavar="SUFFIXES", parse=parse_suffixes, journal=False))
+        metavar="SUFFIXES", parse=parse_suffixes, journal=False, scope="session"))
 
     def __repr__(self) -> str:
         # A proxy's password (user:password@) never shows: reprs reach logs, tracebacks and notebooks.
@@ -470,6 +474,22 @@ class TransferConfig:
             **kwargs,  # type: ignore[arg-type]
         )
 
+    def session_key(self) -> tuple[object, ...]:
+        """The values of the session fields: two configs with the same key can run on one session."""
+        return tuple(getattr(self, name) for name in session_fields())
+
+    def in_session(self, session: TransferConfig) -> TransferConfig:
+        """This config as a call on `session`'s session runs it: every session field left at its default takes
+        the session's value (a Client's cap, a `blobsync run --max-retries`); one set to another value stays, and
+        the call then gets a session of its own (Session.context)."""
+        changes = {name: getattr(session, name) for name in session_fields()
+                   if getattr(self, name) == _DEFAULTS[name] and getattr(self, name) != getattr(session, name)}
+        if not changes:
+            return self
+        if "memory" in changes and changes["memory"] < self.block_size:
+            changes["memory"] = self.memory  # the session's budget cannot hold this call's block: keep the call's
+        return replace(self, **changes)
+
     def journal_options(self) -> dict[str, object]:
         """The options worth keeping with a job (for 'jobs show' and 'jobs resume'); no secrets live here."""
         return self._plain(lambda flag: flag.journal)
@@ -503,3 +523,12 @@ class TransferConfig:
 
 def _rebuilt(values: dict[str, Any]) -> TransferConfig:
     return TransferConfig(**values)
+
+
+def session_fields() -> tuple[str, ...]:
+    """The fields whose Flag says "session": the same for every call on one session."""
+    return _SESSION_FIELDS
+
+
+_SESSION_FIELDS = tuple(f.name for f in fields(TransferConfig) if f.metadata["flag"].scope == "session")
+_DEFAULTS: dict[str, object] = {f.name: f.default for f in fields(TransferConfig) if f.name in _SESSION_FIELDS}

@@ -16,6 +16,7 @@ from blobsync import stopping
 from blobsync.cli.common import handle_errors, output_options, setup_logging, show_click_error
 from blobsync.cli.config_flags import config_from, config_options
 from blobsync.cli.output import JsonLines
+from blobsync.config import session_fields
 from blobsync.engine.session import Session
 from blobsync.errors import ExitCode, UsageError
 from blobsync.events import Progress
@@ -24,7 +25,6 @@ from blobsync.journal import Journal, default_journal_path
 # What a line may run: the transfer and listing commands (AzCopy's names too). Not run itself, jobs or doctor.
 RUNNABLE = frozenset(("cp", "copy", "sync", "rm", "remove", "ls", "list", "make"))
 MAX_LINE = 65_536  # characters in one line of a `blobsync run` file: a long list of names belongs in --list-of-files
-_SESSION_FLAGS = ("concurrency", "memory", "cap_mbps", "journal_path", "proxy", "max_retries")
 
 
 def _lines(source: Path) -> Iterator[tuple[int, list[str]]]:
@@ -74,15 +74,17 @@ def _one(args: list[str], json: bool, session: Session) -> int:
 @click.command("run")
 @handle_errors
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
-@config_options(_SESSION_FLAGS)
+@config_options(session_fields())
 @output_options
 def run(file: Path, out: Any, log_level: str, log_file: Path | None, **options: Any) -> None:
     """Run the commands FILE holds, one per line ('-': standard input), in this one process.
 
     Each line is a blobsync command (cp, sync, rm, ls, make; a leading 'blobsync' is allowed), quoted as in a
-    shell. All share one session: connections, credentials, the journal, and the concurrency, memory and
-    bandwidth budgets set here. Every line runs, whatever the one before did; the exit code is the worst of
-    theirs. With --output-type json, each line's JSON lines are followed by one {"type": "run"} record.
+    shell. All share one session: connections, credentials, the journal, and the session settings given here
+    (concurrency, memory, the bandwidth cap, retries, timeouts, proxy, trusted hosts), which every line takes
+    unless it sets one itself (then that line runs on a session of its own). Every line runs, whatever the one
+    before did; the exit code is the worst of theirs. With --output-type json, each line's JSON lines are
+    followed by one {"type": "run"} record.
     """
     setup_logging(log_level, log_file)
     config = config_from(options)

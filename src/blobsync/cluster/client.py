@@ -130,8 +130,11 @@ class ClusterTransfer:
 
     def _job_spec(self, ctx: EngineContext, job_id: str, topic: str, workers: int) -> WorkerJob:
         options = ctx.config.worker_options()
-        if ctx.config.cap_mbps:
-            options["cap_mbps"] = ctx.config.cap_mbps / workers  # the job's cap, shared by the workers
+        shared_cap = getattr(self.executor, "cap_state", None)
+        if ctx.bandwidth is not None and shared_cap is not None:
+            ctx.bandwidth.move_to(shared_cap)  # one bucket in shared memory: every worker draws on the job's cap
+        elif ctx.config.cap_mbps:
+            options["cap_mbps"] = ctx.config.cap_mbps / workers  # each machine's worker its share of the cap
         if getattr(self.executor, "shares_machine", False):  # one machine's memory budget, shared by its workers
             options["memory"] = max(ctx.config.memory // workers, ctx.config.block_size)
         return WorkerJob(job_id, self.upload, str(self.local_root), self.url, options, ctx.config.proxy, topic,

@@ -16,6 +16,7 @@ from typing import Any
 from blobsync.cluster import tasks
 from blobsync.cluster.shards import SplitFile
 from blobsync.cluster.spec import ShardReport, ShardSpec
+from blobsync.engine.bandwidth import BucketState
 
 TASK_RETRIES = 2  # as on Dask: a task that raised runs at most three times in all
 
@@ -32,8 +33,10 @@ class ProcessExecutor:
         context = multiprocessing.get_context("spawn")
         self.count = count
         self._queue: Any = context.SimpleQueue()
+        # The job's one bandwidth cap, in memory every worker shares: the client moves its bucket in (run).
+        self.cap_state = BucketState.shared()
         self._pool = concurrent.futures.ProcessPoolExecutor(count, mp_context=context, initializer=_start,
-                                                            initargs=(self._queue,))
+                                                            initargs=(self._queue, self.cap_state))
         self._handler: Callable[[dict[str, Any]], None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._broken = False
@@ -160,9 +163,12 @@ def _join(processes: list[Any]) -> None:
 # --- what runs in a worker process (module level: the pool pickles these by reference) ----------------------
 
 
-def _start(queue: Any) -> None:
+def _start(queue: Any, cap_state: BucketState) -> None:
+    from blobsync.cluster import work
+
     global _events
     _events = queue
+    work.MACHINE_CAP.state = cap_state
     # Ctrl-C reaches the whole process group: the client alone handles it and stops the workers.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 

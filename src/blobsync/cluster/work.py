@@ -16,6 +16,7 @@ from typing import Any
 from blobsync.backends.base import Store
 from blobsync.cluster.spec import FileOutcome, ShardReport, ShardSpec, WorkerJob
 from blobsync.config import TransferConfig
+from blobsync.engine.bandwidth import BucketState, TokenBucket
 from blobsync.engine.context import EngineContext
 from blobsync.engine.session import Session
 from blobsync.errors import BlobsyncError, SourceChangedError
@@ -35,6 +36,33 @@ def worker_name() -> str:
 
 def worker_config(job: WorkerJob, journal_path: Path) -> TransferConfig:
     return TransferConfig.from_journal(job.options, journal_path=journal_path, proxy=job.proxy)
+
+
+class _MachineCap:
+    """The bandwidth cap of this worker process's jobs: the one its client shares with every worker process of
+    the machine (blobsync's own processes), else one bucket per job in this process, shared by all its tasks
+    (a Dask worker runs several at once, and a task must not start with a fresh bucket's burst)."""
+
+    def __init__(self) -> None:
+        self.state: BucketState | None = None  # set by the worker process's start (processes.py)
+        self._lock = threading.Lock()
+        self._buckets: dict[str, TokenBucket] = {}
+
+    def bucket(self, job: WorkerJob, config: TransferConfig) -> TokenBucket | None:
+        if not config.cap_bytes:
+            return None
+        if self.state is not None:
+            return TokenBucket(config.cap_bytes, state=self.state)
+        with self._lock:
+            found = self._buckets.get(job.job)
+            if found is None:
+                while len(self._buckets) >= 16:  # the jobs of long ago: a worker serves one job at a time
+                    self._buckets.pop(next(iter(self._buckets)))
+                found = self._buckets[job.job] = TokenBucket(config.cap_bytes)
+            return found
+
+
+MACHINE_CAP = _MachineCap()
 
 
 class _ShardFolder:
@@ -123,7 +151,7 @@ async def shard_engine(job: WorkerJob, key: str, label: str, publish: Publish | 
         try:
             config, progress = worker_config(job, path), Progress(subscribers=[relay])
             session = Session(config, os.environ, journal, wire_progress=progress, credential=job.credential,
-                              home=job.url)
+                              home=job.url, bucket=MACHINE_CAP.bucket(job, config))
             try:
                 source = session.store(job.source_url) if job.source_url else None
                 yield session.context(job.url, config, progress=progress), relay, source

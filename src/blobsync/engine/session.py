@@ -24,18 +24,21 @@ from blobsync.engine.digest import HashLanes, hash_threads
 from blobsync.engine.prompt import OverwritePrompt
 from blobsync.errors import UsageError
 from blobsync.events import Progress
-from blobsync.journal import Journal
+from blobsync.journal import Journal, default_journal_path
 
 
 class Session:
     """Shared by every call of a Client: one store per container (each with one connection pool and one credential,
     so one token cache), one journal, one request limit and one memory budget for all calls in flight, one
-    bandwidth cap and one pair of thread pools. The budgets, the cap and the connection settings are `config`'s;
-    a call's own config sets only what its job does (overwrite, block size, metadata, ...)."""
+    bandwidth cap and one pair of thread pools, all set by `config`'s session fields. A call whose config sets a
+    session field to another value (its own cap, proxy, retries...) runs on a session of its own, made from this
+    one and kept for the next call with the same settings (see `context`)."""
 
     def __init__(self, config: TransferConfig, env: Mapping[str, str], journal: Journal | Callable[[], Journal],
-                 wire_progress: Progress | None = None, credential: object = None, home: str | None = None) -> None:
+                 wire_progress: Progress | None = None, credential: object = None, home: str | None = None, *,
+                 bucket: TokenBucket | None = None, owns_journal: bool = True) -> None:
         self.config = config
+        self._home_url = home
         # A Client's credential object (None: the URL's SAS or the environment), for its own account (`home`'s) only.
         self.credential = credential
         self._home = _home_account(home) if home is not None and credential is not None else None
@@ -43,7 +46,9 @@ class Session:
         # Opened when a call first needs it: ls, rm and make never create the journal's folder.
         self._journal: Journal | None = journal if isinstance(journal, Journal) else None
         self._open_journal: Callable[[], Journal] | None = None if isinstance(journal, Journal) else journal
-        self.bucket = TokenBucket(config.cap_bytes) if config.cap_bytes else None
+        self._owns_journal = owns_journal
+        # The job's cap: this session's own, or one handed in (a worker process draws on its job's shared cap).
+        self.bucket = bucket or (TokenBucket(config.cap_bytes) if config.cap_bytes else None)
         # Bytes on the wire as they move (a display figure): the one call's, or the Client's for all its calls.
         self.progress = wire_progress or Progress()
         self.memory = MemoryBudget(memory_budget(config))
@@ -52,6 +57,7 @@ class Session:
         self.io_pool = ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2) + 2), thread_name_prefix="bs-io")
         self.hashing = HashLanes(hash_threads(env))  # whole-file MD5s: one lane a file, files side by side
         self._stores: dict[tuple[str, str], Store] = {}
+        self._children: dict[tuple[object, ...], Session] = {}
         self.closed = False
 
     @property
@@ -81,7 +87,12 @@ class Session:
     def context(self, location: str | Location, config: TransferConfig, *, progress: Progress,
                 overwrite_prompt: OverwritePrompt | None = None) -> EngineContext:
         """The engine context of one call: the session's store, budgets and pools, the call's config, progress
-        and retry counters. Nothing in it needs closing apart from the session."""
+        and retry counters. Nothing in it needs closing apart from the session. The call's config is read as on
+        this session (its session fields left at their defaults are this session's); where it still sets one to
+        another value, the call runs on a session of its own, never silently on this one's."""
+        config = config.in_session(self.config)
+        if config.session_key() != self.config.session_key():
+            return self.child(config).context(location, config, progress=progress, overwrite_prompt=overwrite_prompt)
         store = self.store(location)
         requests = self.requests(config, progress)
         return EngineContext(store, lambda: self.journal, config, self.memory, requests, self.io_pool, self.hashing,
@@ -89,20 +100,41 @@ class Session:
 
     def requests(self, config: TransferConfig, progress: Progress) -> RequestPath:
         """A request path of one call (its retry policy and counters) under the session's one request limit."""
+        config = config.in_session(self.config)
+        if config.session_key() != self.config.session_key():
+            return self.child(config).requests(config, progress)
         return RequestPath(self.limiter, job_retrier(config, progress), progress)
+
+    def child(self, config: TransferConfig) -> Session:
+        """The session of calls whose session fields are `config`'s: made once from this one (its credential, its
+        journal where the call names the same one, its wire progress), closed with it."""
+        key = config.session_key()
+        found = self._children.get(key)
+        if found is None or found.closed:
+            if self.closed:
+                raise RuntimeError("the session is closed")
+            same_journal = config.journal_path == self.config.journal_path
+            journal: Callable[[], Journal] = (lambda: self.journal) if same_journal else \
+                (lambda: Journal(config.journal_path or default_journal_path(self.env)))
+            found = self._children[key] = Session(config, self.env, journal, self.progress, self.credential,
+                                                  self._home_url, owns_journal=not same_journal)
+        return found
 
     async def close(self) -> None:
         if self.closed:
             return
         self.closed = True
         try:
+            for child in self._children.values():
+                await child.close()
             for store in self._stores.values():
                 await store.close()
         finally:
+            self._children.clear()
             self._stores.clear()
             await asyncio.to_thread(self.io_pool.shutdown, wait=True)
             self.hashing.shutdown()
-            if self._journal is not None:
+            if self._journal is not None and self._owns_journal:
                 self._journal.close()
 
 
