@@ -374,3 +374,24 @@ def test_a_blob_without_md5_moves_bytes_only_and_fails_before_any_byte_when_aske
     _put(container, "with.bin", data)  # a stored MD5: checked, and the record holds it
     report = _get(f"{container.url}/with.bin", tmp_path / "c.bin", tmp_path, block_size_mb=1)
     assert report.written[0].content_md5 == hashlib.md5(data).digest()
+
+
+def test_a_download_killed_after_its_rename_but_before_its_record_is_not_fetched_again(
+        container: ContainerHandle, proxy: FaultProxy, tmp_path: Path) -> None:
+    from support.proxy import hold
+
+    big = random_file(tmp_path / "big.bin", 6 * MiB + 5, seed=3)
+    _put(container, "d/big.bin", big)
+    _put(container, "d/z.bin", b"last")
+    dest = tmp_path / "out"
+    args = ["cp", "-r", "--as-subdir=false", f"{proxy.endpoint()}/{container.name}/d", str(dest), "--journal",
+            str(tmp_path / "j.db"), "--block-size-mb", "1", "--check-md5", "NoCheck", "--quiet"]
+    proxy.add_rule(Rule("get_blob", hold(), blob="d/z.bin"))  # the job stays up while big.bin finishes
+    # Killed once big.bin is at its final name: its record is queued, not yet in the journal's file.
+    kill_when_held(args, proxy, until=lambda: (dest / "big.bin").exists(), linger=0.1)
+    proxy.reset_stats()
+    second = run(args)
+    assert second.returncode == 0, second.stderr
+    assert sum(e.response_bytes for e in proxy.log if e.blob == "d/big.bin" and e.op == "get_blob") == 0
+    assert (dest / "big.bin").read_bytes() == big == container.download("d/big.bin")
+    assert (dest / "z.bin").read_bytes() == b"last"

@@ -16,7 +16,7 @@ from blobsync.engine.mtime import destination_mtime_ns
 from blobsync.engine.tasks import in_thread
 from blobsync.errors import ChecksumMismatchError, ConflictError, IntegrityError
 from blobsync.journal import RESUMABLE, FileRow
-from blobsync.local.target import PartFile, current_boot_id, part_path
+from blobsync.local.target import PartFile, current_boot_id, found_placed, part_path
 from blobsync.report import FileResult, FileStatus, blob_url
 
 log = logging.getLogger("blobsync")
@@ -60,6 +60,10 @@ class FileDownloader:
         cfg = ctx.config
         if props.content_md5 is None and cfg.check_md5 is CheckMd5.FAIL_IF_DIFFERENT_OR_MISSING:
             check_md5(cfg.check_md5, row.blob, None, None)  # fails before a byte is fetched
+        if self._placed_before(row, props, target):
+            return FileResult(row.rel, row.blob, props.size, FileStatus.TRANSFERRED,
+                              reason="finished by an earlier run (found at its final name)", etag=props.etag or None,
+                              content_md5=props.content_md5, url=blob_url(ctx.store.container_url, row.blob))
         block_size, done = self._resumable(row, props, target)
         part = await in_thread(ctx.io_pool, lambda: PartFile(target, props.size, keep=done is not None,
                                                              root=self.root))
@@ -71,7 +75,11 @@ class FileDownloader:
             sent, digest = await self._fetch_into(row, props, part, block_size, done, want_md5, seen)
             check_md5(cfg.check_md5, row.blob, props.content_md5, digest, WRITTEN_NOWHERE)
             mtime = destination_mtime_ns(props) if cfg.preserve_last_modified_time else None
-            await in_thread(ctx.io_pool, part.finish, mtime)
+            if props.size > cfg.single_put_limit:  # worth a journal write: a kill after the rename costs no refetch
+                ctx.journal.placing(row.id, await in_thread(ctx.io_pool, part.seal, mtime))
+                await in_thread(ctx.io_pool, part.place)
+            else:
+                await in_thread(ctx.io_pool, part.finish, mtime)
         except IntegrityError:
             part.discard()  # nothing at the final path, and no corrupt partial file to resume from
             ctx.journal.start_file(row.id, nonce=None, block_size=None, n_blocks=None, size=props.size,
@@ -87,6 +95,13 @@ class FileDownloader:
         return FileResult(row.rel, row.blob, props.size, FileStatus.TRANSFERRED, bytes_sent=sent, reason=note,
                           etag=props.etag or None, content_md5=digest if want_md5 else props.content_md5,
                           url=blob_url(ctx.store.container_url, row.blob))
+
+    @staticmethod
+    def _placed_before(row: FileRow, props: BlobProperties, target: Path) -> bool:
+        """An earlier run of this job fetched and checked this version whole and renamed it into place, and was
+        stopped before it recorded that (Journal.placing): the file at the target is that one, untouched."""
+        return (row.state in RESUMABLE and bool(props.etag) and row.etag == props.etag and row.nonce is not None
+                and row.nonce.startswith("placed ") and found_placed(target, row.nonce))
 
     def _resumable(self, row: FileRow, props: BlobProperties, target: Path) -> tuple[int, set[int] | None]:
         """The block size and the ranges already on disk (None: start afresh, journaled and flushed first)."""

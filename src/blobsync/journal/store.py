@@ -440,6 +440,13 @@ class Journal:
             self._queue("update blocks set boot = null where file_id = ? and idx = ?", (file_id, idx))
         self.flush()
 
+    def placing(self, file_id: int, mark: str) -> None:
+        """A download's file, whole and checked, is about to take its final name as the file `mark` names: kept
+        (durably, before the rename) where a download keeps no nonce, so a run killed between the rename and its
+        record finds the file finished instead of fetching it again."""
+        self._queue("update files set nonce = ?, updated = ? where id = ?", (mark, time.time(), file_id))
+        self.flush()
+
     def finish_file(self, file_id: int, state: FileState, *, md5_hex: str | None = None, etag: str | None = None,
                     error: str | None = None, bytes_sent: int = 0) -> None:
         """A file's outcome (written by the job runner alone). `bytes_sent` is this run's: a resumed file has sent

@@ -361,6 +361,12 @@ class PartFile:
     def finish(self, mtime_ns: int | None) -> None:
         """fsync, set the mtime, and rename into place: the final name never holds a partial file, and only the
         file this run wrote (still under its name) is renamed."""
+        self.seal(mtime_ns)
+        self.place()
+
+    def seal(self, mtime_ns: int | None) -> str:
+        """fsync and set the mtime: the file as it will be at its final name, named by `placed_mark` (what a
+        journal records before the rename, so a run killed right after it finds the file finished)."""
         try:
             full_sync(self.fd)
             if mtime_ns is not None:
@@ -368,6 +374,14 @@ class PartFile:
                     os.utime(self.fd, ns=(mtime_ns, mtime_ns))
                 else:
                     os.utime(extended_path(str(self.path)), ns=(mtime_ns, mtime_ns))
+            return placed_mark(os.fstat(self.fd))
+        except OSError as exc:
+            self._close_fds()
+            raise _write_error(self.target, exc) from exc
+
+    def place(self) -> None:
+        """Rename the sealed file to its final name (only the file this run wrote, still under its name)."""
+        try:
             self._check_still_ours()
             _check_replaceable(self.target, self._folder_fd if self._folder_fd >= 0 else None)
             if self._folder_fd >= 0:
@@ -437,3 +451,18 @@ def _check_replaceable(target: Path, folder_fd: int | None) -> None:
 
 def _inode(st: os.stat_result) -> tuple[int, int]:
     return st.st_dev, st.st_ino
+
+
+def placed_mark(st: os.stat_result) -> str:
+    """A finished download's file as it is renamed into place: the same file (device, inode), size and mtime
+    after the rename, which keeps all four; a file put there by anyone else differs in one of them."""
+    return f"placed {st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
+
+
+def found_placed(target: Path, mark: str) -> bool:
+    """Whether `target` is the file `mark` (placed_mark) names, and no partial file is left beside it."""
+    try:
+        st = os.lstat(extended_path(str(target)))
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and placed_mark(st) == mark and not os.path.lexists(part_path(target))
