@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from urllib.parse import unquote
 
+import pytest
 from azure.storage.blob import ContainerSasPermissions, generate_container_sas
 
 import blobsync
@@ -278,3 +279,49 @@ def test_delta_commit_whose_answer_was_lost_is_recognised_as_ours(
     (src / "m.bin").write_bytes(data)
     assert _sync(src, url, tmp_path / "j.db", "--block-size-mb", "1")["bytes_delta"] == 5 * MiB
     _check_blob(container, "m.bin", bytes(data))
+
+
+@pytest.mark.parametrize("where", [["--processes", "2"], ["--cluster", "local:2"]], ids=["processes", "cluster"])
+def test_workers_send_only_the_changed_blocks_of_split_and_whole_files(
+        where: list[str], container: ContainerHandle, proxy: FaultProxy, tmp_path: Path) -> None:
+    """A delta on workers: a file split over them (72 MiB: its ranges on both) and one in a shard (12 MiB) each
+    send the block an edit touched; the records come back to the client's journal for the next run."""
+    src, block = tmp_path / "src", 8 * MiB
+    big = bytearray(random_file(src / "big.bin", 9 * block, seed=4))
+    small = bytearray(random_file(src / "small.bin", 12 * MiB, seed=5))
+    url = f"{proxy.endpoint()}/{container.name}/w"
+    first = _sync(src, url, tmp_path / "j.db", *where)
+    assert first["bytes_sent"] == len(big) + len(small)
+    before = _committed_ids(container, "w/big.bin")
+    for name, data, offset in (("big.bin", big, 3 * block + 100), ("small.bin", small, block + 5)):
+        patch = random_file(tmp_path / "patch", 1000, seed=offset)
+        data[offset:offset + 1000] = patch
+        with open(src / name, "r+b") as f:
+            f.seek(offset)
+            f.write(patch)
+    proxy.reset_stats()
+    second = _sync(src, url, tmp_path / "j.db", *where)
+    assert _sent(proxy) == block + (len(small) - block), proxy.stats.bytes_in  # one block of each file
+    assert second["bytes_delta"] == len(big) - block + block
+    after = _committed_ids(container, "w/big.bin")
+    assert [i for i in range(9) if after[i] != before[i]] == [3]  # the others named again, as committed
+    _check_blob(container, "w/big.bin", bytes(big))
+    _check_blob(container, "w/small.bin", bytes(small))
+    proxy.reset_stats()
+    plain = _sync(src, url, tmp_path / "j.db")  # the plain job finds what the workers recorded: nothing to send
+    assert plain["files_transferred"] == 0 and _sent(proxy) == 0
+
+
+def test_a_split_delta_over_a_blob_someone_else_replaced_sends_the_whole_file(
+        container: ContainerHandle, proxy: FaultProxy, tmp_path: Path) -> None:
+    src, block = tmp_path / "src", 8 * MiB
+    data = bytearray(random_file(src / "big.bin", 9 * block, seed=6))
+    url = f"{proxy.endpoint()}/{container.name}/w"
+    _sync(src, url, tmp_path / "j.db", "--processes", "2")
+    container.client.upload_blob("w/big.bin", b"another writer's bytes", overwrite=True)
+    data[5:10] = b"edits"
+    (src / "big.bin").write_bytes(data)
+    proxy.reset_stats()
+    _sync(src, url, tmp_path / "j.db", "--processes", "2")
+    assert _sent(proxy) == len(data)  # the blocks the record named are gone with the version they were in
+    _check_blob(container, "w/big.bin", bytes(data))

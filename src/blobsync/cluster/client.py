@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from blobsync.backends.base import NO_CONDITIONS, BlobHeaders
 from blobsync.cluster.shards import BlockSizer, SplitFile, cut, sizing
-from blobsync.cluster.spec import ShardReport, ShardSpec, WorkerJob, file_nonce
+from blobsync.cluster.spec import FileOutcome, ShardReport, ShardSpec, WorkerJob, file_nonce
 from blobsync.config import Overwrite
-from blobsync.engine.blocks import block_count, choose_block_size
+from blobsync.engine.blocks import block_count
 from blobsync.engine.commit import clear_foreign
 from blobsync.engine.context import EngineContext
 from blobsync.engine.mtime import MTIME_KEY, format_mtime
@@ -28,10 +28,10 @@ from blobsync.errors import BlobsyncError, ExitCode, Scope, TransientError, Usag
 from blobsync.jobs.ops import FileOp, OpKind
 from blobsync.jobs.runner import RemoteRunner, Settle, WorkItem
 from blobsync.jobs.spec import Processes
-from blobsync.journal import FileRow
+from blobsync.journal import CommittedBlob, FileRow
 from blobsync.local.files import FileIdentity, clamp_ns
 from blobsync.local.target import PartFile, safe_join
-from blobsync.report import FileResult, FileStatus, Report, ShardRow
+from blobsync.report import FileResult, FileStatus, Report, ShardRow, blob_url
 
 if TYPE_CHECKING:
     from blobsync.jobs.spec import RemoteOpener
@@ -102,8 +102,9 @@ class ClusterTransfer:
                                                                         int(event.get("bytes", 0))))
         job = self._job_spec(ctx, job_id, topic, len(workers))
         split = ctx.config.overwrite is Overwrite.TRUE
-        units = cut(self._files(ctx, job_id, items), job, sizing(*totals, len(workers)),
-                    block_size_of=BlockSizer(ctx.config.block_size, ctx.store.capabilities), split=split)
+        sizer = BlockSizer(ctx.config.block_size, ctx.store.capabilities)
+        units = cut(self._files(ctx, job_id, items, sizer), job, sizing(*totals, len(workers)),
+                    block_size_of=sizer, split=split)
         await self._drain(ctx, report, units, window=max(2, 3 * len(workers)))
 
     async def _workers(self) -> list[str]:
@@ -140,26 +141,36 @@ class ClusterTransfer:
         return WorkerJob(job_id, self.upload, str(self.local_root), self.url, options, ctx.config.proxy, topic,
                          self.source_url, self.credential, str(self.base))
 
-    def _files(self, ctx: EngineContext, job_id: str, items: Iterable[WorkItem]) -> Iterator[FileOp]:
+    def _files(self, ctx: EngineContext, job_id: str, items: Iterable[WorkItem], sizer: BlockSizer
+               ) -> Iterator[FileOp]:
         for item in items:
             op = item.op
             ctx.progress.queued(op.rel, op.blob, op.size, counted=True)
             self._rows[op.rel] = item.row
-            nonce = file_nonce(job_id, op.rel, op.size, op.mtime_ns)
+            op = replace(op, nonce=file_nonce(job_id, op.rel, op.size, op.mtime_ns))
             if op.kind is OpKind.UPLOAD and op.size > ctx.config.single_put_limit:
-                self._journal_nonce(ctx, item.row, op.rel, op.size, nonce)
-            yield replace(op, nonce=nonce)
+                op = replace(op, delta=self._delta_base(ctx, op.blob))
+                self._journal_nonce(ctx, item.row, op, sizer(op))
+            yield op
 
-    def _journal_nonce(self, ctx: EngineContext, row: FileRow, rel: str, size: int, nonce: str) -> None:
+    def _delta_base(self, ctx: EngineContext, blob: str) -> CommittedBlob | None:
+        """The blob as blobsync last committed it, from this journal: the worker that uploads the file's new version
+        sends only the blocks that changed (it checks the blob is still that version first)."""
+        if not ctx.store.capabilities.keeps_parts:
+            return None
+        record = ctx.journal.committed_blob(ctx.store.container_url, blob)
+        return record if record is not None and record.blocks else None
+
+    def _journal_nonce(self, ctx: EngineContext, row: FileRow, op: FileOp, block_size: int) -> None:
         """The client's journal keeps the nonce the workers stage under: the same command run later without a
         cluster resumes from the blocks they staged instead of sending the file again."""
+        rel, size, nonce = op.rel, op.size, op.nonce
         if row.nonce == nonce:
             return
         try:
             ident = FileIdentity.of(os.stat(self.local_root / rel))
         except OSError:
             return  # the worker that takes the file reports why it cannot be read
-        block_size = choose_block_size(size, ctx.config.block_size, ctx.store.capabilities)
         ctx.journal.start_file(row.id, nonce=nonce, block_size=block_size, n_blocks=block_count(size, block_size),
                                size=ident.size, mtime_ns=ident.mtime_ns, inode=ident.inode, reset=True,
                                ctime_ns=ident.ctime_ns)
@@ -253,8 +264,7 @@ class ClusterTransfer:
                 if f is None or row is None:
                     continue
                 sent = sum(r.sent for r in reports) if len(by_rel) == 1 else outcome.sent
-                self._record(ctx, report, row, f, outcome.ok, outcome.skipped, sent, outcome.reason,
-                             outcome.exit_code)
+                self._record(ctx, report, row, f, outcome, sent)
 
     def _watch(self, alone_since: float | None) -> float | None:
         """Between results: stop the job (resumable) once the scheduler is gone or no worker is left for long."""
@@ -282,7 +292,8 @@ class ClusterTransfer:
                 continue
             # The shard failed as a whole, but some of its files may have been completed by a try of it.
             done = await self._completed(ctx, f)
-            self._record(ctx, report, row, f, done, False, 0, "" if done else reason, int(ExitCode.PARTIAL))
+            self._record(ctx, report, row, f, FileOutcome(f.rel, done, 0, "" if done else reason,
+                                                          int(ExitCode.PARTIAL)), 0)
 
     async def _completed(self, ctx: EngineContext, f: FileOp) -> bool:
         """Whether the planned version of `f` is at its destination (an upload verifies before it is visible
@@ -304,15 +315,25 @@ class ClusterTransfer:
             return f.md5 is not None and props.content_md5 == f.md5
         return props.metadata.get(MTIME_KEY) == format_mtime(f.mtime_ns)
 
-    def _record(self, ctx: EngineContext, report: Report, row: FileRow, f: FileOp, ok: bool, skipped: bool,
-                sent: int, reason: str, code: int) -> None:
-        if ok and skipped:
-            result = FileResult(f.rel, f.blob, f.size, FileStatus.SKIPPED, reason=reason)
-        elif ok:
-            result = FileResult(f.rel, f.blob, f.size, FileStatus.TRANSFERRED, bytes_sent=sent)
+    def _record(self, ctx: EngineContext, report: Report, row: FileRow, f: FileOp, outcome: FileOutcome, sent: int
+                ) -> None:
+        """A file's outcome, recorded as the plain job records it: its result (version, MD5, URL) and, for an upload
+        in blocks, the commit record the next run's delta builds on."""
+        if outcome.ok and outcome.skipped:
+            result = FileResult(f.rel, f.blob, f.size, FileStatus.SKIPPED, reason=outcome.reason)
+        elif outcome.ok:
+            result = FileResult(f.rel, f.blob, f.size, FileStatus.TRANSFERRED, bytes_sent=sent, reason=outcome.reason,
+                                bytes_delta=outcome.delta, etag=outcome.etag or None,
+                                content_md5=bytes.fromhex(outcome.md5) if outcome.md5 else None,
+                                url=blob_url(ctx.store.container_url, f.blob))
+            if self.upload and not self.source_url:
+                if outcome.commit is not None:
+                    ctx.journal.remember_commit(ctx.store.container_url, f.blob, outcome.commit)
+                else:
+                    ctx.journal.forget_commit(ctx.store.container_url, f.blob)
         else:
-            result = FileResult(f.rel, f.blob, f.size, FileStatus.FAILED, reason=reason,
-                                exit_code=ExitCode(code) if code else ExitCode.PARTIAL)
+            result = FileResult(f.rel, f.blob, f.size, FileStatus.FAILED, reason=outcome.reason,
+                                exit_code=ExitCode(outcome.exit_code) if outcome.exit_code else ExitCode.PARTIAL)
         self._settle(report, row, result)
 
 

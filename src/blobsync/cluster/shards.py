@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from blobsync.backends.base import Capabilities
 from blobsync.cluster.spec import RangeSpec, ShardSpec, WorkerJob
 from blobsync.engine.blocks import block_count, choose_block_size
-from blobsync.jobs.ops import FileOp
+from blobsync.jobs.ops import FileOp, OpKind, upload_block_size
 
 SHARDS_PER_WORKER = 3
 MAX_FILES_PER_SHARD = 5000  # a shard's spec travels in one message: bounded, however many files the job has
@@ -46,14 +46,14 @@ def sizing(files: int, nbytes: int, workers: int) -> Sizing:
                   max(1, min(MAX_FILES_PER_SHARD, -(-files // shards))), max(1, workers))
 
 
-def cut(files: Iterable[FileOp], job: WorkerJob, size: Sizing, *, block_size_of: Callable[[int], int],
+def cut(files: Iterable[FileOp], job: WorkerJob, size: Sizing, *, block_size_of: Callable[[FileOp], int],
         split: bool) -> Iterator[ShardSpec | SplitFile]:
     """Shards as the files stream by (nothing is held but the shard being filled)."""
     shard: list[FileOp] = []
     nbytes = 0
     number = 0
     for f in files:
-        block_size = block_size_of(f.size)
+        block_size = block_size_of(f)
         if split and f.size > size.shard_bytes and block_count(f.size, block_size) > 1:
             yield _split(job, f, block_size, min(size.shard_bytes, -(-f.size // (2 * size.workers))))
             continue
@@ -75,11 +75,13 @@ def _split(job: WorkerJob, f: FileOp, block_size: int, range_bytes: int) -> Spli
 
 
 class BlockSizer:
-    """The block size a file gets: the engine's rule for the block size asked for."""
+    """The block size a file gets: its committed version's for a delta, else the engine's rule for the size asked
+    for (jobs.ops.upload_block_size, as the plain job)."""
 
     def __init__(self, requested: int, store: Capabilities) -> None:
         self.requested = requested
         self.store = store
 
-    def __call__(self, size: int) -> int:
-        return choose_block_size(size, self.requested, self.store)
+    def __call__(self, f: FileOp) -> int:
+        return upload_block_size(f, self.requested, self.store) if f.kind is OpKind.UPLOAD else \
+            choose_block_size(f.size, self.requested, self.store)

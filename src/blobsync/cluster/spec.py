@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from blobsync.jobs.ops import FileOp
+from blobsync.journal import CommittedBlob
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,10 @@ class FileOutcome:
     exit_code: int = 0
     skipped: bool = False
     digest: str = ""  # a download's whole MD5 (hex) where it differed from the blob's: the client fetches again
+    delta: int = 0  # an upload's bytes of unchanged blocks kept from the committed version, not sent
+    etag: str = ""  # transferred: the version written (upload, copy) or read (download)
+    md5: str = ""  # transferred: the bytes' MD5 (hex), as the blob's Content-MD5 holds it
+    commit: CommittedBlob | None = None  # an upload in blocks: the record the next delta builds on
 
 
 @dataclass
@@ -68,6 +73,8 @@ class ShardReport:
     duration: float = 0.0
     retries: int = 0
     outcomes: list[FileOutcome] = field(default_factory=list)
+    # a split upload's range: (block index, part token, kept from the committed version, xxh3-128 hex) per block
+    blocks: list[tuple[int, str, bool, str]] = field(default_factory=list)
 
 
 def file_nonce(job: str, rel: str, size: int, mtime_ns: int) -> str:

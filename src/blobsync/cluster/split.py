@@ -6,18 +6,20 @@ holds first, and the commit recognises its own earlier commit instead of failing
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
-from blobsync.backends.base import BlobHeaders, PartCheck, Store
+from blobsync.backends.base import NO_CONDITIONS, BlobHeaders, Conditions, PartCheck, Store
 from blobsync.checksums import choose_check
 from blobsync.cluster.spec import FileOutcome, RangeSpec, ShardReport
 from blobsync.cluster.work import Publish, check_identity, shard_engine
 from blobsync.config import CheckMd5
 from blobsync.engine.commit import commit_checked, part_layout
 from blobsync.engine.context import EngineContext
+from blobsync.engine.delta import DeltaBase, committed_record
 from blobsync.engine.digest import WRITTEN_NOWHERE, check_md5, feed, new_md5
 from blobsync.engine.fetching import FileSink, RangeFetch
 from blobsync.engine.mtime import destination_mtime_ns
@@ -25,9 +27,19 @@ from blobsync.engine.s2s import copy_headers, source_tags
 from blobsync.engine.staging import read_block
 from blobsync.engine.tasks import for_each, in_thread
 from blobsync.engine.upload import upload_headers
-from blobsync.errors import BlobNotFoundError, BlobsyncError, ChecksumMismatchError, Scope
+from blobsync.errors import (
+    BlobNotFoundError,
+    BlobsyncError,
+    ChecksumMismatchError,
+    ConflictError,
+    InvalidBlockListError,
+    Scope,
+)
+from blobsync.jobs.ops import FileOp
 from blobsync.local.files import OpenFile
 from blobsync.local.target import PartFile, safe_join
+
+log = logging.getLogger("blobsync")
 
 
 def _label(spec: RangeSpec) -> str:
@@ -38,26 +50,32 @@ def _path(spec: RangeSpec) -> Path:
     return Path(spec.job.local_root) / spec.file.rel
 
 
+Staged = tuple[int, int, list[tuple[int, str, bool, str]]]  # bytes, bytes sent, each block (see ShardReport.blocks)
+
+
 async def _range_task(spec: RangeSpec, publish: Publish | None, worker: str,
-                      body: Callable[[EngineContext, Store | None], Awaitable[tuple[int, int]]]) -> ShardReport:
+                      body: Callable[[EngineContext, Store | None], Awaitable[Staged]]) -> ShardReport:
     """One range task: its engine (a journal keyed by the range), its body's bytes and bytes sent, its report."""
     started = time.monotonic()
     async with shard_engine(spec.job, f"{spec.file.nonce}-{spec.first}", _label(spec), publish) as (ctx, relay,
                                                                                                      source):
-        nbytes, sent = await body(ctx, source)
+        nbytes, sent, blocks = await body(ctx, source)
     relay.flush()
-    return ShardReport(_label(spec), worker, 0, nbytes, sent, time.monotonic() - started, ctx.requests.retrier.retries)
+    return ShardReport(_label(spec), worker, 0, nbytes, sent, time.monotonic() - started, ctx.requests.retrier.retries,
+                       blocks=blocks)
 
 
 async def _file_task(spec: RangeSpec, step: str, before: tuple[ShardReport, ...], publish: Publish | None,
-                     worker: str, body: Callable[[EngineContext, Store | None], Awaitable[None]]) -> ShardReport:
-    """The task that ends a split file (its commit, or a download's finish), and the file's one outcome."""
+                     worker: str, body: Callable[[EngineContext, Store | None, FileOutcome], Awaitable[None]]
+                     ) -> ShardReport:
+    """The task that ends a split file (its commit, or a download's finish), and the file's one outcome (which
+    the body fills in with what landed: version, MD5, commit record)."""
     started, f = time.monotonic(), spec.file
     sent = sum(r.sent for r in before)
     outcome = FileOutcome(f.rel, True, sent)
     async with shard_engine(spec.job, f"{f.nonce}-{step}", f"{f.rel} {step}", publish) as (ctx, relay, source):
         try:
-            await body(ctx, source)
+            await body(ctx, source, outcome)
         except BlobsyncError as exc:
             if exc.scope is not Scope.FILE:
                 raise  # the scheduler runs the task again, or the job stops
@@ -69,47 +87,67 @@ async def _file_task(spec: RangeSpec, step: str, before: tuple[ShardReport, ...]
 
 
 async def stage_range(spec: RangeSpec, publish: Publish | None, worker: str) -> ShardReport:
-    """Stage blocks [first, last) of a file under the client's nonce, leaving those the store holds already."""
+    """Stage blocks [first, last) of a file under the client's nonce, leaving those the store holds already and
+    (a delta) those unchanged since the blob's committed version."""
     f = spec.file
 
-    async def stage(ctx: EngineContext, source: Store | None) -> tuple[int, int]:
+    async def stage(ctx: EngineContext, source: Store | None) -> Staged:
         writer = ctx.store.writer(f.blob, f.nonce)
         tokens, expected = part_layout(writer, f.size, spec.block_size)
         held = await ctx.request(lambda: writer.parts())
-        sent = 0
-        if [p.token for p in held.committed] != tokens:  # else the commit landed already: nothing to stage
+        nbytes = sum(expected[t] for t in tokens[spec.first:spec.last])
+        if [p.token for p in held.committed] == tokens:  # the commit landed already: nothing to stage
+            present = set(tokens)
+        else:
             present = {p.token for p in held.staged if expected.get(p.token) == p.size}
-            if source is not None:  # a blob-to-blob copy: the destination's service reads each range
-                sent = await stage_from_url(ctx, spec, source, present)
-            else:
-                sent = await _stage_blocks(ctx, spec, writer.stage, tokens, present)
-        return sum(expected[t] for t in tokens[spec.first:spec.last]), sent
+        if source is not None:  # a blob-to-blob copy: the destination's service reads each range
+            return nbytes, await stage_from_url(ctx, spec, source, present), []
+        sent, blocks = await _stage_blocks(ctx, spec, writer.stage, tokens, present)
+        return nbytes, sent, blocks
 
     return await _range_task(spec, publish, worker, stage)
 
 
+def _delta_base(f: FileOp, block_size: int) -> DeltaBase | None:
+    record = f.delta
+    if record is None or record.block_size != block_size:
+        return None
+    return DeltaBase(record.block_size, record.etag, record.blocks)
+
+
 async def _stage_blocks(ctx: EngineContext, spec: RangeSpec, stage: Callable[[int, memoryview, PartCheck | None],
-                        Awaitable[None]], tokens: list[str], present: set[str]) -> int:
+                        Awaitable[None]], tokens: list[str], present: set[str]
+                        ) -> tuple[int, list[tuple[int, str, bool, str]]]:
+    """Read and hash every block of the range (the record of the commit needs each block's digest); stage those
+    neither held by the store nor unchanged since the committed version. The bytes sent and each block."""
     f, path, size = spec.file, _path(spec), spec.block_size
     kind = choose_check(ctx.store.capabilities.part_checks, ctx.config.block_check)
+    base = _delta_base(f, size)
     src = OpenFile(path, walked=f.inode or None, follow_symlinks=ctx.config.follow_symlinks,
                    root=Path(spec.job.local_root))
     sent = 0
+    blocks: dict[int, tuple[int, str, bool, str]] = {}
 
     async def one(idx: int) -> None:
         nonlocal sent
         offset = idx * size
         length = min(size, f.size - offset)
-        if tokens[idx] not in present:
-            buf = await ctx.memory.buffer(size)
-            view = memoryview(buf)[:length]
-            try:
-                check, _ = await in_thread(ctx.io_pool, read_block, src, view, offset, None, kind)
-                await ctx.request(lambda: stage(idx, view, check))
-            finally:
-                ctx.memory.release(buf)
-            sent += length
-        ctx.progress.advanced(f.rel, length, length if tokens[idx] not in present else 0)
+        old = base.block_at(idx, length) if base is not None else None
+        buf = await ctx.memory.buffer(size)
+        view = memoryview(buf)[:length]
+        try:
+            check, digest = await in_thread(ctx.io_pool, read_block, src, view, offset, old[1] if old else None,
+                                            None if tokens[idx] in present else kind)
+            if old is not None and digest == old[1]:
+                blocks[idx] = (idx, old[0], True, digest.hex())  # unchanged: the committed block is named again
+            else:
+                if tokens[idx] not in present:
+                    await ctx.request(lambda: stage(idx, view, check))
+                    sent += length
+                blocks[idx] = (idx, tokens[idx], False, digest.hex())
+        finally:
+            ctx.memory.release(buf)
+        ctx.progress.advanced(f.rel, length, length if tokens[idx] not in present and not blocks[idx][2] else 0)
 
     try:
         check_identity(path, f)
@@ -117,7 +155,7 @@ async def _stage_blocks(ctx: EngineContext, spec: RangeSpec, stage: Callable[[in
         check_identity(path, f)  # no block of another version is staged under this version's nonce
     finally:
         src.close()
-    return sent
+    return sent, [blocks[i] for i in sorted(blocks)]
 
 
 def hash_file(spec: RangeSpec) -> str:
@@ -148,35 +186,92 @@ async def commit_split(spec: RangeSpec, md5_hex: str | None, *staged: ShardRepor
                        worker: str) -> ShardReport:
     """Commit every block of the file, in order, once all range tasks are done; then verify what the store holds."""
 
-    async def commit(ctx: EngineContext, source: Store | None) -> None:
+    async def commit(ctx: EngineContext, source: Store | None, outcome: FileOutcome) -> None:
         if source is not None:
-            await commit_copy(ctx, spec, source)
+            outcome.etag = await commit_copy(ctx, spec, source)
         else:
-            await _commit(ctx, spec, bytes.fromhex(md5_hex) if md5_hex else None)
+            await _commit(ctx, spec, bytes.fromhex(md5_hex) if md5_hex else None, staged, outcome)
 
     return await _file_task(spec, "commit", staged, publish, worker, commit)
 
 
-async def _commit(ctx: EngineContext, spec: RangeSpec, md5: bytes | None) -> None:
+async def _commit(ctx: EngineContext, spec: RangeSpec, md5: bytes | None, staged: tuple[ShardReport, ...],
+                  outcome: FileOutcome) -> None:
+    """Commit the blocks the range tasks staged or kept, over the committed version a delta named (If-Match);
+    if that version changed meanwhile, the kept blocks are staged from the file too and the whole file committed.
+    The outcome gets the version written and the record the next delta builds on."""
     f, path = spec.file, _path(spec)
     ident = check_identity(path, f)
     headers = replace(upload_headers(ctx.config, path, ident), content_md5=md5)
-    await _commit_all(ctx, spec, headers)
+    writer = ctx.store.writer(f.blob, f.nonce)
+    tokens, lengths = part_layout(writer, f.size, spec.block_size)
+    blocks = _reported(staged, len(tokens))
+    kept = {idx: token for idx, token, was_kept, _ in blocks if was_kept}
+    base = _delta_base(f, spec.block_size)
+    try:
+        parts = [(kept.get(idx, token), idx in kept) for idx, token in enumerate(tokens)]
+        sizes = {**lengths, **{token: lengths[tokens[idx]] for idx, token in kept.items()}}
+        conditions = Conditions(if_match=base.etag) if kept and base is not None else NO_CONDITIONS
+        result = await commit_checked(ctx, writer, f.blob, parts, sizes, headers, conditions)
+    except (ConflictError, InvalidBlockListError):
+        if not kept:
+            raise
+        log.info("%s: the blob changed since blobsync committed it: its unchanged blocks are sent too", f.blob)
+        await _stage_kept(ctx, spec, writer.stage, sorted(kept))
+        outcome.sent += sum(lengths[tokens[idx]] for idx in kept)
+        kept = {}
+        result = await commit_checked(ctx, writer, f.blob, [(t, False) for t in tokens], lengths, headers)
+    outcome.etag, outcome.md5 = result.etag, md5.hex() if md5 else ""
+    outcome.delta = sum(lengths[tokens[idx]] for idx in kept)
+    if blocks:  # each block as committed: its ID (a kept one's from the version before), length and digest
+        outcome.commit = committed_record(spec.block_size, result.etag, f.size, md5, [
+            (kept.get(idx, tokens[idx]), lengths[tokens[idx]], bytes.fromhex(digest)) for idx, _, _, digest in blocks])
 
 
-async def _commit_all(ctx: EngineContext, spec: RangeSpec, headers: BlobHeaders) -> None:
+def _reported(staged: tuple[ShardReport, ...], count: int) -> list[tuple[int, str, bool, str]]:
+    """Every block of the file as its range task reported it, in order; none if any range reported none."""
+    blocks = sorted((b for r in staged for b in r.blocks), key=lambda b: b[0])
+    return blocks if [b[0] for b in blocks] == list(range(count)) else []
+
+
+async def _stage_kept(ctx: EngineContext, spec: RangeSpec, stage: Callable[[int, memoryview, PartCheck | None],
+                      Awaitable[None]], indexes: list[int]) -> None:
+    """Stage blocks a delta meant to keep, from the file: the committed version they were in is gone."""
+    f, path, size = spec.file, _path(spec), spec.block_size
+    kind = choose_check(ctx.store.capabilities.part_checks, ctx.config.block_check)
+    src = OpenFile(path, walked=f.inode or None, follow_symlinks=ctx.config.follow_symlinks,
+                   root=Path(spec.job.local_root))
+
+    async def one(idx: int) -> None:
+        length = min(size, f.size - idx * size)
+        buf = await ctx.memory.buffer(size)
+        view = memoryview(buf)[:length]
+        try:
+            check, _ = await in_thread(ctx.io_pool, read_block, src, view, idx * size, None, kind)
+            await ctx.request(lambda: stage(idx, view, check))
+        finally:
+            ctx.memory.release(buf)
+
+    try:
+        await for_each(indexes, one, max(1, ctx.config.start_concurrency))
+        check_identity(path, f)
+    finally:
+        src.close()
+
+
+async def _commit_all(ctx: EngineContext, spec: RangeSpec, headers: BlobHeaders) -> str:
     """Every part of the file in order (a task run again finds its own commit); the job stages them again when
     they are gone and no commit of ours landed."""
     writer = ctx.store.writer(spec.file.blob, spec.file.nonce)
     tokens, expected = part_layout(writer, spec.file.size, spec.block_size)
-    await commit_checked(ctx, writer, spec.file.blob, [(t, False) for t in tokens], expected, headers)
+    return (await commit_checked(ctx, writer, spec.file.blob, [(t, False) for t in tokens], expected, headers)).etag
 
 
 async def fetch_range(spec: RangeSpec, publish: Publish | None, worker: str) -> ShardReport:
     """Fetch blocks [first, last) of a blob (If-Match the planned version) into the shared partial file."""
     f, size = spec.file, spec.block_size
 
-    async def fetch(ctx: EngineContext, _source: Store | None) -> tuple[int, int]:
+    async def fetch(ctx: EngineContext, _source: Store | None) -> Staged:
         part = await _shared_part(ctx, spec)
         ranges = [(i, i * size, min(size, f.size - i * size)) for i in range(spec.first, spec.last)]
         reads = RangeFetch(ctx, f.rel, f.blob, f.etag or None, ranges, FileSink(ctx, part, None), None)
@@ -185,7 +280,7 @@ async def fetch_range(spec: RangeSpec, publish: Publish | None, worker: str) -> 
             await in_thread(ctx.io_pool, part.sync)
         finally:
             part.close()
-        return sent, sent
+        return sent, sent, []
 
     return await _range_task(spec, publish, worker, fetch)
 
@@ -195,7 +290,7 @@ async def finish_download(spec: RangeSpec, *fetched: ShardReport, publish: Publi
     """Check the whole partial file's MD5 against the blob's, then give it its name: one rename, once whole."""
     f = spec.file
 
-    async def finish(ctx: EngineContext, _source: Store | None) -> None:
+    async def finish(ctx: EngineContext, _source: Store | None, outcome: FileOutcome) -> None:
         props, mode = f.listed(), ctx.config.check_md5
         part = await _shared_part(ctx, spec)
         try:
@@ -207,6 +302,7 @@ async def finish_download(spec: RangeSpec, *fetched: ShardReport, publish: Publi
             check_md5(mode, f.blob, props.content_md5, digest, WRITTEN_NOWHERE)
             mtime = destination_mtime_ns(props) if ctx.config.preserve_last_modified_time else None
             await in_thread(ctx.io_pool, part.finish, mtime)
+            outcome.etag, outcome.md5 = f.etag or "", (digest or props.content_md5 or b"").hex()
         except BlobsyncError:
             part.discard()
             raise
@@ -247,7 +343,7 @@ async def stage_from_url(ctx: EngineContext, spec: RangeSpec, source: Store, pre
     return staged
 
 
-async def commit_copy(ctx: EngineContext, spec: RangeSpec, source: Store) -> None:
+async def commit_copy(ctx: EngineContext, spec: RangeSpec, source: Store) -> str:
     """Commit every part of the copy in order with the source's properties, then verify what the store holds."""
     f = spec.file
     props = await ctx.request(lambda: source.stat(f.source))
@@ -256,4 +352,4 @@ async def commit_copy(ctx: EngineContext, spec: RangeSpec, source: Store) -> Non
         raise BlobNotFoundError(f"{f.source}: the source blob is gone or changed since it was listed; run again",
                                 status=404, code="BlobNotFound")
     tags = await source_tags(ctx.config, source, ctx, f.source)
-    await _commit_all(ctx, spec, replace(copy_headers(ctx.config, props, ctx.store.capabilities), tags=tags))
+    return await _commit_all(ctx, spec, replace(copy_headers(ctx.config, props, ctx.store.capabilities), tags=tags))

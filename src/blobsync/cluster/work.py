@@ -127,7 +127,9 @@ class _Relay(BaseSubscriber):
     def on_done(self, result: FileResult) -> None:
         failed = result.status is FileStatus.FAILED
         self.on_done_outcome(FileOutcome(result.rel, not failed, result.bytes_sent, result.reason,
-                                         int(result.exit_code), result.status is FileStatus.SKIPPED))
+                                         int(result.exit_code), result.status is FileStatus.SKIPPED,
+                                         delta=result.bytes_delta, etag=result.etag or "",
+                                         md5=result.content_md5.hex() if result.content_md5 else ""))
 
     def on_done_outcome(self, outcome: FileOutcome) -> None:
         self.outcomes.append(outcome)
@@ -179,9 +181,21 @@ async def run_shard(spec: ShardSpec, publish: Publish | None, worker: str) -> Sh
         await runner.run(report, [WorkItem(rows[f.rel], f) for f in spec.files
                                   if rows[f.rel].state is not FileState.COMMITTED])
         retries = ctx.requests.retrier.retries
+        if kind is JobKind.UPLOAD:
+            _commit_records(ctx, spec, relay.outcomes)
     relay.flush()
     return ShardReport(f"shard {spec.shard}", worker, len(spec.files), sum(f.size for f in spec.files),
                        report.bytes_sent, time.monotonic() - started, retries, relay.outcomes)
+
+
+def _commit_records(ctx: EngineContext, spec: ShardSpec, outcomes: list[FileOutcome]) -> None:
+    """Each upload's commit record, as this task's journal holds it, for the client's journal: what the next run's
+    delta builds on, wherever it runs."""
+    ctx.journal.flush()
+    blobs = {f.rel: f.blob for f in spec.files}
+    for outcome in outcomes:
+        if outcome.ok and not outcome.skipped and outcome.rel in blobs:
+            outcome.commit = ctx.journal.committed_blob(ctx.store.container_url, blobs[outcome.rel])
 
 
 def check_identity(path: Path, f: FileOp) -> FileIdentity:

@@ -9,12 +9,12 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from blobsync.backends.base import INVALID_LENGTH, BlobProperties, Store
+from blobsync.backends.base import INVALID_LENGTH, BlobProperties, Capabilities, Store
 from blobsync.engine.blocks import block_count, choose_block_size
 from blobsync.engine.context import EngineContext
 from blobsync.engine.listing import as_properties
 from blobsync.errors import ServiceError
-from blobsync.journal import FileRow, FileState
+from blobsync.journal import CommittedBlob, FileRow, FileState
 from blobsync.journal.index import Entry
 from blobsync.local.files import FileIdentity, Source
 from blobsync.local.target import safe_join
@@ -53,6 +53,8 @@ class FileOp:
     inode: int = 0  # upload of a walked folder: the file the walk listed (0: a file named by the user)
     nonce: str = ""
     data: Source | None = field(default=None, compare=False, repr=False)  # put: what is written
+    # upload on a worker: the blob as blobsync last committed it (the client's journal), what a delta builds on
+    delta: CommittedBlob | None = field(default=None, compare=False, repr=False)
 
     @staticmethod
     def of_entry(kind: OpKind, entry: Entry, blob: str = "") -> FileOp:
@@ -65,6 +67,14 @@ class FileOp:
         """The blob read (a download's, a copy's source) as it was listed."""
         return as_properties(Entry(self.rel, self.size, self.mtime_ns, self.exact_mtime, self.md5, self.etag,
                                    self.source or self.blob, tier=self.tier))
+
+
+def upload_block_size(op: FileOp, requested: int, caps: Capabilities) -> int:
+    """The block size of an upload: its committed version's where it is a delta (blocks line up only at the same
+    size) and the file still fits that many blocks, else the engine's rule for the size asked for."""
+    if op.delta is not None and op.size <= op.delta.block_size * caps.max_parts:
+        return op.delta.block_size
+    return choose_block_size(op.size, requested, caps)
 
 
 class Performer:
@@ -121,15 +131,18 @@ class Performer:
         return self._copier
 
     def _adopt_upload(self, row: FileRow, op: FileOp, path: Path) -> FileRow:
-        """A file new to this journal takes the operation's nonce: the parts any earlier run staged are found."""
+        """A file new to this journal takes the operation's nonce: the parts any earlier run staged are found; and
+        the commit record its client sent, so the upload is a delta as on the client."""
         ctx = self.ctx
+        if op.delta is not None:
+            ctx.journal.remember_commit(ctx.store.container_url, op.blob, op.delta)
         if not op.nonce or row.nonce is not None or op.size <= ctx.config.single_put_limit:
             return row
         try:
             ident = FileIdentity.of(os.stat(path))
         except OSError:
             return row  # the upload itself reports why the file cannot be read
-        block_size = choose_block_size(op.size, ctx.config.block_size, ctx.store.capabilities)
+        block_size = upload_block_size(op, ctx.config.block_size, ctx.store.capabilities)
         ctx.journal.start_file(row.id, nonce=op.nonce, block_size=block_size, n_blocks=block_count(op.size, block_size),
                                size=ident.size, mtime_ns=ident.mtime_ns, inode=ident.inode, reset=True,
                                ctime_ns=ident.ctime_ns)
