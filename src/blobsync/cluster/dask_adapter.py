@@ -98,14 +98,7 @@ class DaskExecutor:
         return self.client.submit(_task, kind, spec, *rest, key=_key(kind, n), retries=TASK_RETRIES, pure=False)
 
     async def run_split(self, split: SplitFile, upload: bool) -> list[ShardReport]:
-        whole = split.whole
-        parts = [self._submit(tasks.STAGE if upload else tasks.FETCH, r, n=r.first) for r in split.ranges]
-        if upload:
-            # A copy's MD5 is the source's: only a file read here is hashed beside its ranges.
-            md5 = "" if whole.job.source_url else self._submit(tasks.MD5, whole)
-            last = self._submit(tasks.COMMIT, whole, md5, *parts)
-        else:
-            last = self._submit(tasks.FINISH, whole, *parts)
+        parts, last = tasks.split_graph(self._submit, split, upload)  # Dask passes each task its inputs' results
         # One await per future, not client.gather: a cancelled gather leaves Dask tasks that later fail unseen
         # (AllExit tracebacks on stderr when the user stops the job).
         return [await future for future in (*parts, last)]

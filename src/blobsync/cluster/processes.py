@@ -65,20 +65,23 @@ class ProcessExecutor:
         return asyncio.ensure_future(self._call(tasks.SHARD, spec))
 
     async def run_split(self, split: SplitFile, upload: bool) -> list[ShardReport]:
-        whole = split.whole
-        parts = [asyncio.ensure_future(self._call(tasks.STAGE if upload else tasks.FETCH, r)) for r in split.ranges]
-        # A copy's MD5 is the source's: only a file read here is hashed beside its ranges.
-        md5 = asyncio.ensure_future(self._call(tasks.MD5, whole)) if upload and not whole.job.source_url else None
+        started: list[asyncio.Future[Any]] = []
+
+        def submit(kind: str, *args: Any, n: int | None = None) -> asyncio.Future[Any]:
+            started.append(asyncio.ensure_future(self._after(kind, *args)))
+            return started[-1]
+
+        parts, last = tasks.split_graph(submit, split, upload)
         try:
-            staged = [await part for part in parts]
-            if upload:
-                last = await self._call(tasks.COMMIT, whole, await md5 if md5 is not None else "", *staged)
-            else:
-                last = await self._call(tasks.FINISH, whole, *staged)
+            return [await task for task in (*parts, last)]
         finally:
-            for task in (*parts, *([md5] if md5 is not None else [])):
+            for task in started:
                 task.cancel()
-        return [*staged, last]
+
+    async def _after(self, kind: str, *args: Any) -> Any:
+        """Task `kind` once the tasks it takes the results of are done, with their results."""
+        inputs = [await a if isinstance(a, asyncio.Future) else a for a in args]
+        return await self._call(kind, *inputs)
 
     async def _call(self, kind: str, *args: Any) -> Any:
         """One task in the pool, tried again where it raised (not where the pool itself broke)."""

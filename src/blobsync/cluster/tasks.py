@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine
 
+    from blobsync.cluster.shards import SplitFile
     from blobsync.cluster.work import Publish
 
 SHARD, STAGE, FETCH, MD5, COMMIT, FINISH = "shard", "stage", "fetch", "md5", "commit", "finish"
@@ -27,3 +28,17 @@ def run(kind: str, publish: Publish | None, worker: str | None, spec: Any, *rest
     works: dict[str, Callable[..., Coroutine[Any, Any, Any]]] = {
         STAGE: split.stage_range, FETCH: split.fetch_range, COMMIT: split.commit_split, FINISH: split.finish_download}
     return asyncio.run(works[kind](spec, *rest, publish=publish, worker=name))
+
+
+def split_graph(submit: Callable[..., Any], split: SplitFile, upload: bool) -> tuple[list[Any], Any]:
+    """The tasks of a file split over workers, as every executor runs them: a task per range (stage, or fetch into
+    the shared partial file), then the one task that ends the file (commit, or finish) with the ranges' reports;
+    an upload read here is hashed in order by one more task beside the ranges (a copy's MD5 is the source's).
+    `submit(kind, *args, n=...)` starts a task whose arguments may be the handles of earlier ones; returns the
+    ranges' handles and the last one's."""
+    whole = split.whole
+    parts = [submit(STAGE if upload else FETCH, r, n=r.first) for r in split.ranges]
+    if not upload:
+        return parts, submit(FINISH, whole, *parts)
+    md5 = submit(MD5, whole) if not whole.job.source_url else ""
+    return parts, submit(COMMIT, whole, md5, *parts)
