@@ -5,9 +5,11 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import struct
 from pathlib import Path
 
 import pytest
+from awscrt.checksums import crc64nvme
 
 import blobsync
 from blobsync import FileStatus, Overwrite, TransferConfig
@@ -70,7 +72,9 @@ def test_large_file_metadata_and_content_type(container: ContainerHandle, tmp_pa
     _check_blob(container, "model.json", data)
     props = container.client.get_blob_client("model.json").get_blob_properties()
     assert props.content_settings.content_type == "application/json"
-    assert props.metadata == {"team": "ml", "mtime": "2023-11-14T22:13:20.123456789Z"}
+    # blobsync's own: the whole blob's CRC64 (CRC-64/NVME, 8 bytes little-endian), composed from the blocks'
+    crc = struct.pack("<Q", crc64nvme(data, 0)).hex() + hashlib.md5(data).hexdigest()  # bound to the Content-MD5
+    assert props.metadata == {"team": "ml", "mtime": "2023-11-14T22:13:20.123456789Z", "blobsynccrc64": crc}
     assert props.blob_tier == "Cool"
 
 

@@ -79,3 +79,71 @@ def crc64_of(data: Buffer) -> bytes:
 
 def part_check(data: Buffer, kind: BlockCheck) -> PartCheck:
     return PartCheck(kind, crc64_of(data) if kind is BlockCheck.CRC64 else hashlib.md5(data).digest())
+
+
+# CRC-64/NVME, reflected: what awscrt's crc64nvme and Azure's x-ms-content-crc64 compute.
+_CRC64_POLY = 0x9A6C9329AC4BC9B5
+_X0 = 1 << 63  # the polynomial 1 (x^0), as a reflected register holds it
+
+
+def _multmodp(a: int, b: int) -> int:
+    """a(x) * b(x) modulo the CRC polynomial, both reflected (zlib's multmodp, for 64 bits)."""
+    m, p = _X0, 0
+    while a:
+        if a & m:
+            p ^= b
+            a ^= m
+        m >>= 1
+        b = (b >> 1) ^ _CRC64_POLY if b & 1 else b >> 1
+    return p
+
+
+@functools.cache
+def _x2n(k: int) -> int:
+    """x^(2^k) modulo the polynomial."""
+    return _X0 >> 1 if k == 0 else _multmodp(_x2n(k - 1), _x2n(k - 1))
+
+
+@functools.lru_cache(maxsize=64)
+def _shift_of(nbytes: int) -> int:
+    """x^(8 * nbytes) modulo the polynomial: what the CRC of a prefix is multiplied by to skip `nbytes` more."""
+    p, n, k = _X0, nbytes, 3
+    while n:
+        if n & 1:
+            p = _multmodp(_x2n(k), p)
+        n >>= 1
+        k += 1
+    return p
+
+
+def crc64_combine(crc1: int, crc2: int, len2: int) -> int:
+    """The CRC64 of A followed by B from the CRC64s of A and B and B's length: the whole blob's check composed from
+    its parts' with no second pass over the bytes (each part's is computed as it is sent or arrives)."""
+    return _multmodp(_shift_of(len2), crc1) ^ crc2
+
+
+def crc64_value(data: Buffer, previous: int = 0) -> int | None:
+    """The CRC64 of `data` as an integer, continuing `previous` (the CRC64 of the bytes before it); None where
+    awscrt cannot load."""
+    crc = _crc64()
+    return None if crc is None else crc(data, previous)
+
+
+def crc64_int(data: Buffer, previous: int = 0) -> int:
+    """crc64_value where a CRC64 was chosen (awscrt loads)."""
+    got = crc64_value(data, previous)
+    assert got is not None, "a CRC64 is chosen only where awscrt loads"
+    return got
+
+
+def crc64_available() -> bool:
+    return _crc64() is not None
+
+
+def crc64_compose(parts: list[tuple[int, int]]) -> int:
+    """The CRC64 of the concatenation of parts given as (crc, length), in order."""
+    whole, first = 0, True
+    for crc, length in parts:
+        whole = crc if first else crc64_combine(whole, crc, length)
+        first = False
+    return whole

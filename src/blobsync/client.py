@@ -18,9 +18,9 @@ from blobsync.backends.base import NO_CONDITIONS, BlobProperties, Buffer, Condit
 from blobsync.backends.registry import parse_location
 from blobsync.blobfile import AsyncBlobReader, AsyncBlobWriter, BlobReader, BlobWriter, check_mode
 from blobsync.clientloop import ClientLoop, track
-from blobsync.config import CheckMd5, Overwrite, TransferConfig
+from blobsync.config import Overwrite, TransferConfig
 from blobsync.engine.context import EngineContext
-from blobsync.engine.digest import check_md5, md5_of, new_md5
+from blobsync.engine.digest import Digest, digest_of, md5_of, new_md5, verify_read, whole_check
 from blobsync.engine.fetching import MemorySink, RangeFetch, read_checked, read_whole
 from blobsync.engine.session import Session
 from blobsync.engine.sources import BufferSource, Data, source_of
@@ -330,24 +330,29 @@ class AsyncClient:
         if not small and not props.etag:  # no version to pin the rest to: all of it again, in one request
             props, got = await ctx.request(lambda: ctx.store.read_first(loc.path, view[:props.size]))
             small = props.size <= got
-        mode = self.config.check_md5  # as a download's: hashed where there is a Content-MD5 to compare it with
-        if props.content_md5 is None:
-            check_md5(mode, loc.path, None, None)  # FailIfDifferentOrMissing: before the rest is read
-        whole = new_md5() if props.content_md5 is not None and mode is not CheckMd5.NO_CHECK else None
+        mode = self.config.check_md5
+        kind = whole_check(mode, loc.path, props)  # as a download's (FailIfDifferentOrMissing: before the rest)
+        digest: Digest | None = None
         if props.size > got:
             view[:got] = first[:got]
             step = self.config.block_size
-            ranges = [(i, offset, min(step, props.size - offset))
-                      for i, offset in enumerate(range(got, props.size, step), start=1)]
-            if whole is not None:  # the first bytes are range 0 of the in-order hash, there already
-                ranges.insert(0, (0, 0, got))
-            await RangeFetch(ctx, loc.path, loc.path, props.etag or None, ranges, MemorySink(view), whole
-                             ).run(done={0})
-        elif whole is not None:
+            ranges = [(0, 0, got)]  # the first bytes: range 0 of the check, there already
+            ranges += [(i, offset, min(step, props.size - offset))
+                       for i, offset in enumerate(range(got, props.size, step), start=1)]
+            whole = new_md5() if kind == "md5" else None
+            fetch = RangeFetch(ctx, loc.path, loc.path, props.etag or None, ranges, MemorySink(view), whole,
+                               crc64=kind == "crc64")
+            await fetch.run(done={0})
+            digest = await fetch.crc64() if kind == "crc64" else Digest("md5", whole.digest()) if whole else None
+        elif kind is not None:
             head = view[:props.size]
-            await (in_thread(ctx.io_pool, whole.update, head) if props.size > INLINE_MD5 else _now(whole.update, head))
-        if whole is not None:
-            check_md5(mode, loc.path, props.content_md5, whole.digest(), "; nothing returned")
+            digest = digest_of(kind, head) if props.size <= INLINE_MD5 else await in_thread(ctx.io_pool, digest_of,
+                                                                                             kind, head)
+
+        async def md5_again() -> bytes:
+            return await in_thread(ctx.io_pool, md5_of, view[:props.size])
+
+        await verify_read(mode, loc.path, props, digest, md5_again, "; nothing returned")
         return bytes(view[:props.size]) if given is None else given[:props.size]
 
     def open(self, name: str, mode: str = "rb", *, config: TransferConfig | None = None,

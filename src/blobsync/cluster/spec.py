@@ -73,8 +73,9 @@ class ShardReport:
     duration: float = 0.0
     retries: int = 0
     outcomes: list[FileOutcome] = field(default_factory=list)
-    # a split upload's range: (block index, part token, kept from the committed version, xxh3-128 hex) per block
-    blocks: list[tuple[int, str, bool, str]] = field(default_factory=list)
+    # a split upload's range, per block: (index, part token, kept from the committed version, xxh3-128 hex, CRC64
+    # hex or "")
+    blocks: list[tuple[int, str, bool, str, str]] = field(default_factory=list)
 
 
 def file_nonce(job: str, rel: str, size: int, mtime_ns: int) -> str:

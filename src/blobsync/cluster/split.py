@@ -7,20 +7,30 @@ holds first, and the commit recognises its own earlier commit instead of failing
 from __future__ import annotations
 
 import logging
+import struct
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
 from blobsync.backends.base import NO_CONDITIONS, BlobHeaders, Conditions, PartCheck, Store
-from blobsync.checksums import choose_check
+from blobsync.checksums import choose_check, crc64_int
 from blobsync.cluster.spec import FileOutcome, RangeSpec, ShardReport
 from blobsync.cluster.work import Publish, check_identity, shard_engine
-from blobsync.config import CheckMd5
+from blobsync.engine.blocks import block_count
 from blobsync.engine.commit import commit_checked, part_layout
 from blobsync.engine.context import EngineContext
 from blobsync.engine.delta import DeltaBase, committed_record
-from blobsync.engine.digest import WRITTEN_NOWHERE, check_md5, feed, new_md5
+from blobsync.engine.digest import (
+    WRITTEN_NOWHERE,
+    Digest,
+    crc64_digest,
+    crc64_metadata,
+    feed,
+    new_md5,
+    verify_read,
+    whole_check,
+)
 from blobsync.engine.fetching import FileSink, RangeFetch
 from blobsync.engine.mtime import destination_mtime_ns
 from blobsync.engine.s2s import copy_headers, source_tags
@@ -50,7 +60,8 @@ def _path(spec: RangeSpec) -> Path:
     return Path(spec.job.local_root) / spec.file.rel
 
 
-Staged = tuple[int, int, list[tuple[int, str, bool, str]]]  # bytes, bytes sent, each block (see ShardReport.blocks)
+Block = tuple[int, str, bool, str, str]  # see ShardReport.blocks
+Staged = tuple[int, int, list[Block]]  # bytes, bytes sent, each block
 
 
 async def _range_task(spec: RangeSpec, publish: Publish | None, worker: str,
@@ -117,7 +128,7 @@ def _delta_base(f: FileOp, block_size: int) -> DeltaBase | None:
 
 async def _stage_blocks(ctx: EngineContext, spec: RangeSpec, stage: Callable[[int, memoryview, PartCheck | None],
                         Awaitable[None]], tokens: list[str], present: set[str]
-                        ) -> tuple[int, list[tuple[int, str, bool, str]]]:
+                        ) -> tuple[int, list[Block]]:
     """Read and hash every block of the range (the record of the commit needs each block's digest); stage those
     neither held by the store nor unchanged since the committed version. The bytes sent and each block."""
     f, path, size = spec.file, _path(spec), spec.block_size
@@ -126,7 +137,7 @@ async def _stage_blocks(ctx: EngineContext, spec: RangeSpec, stage: Callable[[in
     src = OpenFile(path, walked=f.inode or None, follow_symlinks=ctx.config.follow_symlinks,
                    root=Path(spec.job.local_root))
     sent = 0
-    blocks: dict[int, tuple[int, str, bool, str]] = {}
+    blocks: dict[int, Block] = {}
 
     async def one(idx: int) -> None:
         nonlocal sent
@@ -136,15 +147,16 @@ async def _stage_blocks(ctx: EngineContext, spec: RangeSpec, stage: Callable[[in
         buf = await ctx.memory.buffer(size)
         view = memoryview(buf)[:length]
         try:
-            check, digest = await in_thread(ctx.io_pool, read_block, src, view, offset, old[1] if old else None,
-                                            None if tokens[idx] in present else kind)
+            check, digest, crc = await in_thread(ctx.io_pool, read_block, src, view, offset,
+                                                 old[1] if old else None, None if tokens[idx] in present else kind)
+            crc_hex = "" if crc is None else f"{crc:016x}"
             if old is not None and digest == old[1]:
-                blocks[idx] = (idx, old[0], True, digest.hex())  # unchanged: the committed block is named again
+                blocks[idx] = (idx, old[0], True, digest.hex(), crc_hex)  # unchanged: the committed block, named
             else:
                 if tokens[idx] not in present:
                     await ctx.request(lambda: stage(idx, view, check))
                     sent += length
-                blocks[idx] = (idx, tokens[idx], False, digest.hex())
+                blocks[idx] = (idx, tokens[idx], False, digest.hex(), crc_hex)
         finally:
             ctx.memory.release(buf)
         ctx.progress.advanced(f.rel, length, length if tokens[idx] not in present and not blocks[idx][2] else 0)
@@ -202,11 +214,14 @@ async def _commit(ctx: EngineContext, spec: RangeSpec, md5: bytes | None, staged
     The outcome gets the version written and the record the next delta builds on."""
     f, path = spec.file, _path(spec)
     ident = check_identity(path, f)
-    headers = replace(upload_headers(ctx.config, path, ident), content_md5=md5)
     writer = ctx.store.writer(f.blob, f.nonce)
     tokens, lengths = part_layout(writer, f.size, spec.block_size)
     blocks = _reported(staged, len(tokens))
-    kept = {idx: token for idx, token, was_kept, _ in blocks if was_kept}
+    headers = upload_headers(ctx.config, path, ident)
+    crc = crc64_metadata([(int(b[4], 16) if b[4] else None, lengths[tokens[b[0]]]) for b in blocks], md5) \
+        if blocks else {}
+    headers = replace(headers, content_md5=md5, metadata={**headers.metadata, **crc})
+    kept = {idx: token for idx, token, was_kept, _, _ in blocks if was_kept}
     base = _delta_base(f, spec.block_size)
     try:
         parts = [(kept.get(idx, token), idx in kept) for idx, token in enumerate(tokens)]
@@ -225,10 +240,10 @@ async def _commit(ctx: EngineContext, spec: RangeSpec, md5: bytes | None, staged
     outcome.delta = sum(lengths[tokens[idx]] for idx in kept)
     if blocks:  # each block as committed: its ID (a kept one's from the version before), length and digest
         outcome.commit = committed_record(spec.block_size, result.etag, f.size, md5, [
-            (kept.get(idx, tokens[idx]), lengths[tokens[idx]], bytes.fromhex(digest)) for idx, _, _, digest in blocks])
+            (kept.get(idx, tokens[idx]), lengths[tokens[idx]], bytes.fromhex(xxh)) for idx, _, _, xxh, _ in blocks])
 
 
-def _reported(staged: tuple[ShardReport, ...], count: int) -> list[tuple[int, str, bool, str]]:
+def _reported(staged: tuple[ShardReport, ...], count: int) -> list[Block]:
     """Every block of the file as its range task reported it, in order; none if any range reported none."""
     blocks = sorted((b for r in staged for b in r.blocks), key=lambda b: b[0])
     return blocks if [b[0] for b in blocks] == list(range(count)) else []
@@ -247,7 +262,7 @@ async def _stage_kept(ctx: EngineContext, spec: RangeSpec, stage: Callable[[int,
         buf = await ctx.memory.buffer(size)
         view = memoryview(buf)[:length]
         try:
-            check, _ = await in_thread(ctx.io_pool, read_block, src, view, idx * size, None, kind)
+            check, _, _ = await in_thread(ctx.io_pool, read_block, src, view, idx * size, None, kind)
             await ctx.request(lambda: stage(idx, view, check))
         finally:
             ctx.memory.release(buf)
@@ -268,41 +283,53 @@ async def _commit_all(ctx: EngineContext, spec: RangeSpec, headers: BlobHeaders)
 
 
 async def fetch_range(spec: RangeSpec, publish: Publish | None, worker: str) -> ShardReport:
-    """Fetch blocks [first, last) of a blob (If-Match the planned version) into the shared partial file."""
+    """Fetch blocks [first, last) of a blob (If-Match the planned version) into the shared partial file, each block's
+    CRC64 taken as it lands where the blob's check is one (the finish composes them: no second pass)."""
     f, size = spec.file, spec.block_size
 
     async def fetch(ctx: EngineContext, _source: Store | None) -> Staged:
         part = await _shared_part(ctx, spec)
         ranges = [(i, i * size, min(size, f.size - i * size)) for i in range(spec.first, spec.last)]
-        reads = RangeFetch(ctx, f.rel, f.blob, f.etag or None, ranges, FileSink(ctx, part, None), None)
+        crc64 = whole_check(ctx.config.check_md5, f.blob, f.listed()) == "crc64"
+        reads = RangeFetch(ctx, f.rel, f.blob, f.etag or None, ranges, FileSink(ctx, part, None), None, crc64=crc64)
         try:
             sent = await reads.run()
             await in_thread(ctx.io_pool, part.sync)
         finally:
             part.close()
-        return sent, sent, []
+        crcs = reads.crcs or {}
+        return sent, sent, [(i, "", False, "", f"{crcs[i][0]:016x}") for i, _, _ in ranges if i in crcs]
 
     return await _range_task(spec, publish, worker, fetch)
 
 
 async def finish_download(spec: RangeSpec, *fetched: ShardReport, publish: Publish | None, worker: str
                           ) -> ShardReport:
-    """Check the whole partial file's MD5 against the blob's, then give it its name: one rename, once whole."""
+    """Check the whole partial file against the blob's stored check (digest.whole_check), then give it its name:
+    one rename, once whole."""
     f = spec.file
 
     async def finish(ctx: EngineContext, _source: Store | None, outcome: FileOutcome) -> None:
         props, mode = f.listed(), ctx.config.check_md5
         part = await _shared_part(ctx, spec)
+
+        async def md5_again() -> bytes:
+            whole = new_md5()
+            await in_thread(ctx.io_pool, feed, whole, part.chunks(0, f.size))
+            return whole.digest()
+
         try:
-            digest = None  # hashed only where a stored MD5 is there to compare it with
-            if props.content_md5 is not None and mode is not CheckMd5.NO_CHECK:
-                whole = new_md5()
-                await in_thread(ctx.io_pool, feed, whole, part.chunks(0, f.size))
-                digest = whole.digest()
-            check_md5(mode, f.blob, props.content_md5, digest, WRITTEN_NOWHERE)
+            kind = whole_check(mode, f.blob, props)
+            digest = None
+            if kind == "md5":
+                digest = Digest("md5", await md5_again())
+            elif kind == "crc64":
+                digest = await _fetched_crc64(ctx, part, spec, fetched)
+            digest = await verify_read(mode, f.blob, props, digest, md5_again, WRITTEN_NOWHERE)
             mtime = destination_mtime_ns(props) if ctx.config.preserve_last_modified_time else None
             await in_thread(ctx.io_pool, part.finish, mtime)
-            outcome.etag, outcome.md5 = f.etag or "", (digest or props.content_md5 or b"").hex()
+            md5 = digest.value if digest is not None and digest.kind == "md5" else props.content_md5
+            outcome.etag, outcome.md5 = f.etag or "", (md5 or b"").hex()
         except BlobsyncError:
             part.discard()
             raise
@@ -310,6 +337,24 @@ async def finish_download(spec: RangeSpec, *fetched: ShardReport, publish: Publi
             part.close()
 
     return await _file_task(spec, "finish", fetched, publish, worker, finish)
+
+
+async def _fetched_crc64(ctx: EngineContext, part: PartFile, spec: RangeSpec, fetched: tuple[ShardReport, ...]
+                         ) -> Digest:
+    """The whole file's CRC64 from its blocks' as the range tasks took them, or read back where one is missing."""
+    size, total = spec.block_size, spec.file.size
+    crcs = {b[0]: int(b[4], 16) for r in fetched for b in r.blocks if b[4]}
+    count = block_count(total, size)
+    if len(crcs) == count and set(crcs) == set(range(count)):
+        return crc64_digest([(crcs[i], min(size, total - i * size)) for i in range(count)])
+
+    def read_back() -> Digest:
+        crc = 0
+        for chunk in part.chunks(0, total):
+            crc = crc64_int(chunk, crc)
+        return Digest("crc64", struct.pack("<Q", crc))
+
+    return await in_thread(ctx.io_pool, read_back)
 
 
 async def _shared_part(ctx: EngineContext, spec: RangeSpec) -> PartFile:

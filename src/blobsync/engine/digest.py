@@ -1,5 +1,5 @@
-"""The hashes the engine computes (the check sent with each part, the whole-file MD5, xxh3-128 for deltas) and the
-one check of a download's MD5."""
+"""The hashes the engine computes (the check sent with each part, the whole-file MD5, the whole blob's CRC64
+composed from its parts', xxh3-128 for deltas) and the one decision of what a whole read checks."""
 
 from __future__ import annotations
 
@@ -7,21 +7,22 @@ import contextlib
 import hashlib
 import logging
 import os
+import struct
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 import xxhash
 
 from blobsync.backends.base import BlockCheck, PartCheck
-from blobsync.checksums import part_check
-from blobsync.config import CheckMd5
+from blobsync.checksums import crc64_available, crc64_compose, crc64_int, crc64_value, part_check
+from blobsync.config import CRC64_METADATA, CheckMd5
 from blobsync.errors import ChecksumMismatchError, IntegrityError
 
 if TYPE_CHECKING:
-    from blobsync.backends.base import Buffer
+    from blobsync.backends.base import BlobProperties, Buffer
 
     Md5 = hashlib._Hash  # an MD5 being fed, range by range, in file order (a typeshed name only)
 
@@ -38,15 +39,27 @@ def md5_of(data: Buffer) -> bytes:
     return hashlib.md5(data).digest()
 
 
-def block_digests(data: Buffer, unchanged: bytes | None = None, check: BlockCheck | None = BlockCheck.MD5
-                  ) -> tuple[PartCheck | None, bytes]:
-    """(the part's check, xxh3-128) of one block, in the worker thread that read it.
+class BlockDigests(NamedTuple):
+    """What reading one block for an upload gives: the check it is sent with (None: not sent, or not checked), its
+    xxh3-128 (what a delta compares) and its CRC64 (what the whole blob's check is composed of; None without
+    awscrt)."""
 
-    The xxh3-128 digest is what a delta upload compares blocks by. When it equals `unchanged` (the committed
-    block's), or `check` is None (the store holds the block already, or verifies nothing), the block is not
-    sent or not checked, so its check is skipped (None)."""
+    check: PartCheck | None
+    xxh: bytes
+    crc: int | None
+
+
+def block_digests(data: Buffer, unchanged: bytes | None = None, check: BlockCheck | None = BlockCheck.MD5
+                  ) -> BlockDigests:
+    """The digests of one block, in the worker thread that read it.
+
+    When the xxh3-128 equals `unchanged` (the committed block's), or `check` is None (the store holds the block
+    already, or verifies nothing), the block is not sent or not checked, so its check is skipped (None)."""
     digest = xxhash.xxh3_128_digest(data)
-    return (None if digest == unchanged or check is None else part_check(data, check)), digest
+    sent = None if digest == unchanged or check is None else part_check(data, check)
+    if sent is not None and sent.kind is BlockCheck.CRC64:
+        return BlockDigests(sent, digest, struct.unpack("<Q", sent.value)[0])
+    return BlockDigests(sent, digest, crc64_value(data))
 
 
 def feed(hasher: Md5, chunks: Iterable[Buffer]) -> None:
@@ -135,3 +148,97 @@ def check_md5(mode: CheckMd5, blob: str, stored: bytes | None, got: bytes | None
             return
         raise ChecksumMismatchError(f"{blob}: MD5 of the bytes read differs from the blob's Content-MD5{after}",
                                     digest=got)
+
+
+class Digest(NamedTuple):
+    """A whole blob's check, as computed over the bytes read: MD5 (16 bytes, as Content-MD5) or CRC64 (8 bytes,
+    little-endian, as x-ms-content-crc64 carries one)."""
+
+    kind: Literal["md5", "crc64"]
+    value: bytes
+
+
+WholeKind = Literal["md5", "crc64"] | None
+
+
+def crc64_digest(parts: Sequence[tuple[int, int]]) -> Digest:
+    """The CRC64 digest of parts given in order as (crc, length)."""
+    return Digest("crc64", struct.pack("<Q", crc64_compose(list(parts))))
+
+
+def crc64_metadata(parts: Sequence[tuple[int | None, int]], md5: bytes | None) -> dict[str, str]:
+    """The metadata that stores a blob's CRC64 with it, composed from every part's (none if one is unknown), bound
+    to the Content-MD5 it is committed with (see stored_crc64)."""
+    if any(crc is None for crc, _ in parts):
+        return {}
+    known = [(crc, length) for crc, length in parts if crc is not None]
+    return {CRC64_METADATA: crc64_text(crc64_digest(known).value, md5)}
+
+
+def crc64_text(crc: bytes, md5: bytes | None) -> str:
+    """The stored form: the CRC64's 16 hex digits, then the Content-MD5's 32 where the blob has one."""
+    return crc.hex() + (md5.hex() if md5 else "")
+
+
+def stored_crc64(metadata: Mapping[str, str], content_md5: bytes | None) -> bytes | None:
+    """The CRC64 blobsync stored with a blob it wrote in blocks, if there is a well-formed one and the blob's
+    Content-MD5 is still the one it was stored with: a Content-MD5 changed (or added) since is checked as such."""
+    text = next((v for k, v in metadata.items() if k.lower() == CRC64_METADATA), None)
+    if text is None or len(text) not in (16, 48):
+        return None
+    try:
+        crc, md5 = bytes.fromhex(text[:16]), bytes.fromhex(text[16:]) or None
+    except ValueError:
+        return None
+    return crc if md5 == content_md5 else None
+
+
+def whole_check(mode: CheckMd5, blob: str, props: BlobProperties) -> WholeKind:
+    """The one decision of what a whole read of a blob computes (a download, a get, a split file's finish): the
+    CRC64 blobsync stored with the blob where there is one (composed from the ranges as they arrive, in parallel,
+    no second pass), else the MD5 where there is a Content-MD5, else nothing. FailIfDifferentOrMissing without a
+    Content-MD5 fails here, before a byte is read."""
+    if mode is CheckMd5.NO_CHECK:
+        return None
+    if props.content_md5 is None and mode is CheckMd5.FAIL_IF_DIFFERENT_OR_MISSING:
+        check_md5(mode, blob, None, None)
+    if stored_crc64(props.metadata, props.content_md5) is not None and crc64_available():
+        return "crc64"
+    return "md5" if props.content_md5 is not None else None
+
+
+def verify_whole(mode: CheckMd5, blob: str, props: BlobProperties, got: Digest | None, after: str = "") -> None:
+    """What --check-md5 makes of the digest of the bytes read against the blob's stored one of that kind."""
+    if got is None or got.kind == "md5":
+        check_md5(mode, blob, props.content_md5, got.value if got is not None else None, after)
+        return
+    if mode is CheckMd5.NO_CHECK or got.value == stored_crc64(props.metadata, props.content_md5):
+        return
+    if mode is CheckMd5.LOG_ONLY:
+        log.warning("%s: CRC64 of the bytes read differs from the one stored with the blob (--check-md5 LogOnly: "
+                    "kept)", blob)
+        return
+    raise ChecksumMismatchError(f"{blob}: CRC64 of the bytes read differs from the one stored with the blob{after}",
+                                digest=got.value)
+
+
+def digest_of(kind: Literal["md5", "crc64"], data: Buffer) -> Digest:
+    """The digest `kind` names of bytes held whole."""
+    return Digest("md5", md5_of(data)) if kind == "md5" else crc64_digest([(crc64_int(data), len(data))])
+
+
+async def verify_read(mode: CheckMd5, blob: str, props: BlobProperties, got: Digest | None,
+                      md5_again: Callable[[], Awaitable[bytes]], after: str = "") -> Digest | None:
+    """verify_whole, where a CRC64 that differs on a blob with a Content-MD5 too is settled by the MD5 of the bytes
+    (`md5_again`): another tool may have rewritten the blob and kept blobsync's metadata. The digest that held."""
+    try:
+        verify_whole(mode, blob, props, got, after)
+        return got
+    except ChecksumMismatchError:
+        if got is None or got.kind != "crc64" or props.content_md5 is None:
+            raise
+    md5 = await md5_again()
+    check_md5(mode, blob, props.content_md5, md5, after)
+    log.warning("%s: the CRC64 stored with the blob is not the bytes' (the blob was rewritten by another tool?); "
+                "its Content-MD5 matches them", blob)
+    return Digest("md5", md5)

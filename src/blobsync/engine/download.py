@@ -7,10 +7,21 @@ import os
 from pathlib import Path
 
 from blobsync.backends.base import BlobProperties
-from blobsync.config import CheckMd5, Overwrite
+from blobsync.checksums import crc64_int
+from blobsync.config import Overwrite
 from blobsync.engine.blocks import block_count, block_ranges
 from blobsync.engine.context import EngineContext
-from blobsync.engine.digest import EMPTY_MD5, WRITTEN_NOWHERE, check_md5, new_md5
+from blobsync.engine.digest import (
+    EMPTY_MD5,
+    WRITTEN_NOWHERE,
+    Digest,
+    WholeKind,
+    crc64_digest,
+    feed,
+    new_md5,
+    verify_read,
+    whole_check,
+)
 from blobsync.engine.fetching import FileSink, RangeFetch, read_checked, read_whole
 from blobsync.engine.mtime import destination_mtime_ns
 from blobsync.engine.tasks import in_thread
@@ -58,8 +69,9 @@ class FileDownloader:
                      ) -> FileResult:
         ctx = self.ctx
         cfg = ctx.config
-        if props.content_md5 is None and cfg.check_md5 is CheckMd5.FAIL_IF_DIFFERENT_OR_MISSING:
-            check_md5(cfg.check_md5, row.blob, None, None)  # fails before a byte is fetched
+        # What the bytes are checked by (digest.whole_check): the CRC64 blobsync stored, composed as ranges land,
+        # else the MD5 where there is a Content-MD5 (with none, it would check nothing), else nothing.
+        kind = whole_check(cfg.check_md5, row.blob, props)
         if self._placed_before(row, props, target):
             return FileResult(row.rel, row.blob, props.size, FileStatus.TRANSFERRED,
                               reason="finished by an earlier run (found at its final name)", etag=props.etag or None,
@@ -68,12 +80,9 @@ class FileDownloader:
         part = await in_thread(ctx.io_pool, lambda: PartFile(target, props.size, keep=done is not None,
                                                              root=self.root))
         done = done or set()
-        # The whole MD5 only where there is a stored one to compare it with: with none, it would check nothing
-        # (the ranges keep the checks the service gives them).
-        want_md5 = cfg.check_md5 is not CheckMd5.NO_CHECK and props.content_md5 is not None
         try:
-            sent, digest = await self._fetch_into(row, props, part, block_size, done, want_md5, seen)
-            check_md5(cfg.check_md5, row.blob, props.content_md5, digest, WRITTEN_NOWHERE)
+            sent, got = await self._fetch_into(row, props, part, block_size, done, kind, seen)
+            got = await self._verify(row, props, part, got)
             mtime = destination_mtime_ns(props) if cfg.preserve_last_modified_time else None
             if props.size > cfg.single_put_limit:  # worth a journal write: a kill after the rename costs no refetch
                 ctx.journal.placing(row.id, await in_thread(ctx.io_pool, part.seal, mtime))
@@ -93,8 +102,20 @@ class FileDownloader:
         reused = props.size - sent
         note = f"resumed: {reused} bytes were already on disk" if reused else ""
         return FileResult(row.rel, row.blob, props.size, FileStatus.TRANSFERRED, bytes_sent=sent, reason=note,
-                          etag=props.etag or None, content_md5=digest if want_md5 else props.content_md5,
+                          etag=props.etag or None,
+                          content_md5=got.value if got is not None and got.kind == "md5" else props.content_md5,
                           url=blob_url(ctx.store.container_url, row.blob))
+
+    async def _verify(self, row: FileRow, props: BlobProperties, part: PartFile, got: Digest | None
+                      ) -> Digest | None:
+        """--check-md5 on the digest of the bytes fetched (a stale CRC64 settled by the MD5 of the file)."""
+
+        async def md5_again() -> bytes:
+            whole = new_md5()
+            await in_thread(self.ctx.io_pool, feed, whole, part.chunks(0, props.size))
+            return whole.digest()
+
+        return await verify_read(self.ctx.config.check_md5, row.blob, props, got, md5_again, WRITTEN_NOWHERE)
 
     @staticmethod
     def _placed_before(row: FileRow, props: BlobProperties, target: Path) -> bool:
@@ -120,41 +141,45 @@ class FileDownloader:
         return block_size, None
 
     async def _fetch_into(self, row: FileRow, props: BlobProperties, part: PartFile, block_size: int, done: set[int],
-                          want_md5: bool, seen: frozenset[bytes]) -> tuple[int, bytes | None]:
-        """The bytes fetched and (when checked or cheap) their MD5: one GET when small, else ranges."""
+                          kind: WholeKind, seen: frozenset[bytes]) -> tuple[int, Digest | None]:
+        """The bytes fetched and the digest `kind` names of them: one GET when small, else ranges."""
         if props.size <= self.ctx.config.single_put_limit and not done:
-            return await self._single(row, props, part, want_md5, seen)
-        whole = new_md5() if want_md5 else None
+            return await self._single(row, props, part, kind, seen)
+        whole = new_md5() if kind == "md5" else None
         ctx, etag = self.ctx, props.etag or None
         fetch = RangeFetch(ctx, row.rel, row.blob, etag, block_ranges(props.size, block_size),
-                           FileSink(ctx, part, row.id), whole)
+                           FileSink(ctx, part, row.id), whole, crc64=kind == "crc64")
         sent = await fetch.run(done)
-        return sent, whole.digest() if whole is not None else None
+        if kind == "crc64":
+            return sent, await fetch.crc64()
+        return sent, Digest("md5", whole.digest()) if whole is not None else None
 
-    async def _single(self, row: FileRow, props: BlobProperties, part: PartFile, want_md5: bool,
-                      seen: frozenset[bytes]) -> tuple[int, bytes | None]:
-        """One GET of the whole blob; returns the bytes sent and their MD5 (when checked or cheap to check)."""
+    async def _single(self, row: FileRow, props: BlobProperties, part: PartFile, kind: WholeKind,
+                      seen: frozenset[bytes]) -> tuple[int, Digest | None]:
+        """One GET of the whole blob; returns the bytes sent and their digest (when checked or cheap to check)."""
         ctx = self.ctx
         if props.size == 0:  # no range to ask for; the GET still checks the blob is there, as this version
             await ctx.request(lambda: read_checked(ctx.store, None, row.blob, 0, memoryview(bytearray()),
                                                   props.etag or None))
             ctx.progress.advanced(row.rel, 0, 0)
-            return 0, EMPTY_MD5
+            return 0, crc64_digest([]) if kind == "crc64" else Digest("md5", EMPTY_MD5)
         buf = await ctx.memory.buffer(props.size)
         view = memoryview(buf)
         try:
             digest = await ctx.request(lambda: read_checked(ctx.store, ctx.io_pool, row.blob, 0, view,
-                                                            props.etag or None, need_md5=want_md5))
-            if (not want_md5 and digest is not None and props.content_md5 is not None
+                                                            props.etag or None, need_md5=kind == "md5"))
+            if (kind is None and digest is not None and props.content_md5 is not None
                     and digest != props.content_md5 and digest not in seen):
                 # Unchecked, but the bytes differ from the stored MD5 the service sent as the range's: damage
                 # or a wrong stored MD5. Fetching again tells; the same bytes twice are kept.
                 raise ChecksumMismatchError(f"{row.blob}: MD5 of the downloaded bytes differs from the blob's",
                                             digest=digest)
+            got = Digest("md5", digest) if kind == "md5" and digest is not None else None
+            if kind == "crc64":
+                got = crc64_digest([(await in_thread(ctx.io_pool, crc64_int, view), props.size)])
             await in_thread(ctx.io_pool, part.write_view, view, 0)
         finally:
             view.release()
             ctx.memory.release(buf)
         ctx.progress.advanced(row.rel, props.size, props.size)
-        return props.size, digest
-
+        return props.size, got

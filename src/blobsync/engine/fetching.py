@@ -10,9 +10,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from blobsync.backends.base import Pieces, Store
+from blobsync.checksums import crc64_int
 from blobsync.engine.budget import BlockBuffer, Window
 from blobsync.engine.context import EngineContext
-from blobsync.engine.digest import feed, md5_of
+from blobsync.engine.digest import Digest, crc64_digest, feed, md5_of
 from blobsync.engine.tasks import cancel_all, gather_or_cancel, in_thread, raise_first_failure
 from blobsync.errors import ChecksumMismatchError, ConflictError, CorruptedInTransitError, UnpinnedReadError
 from blobsync.local.target import PartFile, current_boot_id
@@ -171,8 +172,10 @@ class RangeFetch:
     buffer; hashes them in order as they become available (a buffer goes back once stored and hashed)."""
 
     def __init__(self, ctx: EngineContext, rel: str, blob: str, etag: str | None, ranges: Iterable[Range],
-                 sink: Sink, whole: Md5 | None) -> None:
+                 sink: Sink, whole: Md5 | None, *, crc64: bool = False) -> None:
         self.ctx, self.rel, self.sink, self.whole = ctx, rel, sink, whole
+        # With `crc64`, each range's CRC64 as it lands (in parallel, any order): composed by `crc64()` at the end.
+        self.crcs: dict[int, tuple[int, int]] | None = {} if crc64 else None
         self.ranges = list(ranges)
         if not etag and len(self.ranges) > 1:
             raise UnpinnedReadError(
@@ -267,11 +270,37 @@ class RangeFetch:
         """A full block of a span: into the sink, then its pooled buffer (if it had one) back to the pool."""
         n = len(view)
         try:
+            await self._crc(idx, view)
             await self.sink.landed(idx, offset, view)
         finally:
             self._release(view, buf)
         self.ctx.progress.advanced(self.rel, n, n)
         self.sent += n
+
+    async def _crc(self, idx: int, view: memoryview) -> None:
+        if self.crcs is not None:
+            n = len(view)
+            self.crcs[idx] = (await in_thread(self.ctx.io_pool, crc64_int, view) if n > 1 << 20 else crc64_int(view),
+                              n)
+
+    async def crc64(self) -> Digest:
+        """The CRC64 of the whole read: the ranges' as they landed, those in the sink before it read back."""
+        assert self.crcs is not None
+        crcs = self.crcs
+
+        def compose() -> Digest:
+            parts = []
+            for idx, offset, length in self.ranges:
+                got = crcs.get(idx)
+                if got is None:  # in the sink before this read (a resumed download)
+                    crc = 0
+                    for chunk in self.sink.stored(offset, length):
+                        crc = crc64_int(chunk, crc)
+                    got = (crc, length)
+                parts.append(got)
+            return crc64_digest(parts)
+
+        return await in_thread(self.ctx.io_pool, compose)
 
     async def _abandon(self, tasks: list[asyncio.Task[None]]) -> None:
         """Stop every fetch and the hasher; buffers fetched but never hashed go back to the pool."""
@@ -292,6 +321,7 @@ class RangeFetch:
         ctx = self.ctx
         try:
             await ctx.request(lambda: self.get(offset, view))
+            await self._crc(idx, view)
             await self.sink.landed(idx, offset, view)
         except BaseException:
             self._release(view, buf)

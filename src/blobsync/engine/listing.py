@@ -9,6 +9,8 @@ from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 
 from blobsync.backends.base import BlobProperties, Markers, Requester, Store
+from blobsync.config import CRC64_METADATA
+from blobsync.engine.digest import crc64_text, stored_crc64
 from blobsync.engine.mtime import MTIME_KEY, format_mtime, parse_mtime
 from blobsync.engine.tasks import for_each
 from blobsync.errors import BlobNotFoundError, UsageError
@@ -33,12 +35,14 @@ def remote_entry(prefix: str, props: BlobProperties) -> Entry:
     if mtime is None:
         mtime = int(props.last_modified.timestamp()) * 1_000_000_000
     return Entry(relative_name(prefix, props.name), props.size, mtime, exact, props.content_md5, props.etag, props.name,
-                 tier=props.tier)
+                 tier=props.tier, crc64=stored_crc64(props.metadata, props.content_md5))
 
 
 def as_properties(entry: Entry) -> BlobProperties:
     """Enough of a blob's properties for the downloader, rebuilt from the listing entry."""
     metadata = {MTIME_KEY: format_mtime(entry.mtime_ns)} if entry.exact_mtime else {}
+    if entry.crc64 is not None:
+        metadata[CRC64_METADATA] = crc64_text(entry.crc64, entry.md5)
     return BlobProperties(entry.name or entry.rel, entry.size, entry.etag or "",
                           datetime.fromtimestamp(entry.mtime_ns / 1e9, UTC), entry.md5, None, metadata,
                           tier=entry.tier)

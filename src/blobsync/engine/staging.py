@@ -16,7 +16,7 @@ from blobsync.engine.budget import BlockBuffer, Window
 from blobsync.engine.commit import commit_checked, part_layout
 from blobsync.engine.context import EngineContext
 from blobsync.engine.delta import DeltaBase, committed_record
-from blobsync.engine.digest import block_digests, new_md5
+from blobsync.engine.digest import BlockDigests, block_digests, crc64_metadata, new_md5
 from blobsync.engine.tasks import cancel_all, gather_or_cancel, in_thread, raise_first_failure
 from blobsync.errors import IntegrityError, SourceChangedError
 from blobsync.journal import FileRow
@@ -59,6 +59,7 @@ class BlockWrite:
     kept: list[bool] = field(default_factory=list)  # whether that part is one of the current version's
     expected: dict[str, int] = field(default_factory=dict)  # token -> length the commit must show
     digests: list[bytes] = field(default_factory=list)  # xxh3-128 per block: the next delta compares these
+    crcs: list[int | None] = field(default_factory=list)  # CRC64 per block: the whole blob's is composed of them
     present: dict[str, bool] = field(default_factory=dict)  # parts the store holds: token -> committed
     reused: int = 0  # bytes not sent: found staged, committed, or unchanged (delta)
     delta: int = 0  # bytes of unchanged blocks a delta kept
@@ -67,6 +68,7 @@ class BlockWrite:
         self.tokens, self.expected = part_layout(self.writer, self.size, self.block_size)
         self.kept = [False] * len(self.tokens)
         self.digests = [b""] * len(self.tokens)
+        self.crcs = [None] * len(self.tokens)
 
     @property
     def size(self) -> int:
@@ -74,7 +76,7 @@ class BlockWrite:
 
 
 def read_block(src: Source, view: memoryview, offset: int, unchanged: bytes | None = None,
-               check: BlockCheck | None = BlockCheck.MD5) -> tuple[PartCheck | None, bytes]:
+               check: BlockCheck | None = BlockCheck.MD5) -> BlockDigests:
     """Fill `view` from the file and return its digests (in a worker thread)."""
     src.read_into(view, offset)
     return block_digests(view, unchanged, check)
@@ -101,8 +103,13 @@ class BlockUploader:
         check_expected(w.plan, md5)
         # A delta names committed parts of one exact version: commit only over that version.
         conditions = Conditions(if_match=w.base.etag) if w.base is not None else w.plan.conditions
+        headers = w.plan.headers
+        # The whole blob's CRC64, composed from the blocks' (no second pass): what a download checks in parallel.
+        crc = crc64_metadata(list(zip(w.crcs, (length for _, _, length in block_ranges(w.size, w.block_size)),
+                                      strict=True)), md5)
+        headers = replace(headers, content_md5=md5, metadata={**headers.metadata, **crc})
         result = await commit_checked(self.ctx, w.writer, w.plan.blob, list(zip(w.tokens, w.kept, strict=True)),
-                                      w.expected, replace(w.plan.headers, content_md5=md5), conditions)
+                                      w.expected, headers, conditions)
         return self._record(w, result, md5)
 
     async def _find_staged(self, w: BlockWrite) -> None:
@@ -177,9 +184,9 @@ class BlockUploader:
         try:
             # A block the store holds already (resume) is only read for the whole-file MD5 and the delta memory:
             # its own check would cost CPU for nothing.
-            check, w.digests[idx] = await in_thread(ctx.io_pool, read_block, src, view, offset,
-                                                    old[1] if old is not None else None,
-                                                    self.check if w.tokens[idx] not in w.present else None)
+            got = await in_thread(ctx.io_pool, read_block, src, view, offset, old[1] if old is not None else None,
+                                  self.check if w.tokens[idx] not in w.present else None)
+            check, w.digests[idx], w.crcs[idx] = got
         except BaseException:
             ctx.memory.release(buf)
             window.release()

@@ -51,6 +51,7 @@ class FileOp:
     source: str = ""  # copy: the source blob's name
     tier: str | None = None  # copy: the source blob's access tier
     inode: int = 0  # upload of a walked folder: the file the walk listed (0: a file named by the user)
+    crc64: bytes | None = None  # download, copy: the whole blob's CRC64 blobsync stored with it, as listed
     nonce: str = ""
     data: Source | None = field(default=None, compare=False, repr=False)  # put: what is written
     # upload on a worker: the blob as blobsync last committed it (the client's journal), what a delta builds on
@@ -61,12 +62,13 @@ class FileOp:
         """The download or copy of a listed blob (`blob`: a copy's destination name)."""
         name = entry.name or entry.rel
         return FileOp(kind, entry.rel, blob if kind is OpKind.COPY else name, entry.size, entry.mtime_ns, entry.etag,
-                      entry.md5, entry.exact_mtime, name if kind is OpKind.COPY else "", entry.tier)
+                      entry.md5, entry.exact_mtime, name if kind is OpKind.COPY else "", entry.tier,
+                      crc64=entry.crc64)
 
     def listed(self) -> BlobProperties:
         """The blob read (a download's, a copy's source) as it was listed."""
         return as_properties(Entry(self.rel, self.size, self.mtime_ns, self.exact_mtime, self.md5, self.etag,
-                                   self.source or self.blob, tier=self.tier))
+                                   self.source or self.blob, tier=self.tier, crc64=self.crc64))
 
 
 def upload_block_size(op: FileOp, requested: int, caps: Capabilities) -> int:

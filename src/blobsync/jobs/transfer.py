@@ -13,6 +13,7 @@ from pathlib import Path
 
 from blobsync.backends.base import BlobProperties, Location, Store
 from blobsync.engine.context import EngineContext
+from blobsync.engine.digest import stored_crc64
 from blobsync.engine.enumerate import index_in_thread
 from blobsync.engine.listing import RemoteLister, one_blob
 from blobsync.engine.mtime import MTIME_KEY, destination_mtime_ns
@@ -55,7 +56,7 @@ class Listing:
 
 def _entry(rel: str, props: BlobProperties) -> Entry:
     return Entry(rel, props.size, destination_mtime_ns(props), MTIME_KEY in props.metadata, props.content_md5,
-                 props.etag or None, props.name, tier=props.tier)
+                 props.etag or None, props.name, tier=props.tier, crc64=stored_crc64(props.metadata, props.content_md5))
 
 
 class Direction:

@@ -25,22 +25,24 @@ class Entry:
     name: str | None = None  # the blob name, for remote entries; for local ones, the path if not `rel`
     inode: int = 0
     tier: str | None = None  # remote entries: the blob's access tier (a copy may keep it)
+    crc64: bytes | None = None  # remote entries: the whole blob's CRC64 blobsync stored with it (what a read checks)
 
 
-_COLUMNS = 9  # of each side's table, in Entry's order
+_COLUMNS = 10  # of each side's table, in Entry's order
 
 
 def _row(e: Entry) -> tuple[object, ...]:
-    return (e.rel, e.size, e.mtime_ns, int(e.exact_mtime), e.md5, e.etag, e.name, e.inode, e.tier)
+    return (e.rel, e.size, e.mtime_ns, int(e.exact_mtime), e.md5, e.etag, e.name, e.inode, e.tier, e.crc64)
 
 
 def _entry(row: tuple[object, ...], offset: int = 0) -> Entry | None:
     if row[offset] is None:
         return None
-    rel, size, mtime, exact, md5, etag, name, inode, tier = row[offset:offset + _COLUMNS]
+    rel, size, mtime, exact, md5, etag, name, inode, tier, crc64 = row[offset:offset + _COLUMNS]
     return Entry(str(rel), int(size), int(mtime), bool(exact), md5 if isinstance(md5, bytes) else None,  # type: ignore[call-overload]
                  etag if isinstance(etag, str) else None, name if isinstance(name, str) else None,
-                 int(inode), tier if isinstance(tier, str) else None)  # type: ignore[call-overload]
+                 int(inode), tier if isinstance(tier, str) else None,  # type: ignore[call-overload]
+                 crc64 if isinstance(crc64, bytes) else None)
 
 
 class SyncIndex:
@@ -59,7 +61,7 @@ class SyncIndex:
         for side in ("src", "dst"):
             self.db.execute(
                 f"create table {side} (rel text primary key, size int, mtime_ns int, exact int, md5 blob, "
-                "etag text, name text, inode int, tier text) without rowid"
+                "etag text, name text, inode int, tier text, crc64 blob) without rowid"
             )
         self.db.execute("create table todo (rel text primary key, reason text) without rowid")
 
@@ -78,7 +80,7 @@ class SyncIndex:
     def _insert(self, side: str, rows: list[tuple[object, ...]]) -> int:
         if rows:
             self.db.execute("begin")
-            self.db.executemany(f"insert or replace into {side} values (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+            self.db.executemany(f"insert or replace into {side} values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
             self.db.execute("commit")
         return len(rows)
 
