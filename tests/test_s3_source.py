@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+import struct
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from awscrt.checksums import crc64nvme
 
 from blobsync.backends.s3.sigv4 import AwsCredentials, sign
 from blobsync.config import MiB
@@ -64,7 +66,10 @@ def test_a_prefix_of_a_bucket_is_copied_through_this_machine_with_its_checks(
     for key in ("models/a.pt", "models/sub/b.pt"):
         assert container.download(key) == objects[key]
     props = container.client.get_blob_client("models/sub/b.pt").get_blob_properties()
-    assert props.content_settings.content_type == "application/x-model" and props.metadata == {"owner": "team"}
+    big = objects["models/sub/b.pt"]
+    crc = struct.pack("<Q", crc64nvme(big, 0)).hex() + hashlib.md5(big).hexdigest()  # blobsync's own, of these bytes
+    assert props.content_settings.content_type == "application/x-model"
+    assert props.metadata == {"owner": "team", "blobsynccrc64": crc}
     assert bytes(props.content_settings.content_md5) == hashlib.md5(objects["models/sub/b.pt"]).digest()
     assert s3.env["AWS_SECRET_ACCESS_KEY"] not in out.stdout + out.stderr
 
