@@ -411,3 +411,17 @@ def test_a_backend_is_opened_with_its_connection_and_refuses_a_credential_it_can
     for url in ("memory://seam/c", "s3://bucket/prefix"):
         with pytest.raises(UsageError, match="takes no credential object"):
             open_store(url, config, {}, credential="sv=1&sig=x")
+
+
+def test_a_store_registered_from_outside_reaches_the_client_and_torch(tmp_path: Path, toy_box: tuple[str, Path]
+                                                                      ) -> None:
+    """The Client and blobsync.torch take their URL schemes from the backend registry: a new backend reaches them."""
+    from blobsync.torch.dcp import BlobStorageWriter
+
+    name, root = toy_box
+    with blobsync.Client(f"toy://{name}", _config(tmp_path)) as client:
+        client.put(b"weights" * 1000, "m/w.bin")
+        assert client.get("m/w.bin") == b"weights" * 1000
+    assert _toy_bytes(root, "m/w.bin") == b"weights" * 1000
+    assert BlobStorageWriter.validate_checkpoint_id(f"toy://{name}/ckpt/step-1")
+    assert not BlobStorageWriter.validate_checkpoint_id(str(tmp_path / "ckpt"))

@@ -15,7 +15,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 from blobsync import api, arguments
 from blobsync.backends.base import NO_CONDITIONS, BlobProperties, Buffer, Conditions, Location, Markers
-from blobsync.backends.registry import parse_location
+from blobsync.backends.registry import is_remote, parse_location
 from blobsync.blobfile import AsyncBlobReader, AsyncBlobWriter, BlobReader, BlobWriter, check_mode
 from blobsync.clientloop import ClientLoop, track
 from blobsync.config import Overwrite, TransferConfig
@@ -64,7 +64,7 @@ class AsyncClient:
         self.url = arguments.url(url, "url")
         self.credential = credential
         self._parts = urlsplit(self.url)
-        if self._parts.scheme not in ("http", "https", "memory"):
+        if not is_remote(self.url):  # the schemes of every store the backend registry knows
             raise UsageError(f"invalid url {strip_query(self.url)!r}: a blob account or container URL")
         self.config = api._config(config)
         self.env = arguments.env(env)

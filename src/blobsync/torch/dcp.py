@@ -33,6 +33,7 @@ from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, W
 from torch.futures import Future
 
 from blobsync.backends.base import Buffer
+from blobsync.backends.registry import is_remote
 from blobsync.blobfile import BlobWriter
 from blobsync.client import Client
 from blobsync.config import Overwrite, TransferConfig
@@ -258,7 +259,7 @@ class BlobStorageReader(StorageReader):
 
 def _is_blob_url(checkpoint_id: str | os.PathLike[str]) -> bool:
     text = os.fspath(checkpoint_id)
-    return isinstance(text, str) and text.split("://", 1)[0] in ("http", "https", "memory")
+    return isinstance(text, str) and is_remote(text)  # a URL of any store the backend registry knows
 
 
 def _exists(client: Client, name: str) -> bool:
