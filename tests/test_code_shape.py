@@ -133,3 +133,40 @@ def test_one_put_and_one_ranged_read_outside_the_backends() -> None:
         calls["RangeFetch loop"] += [rel] * len(re.findall(r"^class \w*Fetch\w*\b", text, re.M))
     assert calls == {"put": ["engine/upload.py"], "read_into": ["engine/fetching.py"],
                      "read_span": ["engine/fetching.py"], "RangeFetch loop": ["engine/fetching.py"]}, calls
+
+
+def _modules_naming(pattern: str) -> list[str]:
+    return sorted(str(path.relative_to(SRC)) for path in _sources()
+                  if re.search(pattern, path.read_text(encoding="utf-8")))
+
+
+def test_what_a_whole_read_checks_is_decided_in_one_place() -> None:
+    """--check-md5's modes are read in engine/digest.py alone (whole_check, verify_whole); every read asks it."""
+    assert _modules_naming(r"CheckMd5\.(NO_CHECK|LOG_ONLY|FAIL_IF)") == ["config.py", "engine/digest.py"]
+    assert _modules_naming(r"\bwhole_check\(") == ["client.py", "cluster/split.py", "engine/digest.py",
+                                                   "engine/download.py"]
+
+
+def test_every_read_of_a_blob_is_a_checked_get() -> None:
+    """read_checked (one ranged GET with its transit check) is what every read of blob bytes runs: in RangeFetch
+    (several ranges), the single-GET download, a Client's one-request read and a copy's source read through this
+    machine; a module outside the engine and the backends names neither Store.read_into nor read_span."""
+    assert _modules_naming(r"\bread_checked\(") == ["client.py", "engine/download.py", "engine/fetching.py",
+                                                     "engine/s2s.py"]
+    outside = [m for m in _modules_naming(r"\bstore\.read_(into|span)\(")
+               if not m.startswith(("engine/", "backends/"))]
+    assert outside == [], outside
+
+
+def test_the_cluster_ships_one_task_graph() -> None:
+    """A split file's tasks are wired in cluster/tasks.split_graph alone: each executor only submits them."""
+    assert _modules_naming(r"\btasks\.(STAGE|FETCH|MD5|COMMIT|FINISH)\b") == []
+    assert _modules_naming(r"\bsplit_graph\(") == ["cluster/dask_adapter.py", "cluster/processes.py",
+                                                    "cluster/tasks.py"]
+
+
+def test_the_config_cites_modules_that_exist() -> None:
+    """A path named in a docstring or comment of config.py (cli/x.py, engine/y.py) is a module of src/."""
+    text = (SRC / "config.py").read_text(encoding="utf-8")
+    cited = set(re.findall(r"\b((?:cli|engine|jobs|cluster|backends|journal|local)/\w+\.py)\b", text))
+    assert all((SRC / c).exists() for c in cited), [c for c in cited if not (SRC / c).exists()]

@@ -214,7 +214,7 @@ def _concurrency_value(value: object) -> Concurrency:
 @dataclass(frozen=True)
 class Flag:
     """How one TransferConfig field is given on the command line and kept with a job: the one declaration the
-    CLI's options (cli/options.py), their help and the journal's stored options are made from."""
+    CLI's options (cli/config_flags.py), their help and the journal's stored options are made from."""
 
     decl: str | None  # '--block-size-mb', '--put-md5/--no-put-md5'; None: each command declares its own
     help: str = ""
