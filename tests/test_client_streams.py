@@ -244,3 +244,34 @@ def test_a_file_object_put_resumes_like_a_path_after_a_kill(
     assert proxy.stats.requests["put_block"] == 8 - acknowledged  # only the blocks not acknowledged before
     assert result.bytes_sent == (8 - acknowledged) * MiB
     assert container.download("big.bin") == data
+
+
+def test_readers_read_ahead_within_the_clients_one_memory_budget(container: ContainerHandle, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three readers reading ahead 4 blocks each at once, under a budget of two blocks: every block is fetched into
+    a pooled buffer of the budget (never more than the budget at once), and every read is right."""
+    from blobsync.engine.budget import MemoryBudget
+
+    data = os.urandom(6 * MiB + 3)
+    container.client.upload_blob("r.bin", data)
+    peak = [0]
+    taken = MemoryBudget.buffer
+
+    async def watched(self: MemoryBudget, capacity: int) -> object:
+        buf = await taken(self, capacity)
+        peak[0] = max(peak[0], self.counted)
+        return buf
+
+    monkeypatch.setattr(MemoryBudget, "buffer", watched)
+    config = TransferConfig.from_mib(block_size_mb=1, memory_mb=2, journal_path=tmp_path / "j.db")
+
+    async def main() -> list[bytes]:
+        async with blobsync.aio.Client(container.url, config) as client:
+            async def one() -> bytes:
+                async with client.open("r.bin", read_ahead=4) as r:
+                    return await r.read()
+
+            return await asyncio.gather(one(), one(), one())
+
+    assert asyncio.run(main()) == [data] * 3
+    assert 0 < peak[0] <= 2 * MiB

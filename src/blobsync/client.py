@@ -195,10 +195,18 @@ class AsyncClient:
         return StreamWriter(ctx, loc.path, headers, conditions)
 
     async def fetch_range(self, location: Location, offset: int, length: int, etag: str | None) -> bytes:
-        """`length` bytes of the blob from `offset`, of the version `etag` names (a reader's block)."""
-        buf = bytearray(length)
-        await self._read_range(location, offset, memoryview(buf), etag)
-        return bytes(buf)
+        """`length` bytes of the blob from `offset`, of the version `etag` names (a reader's block, a read_ranges
+        range): read into a pooled buffer of the session's memory budget, so the read-ahead of every open reader
+        and every other call share the one budget of bytes in flight."""
+        memory = self._open().memory
+        buf = await memory.buffer(max(length, self.config.block_size))  # one size: the pool reuses them
+        view = memoryview(buf)[:length]
+        try:
+            await self._read_range(location, offset, view, etag)
+            return bytes(view)
+        finally:
+            view.release()
+            memory.release(buf)
 
     async def read_into(self, name: str, into: bytearray | memoryview, offset: int = 0, *,
                         etag: str | None = None) -> memoryview:
