@@ -22,6 +22,7 @@ from blobsync.config import Overwrite
 from blobsync.engine.blocks import block_count
 from blobsync.engine.commit import clear_foreign
 from blobsync.engine.context import EngineContext
+from blobsync.engine.fetching import Refetches
 from blobsync.engine.mtime import MTIME_KEY, format_mtime
 from blobsync.engine.upload import OCTET_STREAM
 from blobsync.errors import BlobsyncError, ExitCode, Scope, TransientError, UsageError
@@ -85,7 +86,7 @@ class ClusterTransfer:
         self.local_root = Path()
         self.base = Path()  # the folder the user named: downloads follow no link below it
         self._rows: dict[str, FileRow] = {}  # files of the units in flight, by local path
-        self._mismatched: dict[str, set[str]] = {}  # split downloads: whole MD5s that differed from the blob's
+        self._mismatched: dict[str, Refetches] = {}  # split downloads: whole digests that differed from the blob's
         self._settle: Settle = lambda report, row, result: None  # the JobRunner's: it records each outcome
 
     async def run(self, ctx: EngineContext, job_id: str, local_root: Path, report: Report,
@@ -243,10 +244,9 @@ class ClusterTransfer:
         """A split download whose whole MD5 differed from the blob's is fetched again, as a plain download is,
         until the same bytes come twice (then the stored MD5 is what is wrong, and the file fails)."""
         digest = next((o.digest for r in reports for o in r.outcomes if o.digest), "")
-        seen = self._mismatched.setdefault(unit.file.rel, set())
-        if self.upload or not digest or digest in seen or len(seen) >= ctx.config.max_retries:
+        again = self._mismatched.setdefault(unit.file.rel, Refetches(ctx.config.max_retries))
+        if self.upload or not again.after(bytes.fromhex(digest) if digest else None):
             return False
-        seen.add(digest)
         report.retries += 1
         log.info("%s: the MD5 of the bytes fetched differs from the blob's; fetching it again", unit.file.rel)
         return True

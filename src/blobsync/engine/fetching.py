@@ -57,21 +57,37 @@ async def read_checked(store: Store, pool: ThreadPoolExecutor | None, blob: str,
     return digest
 
 
+class Refetches:
+    """The rule of a whole read whose digest differed from the stored one (damage in transit in a range too large
+    for a per-range check, or a wrong stored digest): read again until the same bytes come twice (then the stored
+    digest is what is wrong), at most `limit` times. Every whole read keeps it: a download, a get, a split file."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.seen: set[bytes] = set()  # digests of whole reads that differed from the stored one
+
+    def after(self, digest: bytes | None) -> bool:
+        """Whether a read whose bytes had `digest` is worth running again (and count it)."""
+        if digest is None or digest in self.seen or len(self.seen) >= self.limit:
+            return False
+        self.seen.add(digest)
+        return True
+
+
 async def read_whole(ctx: EngineContext, blob: str, read: Callable[[frozenset[bytes]], Awaitable[T]],
                      new_version: Callable[[], Awaitable[bool]]) -> T:
     """A whole read of a blob (a download, a get), run again where that helps: its MD5 differed from the stored
     one (damage in transit in a range too large for a per-range MD5, or a wrong stored MD5) until the same bytes
     come twice, the digests seen so far passed to `read`; or the blob changed during it (If-Match refused), once,
     after `new_version()` took the new version (False: none is there, the refusal stands)."""
-    seen: set[bytes] = set()  # digests of whole reads that differed from the stored MD5
+    again = Refetches(ctx.config.max_retries)
     changed = False
     while True:
         try:
-            return await read(frozenset(seen))
+            return await read(frozenset(again.seen))
         except ChecksumMismatchError as exc:
-            if exc.digest is None or exc.digest in seen or len(seen) >= ctx.config.max_retries:
+            if not again.after(exc.digest):
                 raise
-            seen.add(exc.digest)
             ctx.requests.retrier.note(exc)
         except ConflictError:
             if changed or not await new_version():
