@@ -86,3 +86,18 @@ def test_a_stale_crc64_is_settled_by_the_md5_and_a_changed_md5_is_checked_as_suc
     wrong = blobsync.copy(f"{container.url}/f.bin", tmp_path / "again.bin", config)
     assert [f.exit_code for f in wrong.failures] == [blobsync.ExitCode.INTEGRITY]
     assert not (tmp_path / "again.bin").exists()
+
+
+def test_a_stream_written_in_blocks_carries_its_crc64_too(container: ContainerHandle, tmp_path: Path) -> None:
+    """Client.open('wb') (torch.save, numpy.save) and put() of chunks: their parts' CRC64s make the blob's."""
+    data = os.urandom(3 * MiB + 11)
+    config = TransferConfig.from_mib(block_size_mb=1, journal_path=tmp_path / "j.db")
+    with blobsync.Client(container.url, config) as client:
+        with client.open("s.bin", "wb") as f:
+            for at in range(0, len(data), 100_000):
+                f.write(data[at:at + 100_000])
+        client.put(iter([data[:MiB + 5], data[MiB + 5:]]), "p.bin")
+        assert client.get("s.bin") == data
+    crc = struct.pack("<Q", crc64nvme(data, 0)).hex() + hashlib.md5(data).hexdigest()
+    assert _stored(container, "s.bin")["blobsynccrc64"] == crc == _stored(container, "p.bin")["blobsynccrc64"]
+    assert container.download("s.bin") == data == container.download("p.bin")

@@ -147,7 +147,7 @@ async def _stage_blocks(ctx: EngineContext, spec: RangeSpec, stage: Callable[[in
         buf = await ctx.memory.buffer(size)
         view = memoryview(buf)[:length]
         try:
-            check, digest, crc = await in_thread(ctx.io_pool, read_block, src, view, offset,
+            check, crc, digest = await in_thread(ctx.io_pool, read_block, src, view, offset,
                                                  old[1] if old else None, None if tokens[idx] in present else kind)
             crc_hex = "" if crc is None else f"{crc:016x}"
             if old is not None and digest == old[1]:

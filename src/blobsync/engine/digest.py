@@ -41,12 +41,12 @@ def md5_of(data: Buffer) -> bytes:
 
 class BlockDigests(NamedTuple):
     """What reading one block for an upload gives: the check it is sent with (None: not sent, or not checked), its
-    xxh3-128 (what a delta compares) and its CRC64 (what the whole blob's check is composed of; None without
-    awscrt)."""
+    CRC64 (what the whole blob's check is composed of; None without awscrt) and its xxh3-128 (what a delta
+    compares)."""
 
     check: PartCheck | None
-    xxh: bytes
     crc: int | None
+    xxh: bytes
 
 
 def block_digests(data: Buffer, unchanged: bytes | None = None, check: BlockCheck | None = BlockCheck.MD5
@@ -56,10 +56,16 @@ def block_digests(data: Buffer, unchanged: bytes | None = None, check: BlockChec
     When the xxh3-128 equals `unchanged` (the committed block's), or `check` is None (the store holds the block
     already, or verifies nothing), the block is not sent or not checked, so its check is skipped (None)."""
     digest = xxhash.xxh3_128_digest(data)
-    sent = None if digest == unchanged or check is None else part_check(data, check)
+    return BlockDigests(*part_digests(data, None if digest == unchanged else check), digest)
+
+
+def part_digests(data: Buffer, check: BlockCheck | None) -> tuple[PartCheck | None, int | None]:
+    """The check a part is sent with (None: none) and its CRC64 (the one check, where that is a CRC64): what the
+    whole blob's CRC64 is composed of."""
+    sent = None if check is None else part_check(data, check)
     if sent is not None and sent.kind is BlockCheck.CRC64:
-        return BlockDigests(sent, digest, struct.unpack("<Q", sent.value)[0])
-    return BlockDigests(sent, digest, crc64_value(data))
+        return sent, struct.unpack("<Q", sent.value)[0]
+    return sent, crc64_value(data)
 
 
 def feed(hasher: Md5, chunks: Iterable[Buffer]) -> None:

@@ -186,7 +186,7 @@ class BlockUploader:
             # its own check would cost CPU for nothing.
             got = await in_thread(ctx.io_pool, read_block, src, view, offset, old[1] if old is not None else None,
                                   self.check if w.tokens[idx] not in w.present else None)
-            check, w.digests[idx], w.crcs[idx] = got
+            check, w.crcs[idx], w.digests[idx] = got
         except BaseException:
             ctx.memory.release(buf)
             window.release()
