@@ -206,3 +206,29 @@ def test_a_split_download_whose_md5_differs_is_fetched_again_as_the_plain_downlo
     assert [f.exit_code for f in wrong.failures] == [blobsync.ExitCode.INTEGRITY]
     assert not (tmp_path / "again.bin").exists()
     assert proxy.stats.requests["get_blob"] - before == 2 * -(-BIG // (8 * MiB))  # every range, twice
+
+
+def test_a_split_upload_killed_mid_way_resumes_with_only_the_blocks_not_staged(
+        container: ContainerHandle, tmp_path: Path, proxy: FaultProxy, azurite: Azurite) -> None:
+    """The range tasks run the engine's own chunked write over their window: a kill after 4 blocks landed leaves
+    them staged under the client's nonce, and the same command sends only the other blocks."""
+    data = random_file(tmp_path / "src" / "big.bin", BIG, seed=91)
+    env = {"AZURE_STORAGE_CONNECTION_STRING": azurite.connection_string_via(proxy.endpoint())}
+    args = ["cp", str(tmp_path / "src" / "big.bin"), f"{proxy.endpoint()}/{container.name}/big.bin", "--journal",
+            str(tmp_path / "j.db"), "--processes", "2"]
+    proxy.hold_after("put_block", 4)
+    proc = subprocess.Popen([sys.executable, "-m", "blobsync", *args], env=clean_env(env), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        proxy.wait_for_held(1, timeout=120)
+    finally:
+        kill_tree(proc.pid)
+        proc.communicate(timeout=30)
+        proxy.release_holds()
+    proxy.clear_rules()
+    proxy.wait_idle()
+    proxy.reset_stats()
+    done = run(args, env=env, timeout=180)
+    assert done.returncode == 0, done.stderr
+    assert proxy.stats.bytes_in["put_block"] == BIG - 4 * 8 * MiB  # the 4 blocks that landed are not sent again
+    assert container.download("big.bin") == data

@@ -13,8 +13,8 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
-from blobsync.backends.base import NO_CONDITIONS, BlobHeaders, Conditions, PartCheck, Store
-from blobsync.checksums import choose_check, crc64_int
+from blobsync.backends.base import NO_CONDITIONS, BlobHeaders, ChunkedWriter, Conditions, PutResult, Store
+from blobsync.checksums import crc64_int
 from blobsync.cluster.spec import FileOutcome, RangeSpec, ShardReport
 from blobsync.cluster.work import Publish, check_identity, shard_engine
 from blobsync.engine.blocks import block_count
@@ -34,9 +34,9 @@ from blobsync.engine.digest import (
 from blobsync.engine.fetching import FileSink, RangeFetch
 from blobsync.engine.mtime import destination_mtime_ns
 from blobsync.engine.s2s import copy_headers, source_tags
-from blobsync.engine.staging import read_block
+from blobsync.engine.staging import BlockWrite
 from blobsync.engine.tasks import for_each, in_thread
-from blobsync.engine.upload import upload_headers
+from blobsync.engine.upload import FileUploader, upload_headers
 from blobsync.errors import (
     BlobNotFoundError,
     BlobsyncError,
@@ -46,7 +46,8 @@ from blobsync.errors import (
     Scope,
 )
 from blobsync.jobs.ops import FileOp
-from blobsync.local.files import OpenFile
+from blobsync.journal import JobKind
+from blobsync.local.files import FileIdentity, OpenFile
 from blobsync.local.target import PartFile, safe_join
 
 log = logging.getLogger("blobsync")
@@ -98,23 +99,23 @@ async def _file_task(spec: RangeSpec, step: str, before: tuple[ShardReport, ...]
 
 
 async def stage_range(spec: RangeSpec, publish: Publish | None, worker: str) -> ShardReport:
-    """Stage blocks [first, last) of a file under the client's nonce, leaving those the store holds already and
-    (a delta) those unchanged since the blob's committed version."""
+    """Stage blocks [first, last) of a file under the client's nonce with the engine's own steps over that window
+    (engine/staging.BlockUploader: resume, delta, checks); a copy's ranges are staged by the destination's service."""
     f = spec.file
 
     async def stage(ctx: EngineContext, source: Store | None) -> Staged:
         writer = ctx.store.writer(f.blob, f.nonce)
         tokens, expected = part_layout(writer, f.size, spec.block_size)
-        held = await ctx.request(lambda: writer.parts())
         nbytes = sum(expected[t] for t in tokens[spec.first:spec.last])
+        if source is None:
+            w = await _stage_window(ctx, spec, (spec.first, spec.last), _delta_base(f, spec.block_size))
+            return nbytes, nbytes - w.reused, _blocks_of(w, range(spec.first, spec.last))
+        held = await ctx.request(lambda: writer.parts())
         if [p.token for p in held.committed] == tokens:  # the commit landed already: nothing to stage
             present = set(tokens)
         else:
             present = {p.token for p in held.staged if expected.get(p.token) == p.size}
-        if source is not None:  # a blob-to-blob copy: the destination's service reads each range
-            return nbytes, await stage_from_url(ctx, spec, source, present), []
-        sent, blocks = await _stage_blocks(ctx, spec, writer.stage, tokens, present)
-        return nbytes, sent, blocks
+        return nbytes, await stage_from_url(ctx, spec, source, present), []
 
     return await _range_task(spec, publish, worker, stage)
 
@@ -126,48 +127,22 @@ def _delta_base(f: FileOp, block_size: int) -> DeltaBase | None:
     return DeltaBase(record.block_size, record.etag, record.blocks)
 
 
-async def _stage_blocks(ctx: EngineContext, spec: RangeSpec, stage: Callable[[int, memoryview, PartCheck | None],
-                        Awaitable[None]], tokens: list[str], present: set[str]
-                        ) -> tuple[int, list[Block]]:
-    """Read and hash every block of the range (the record of the commit needs each block's digest); stage those
-    neither held by the store nor unchanged since the committed version. The bytes sent and each block."""
-    f, path, size = spec.file, _path(spec), spec.block_size
-    kind = choose_check(ctx.store.capabilities.part_checks, ctx.config.block_check)
-    base = _delta_base(f, size)
-    src = OpenFile(path, walked=f.inode or None, follow_symlinks=ctx.config.follow_symlinks,
-                   root=Path(spec.job.local_root))
-    sent = 0
-    blocks: dict[int, Block] = {}
+async def _stage_window(ctx: EngineContext, spec: RangeSpec, window: tuple[int, int], base: DeltaBase | None
+                        ) -> BlockWrite:
+    """The engine's chunked write of the file over `window`, journaled in this task's own journal."""
+    f = spec.file
+    job = ctx.journal.create_job(JobKind.UPLOAD, spec.job.local_root, f"{f.blob}#{f.nonce}/{window[0]}", {})
+    row = ctx.journal.add_files(job.id, [(f.rel, f.blob, f.size, f.mtime_ns, f.inode)])[f.rel]
+    planned = FileIdentity(f.size, f.mtime_ns, f.inode)
+    return await FileUploader(ctx).stage_window(row, _path(spec), planned, Path(spec.job.local_root), f.nonce,
+                                                spec.block_size, base, window)
 
-    async def one(idx: int) -> None:
-        nonlocal sent
-        offset = idx * size
-        length = min(size, f.size - offset)
-        old = base.block_at(idx, length) if base is not None else None
-        buf = await ctx.memory.buffer(size)
-        view = memoryview(buf)[:length]
-        try:
-            check, crc, digest = await in_thread(ctx.io_pool, read_block, src, view, offset,
-                                                 old[1] if old else None, None if tokens[idx] in present else kind)
-            crc_hex = "" if crc is None else f"{crc:016x}"
-            if old is not None and digest == old[1]:
-                blocks[idx] = (idx, old[0], True, digest.hex(), crc_hex)  # unchanged: the committed block, named
-            else:
-                if tokens[idx] not in present:
-                    await ctx.request(lambda: stage(idx, view, check))
-                    sent += length
-                blocks[idx] = (idx, tokens[idx], False, digest.hex(), crc_hex)
-        finally:
-            ctx.memory.release(buf)
-        ctx.progress.advanced(f.rel, length, length if tokens[idx] not in present and not blocks[idx][2] else 0)
 
-    try:
-        check_identity(path, f)
-        await for_each(range(spec.first, spec.last), one, max(1, ctx.config.start_concurrency))
-        check_identity(path, f)  # no block of another version is staged under this version's nonce
-    finally:
-        src.close()
-    return sent, [blocks[i] for i in sorted(blocks)]
+def _blocks_of(w: BlockWrite, indexes: range) -> list[Block]:
+    """Each block of the window as the commit and the next delta need it: (index, part token, whether that part is
+    committed already, xxh3-128 hex, CRC64 hex or "")."""
+    return [(i, w.tokens[i], w.kept[i], w.digests[i].hex(), "" if w.crcs[i] is None else f"{w.crcs[i]:016x}")
+            for i in indexes]
 
 
 def hash_file(spec: RangeSpec) -> str:
@@ -210,68 +185,50 @@ async def commit_split(spec: RangeSpec, md5_hex: str | None, *staged: ShardRepor
 async def _commit(ctx: EngineContext, spec: RangeSpec, md5: bytes | None, staged: tuple[ShardReport, ...],
                   outcome: FileOutcome) -> None:
     """Commit the blocks the range tasks staged or kept, over the committed version a delta named (If-Match);
-    if that version changed meanwhile, the kept blocks are staged from the file too and the whole file committed.
+    if that version changed meanwhile, the whole file is staged again (the parts there kept) and committed.
     The outcome gets the version written and the record the next delta builds on."""
     f, path = spec.file, _path(spec)
     ident = check_identity(path, f)
     writer = ctx.store.writer(f.blob, f.nonce)
     tokens, lengths = part_layout(writer, f.size, spec.block_size)
-    blocks = _reported(staged, len(tokens))
+    blocks = _reported(staged, len(tokens)) or [(i, t, False, "", "") for i, t in enumerate(tokens)]
     headers = upload_headers(ctx.config, path, ident)
-    crc = crc64_metadata([(int(b[4], 16) if b[4] else None, lengths[tokens[b[0]]]) for b in blocks], md5) \
-        if blocks else {}
-    headers = replace(headers, content_md5=md5, metadata={**headers.metadata, **crc})
-    kept = {idx: token for idx, token, was_kept, _, _ in blocks if was_kept}
     base = _delta_base(f, spec.block_size)
     try:
-        parts = [(kept.get(idx, token), idx in kept) for idx, token in enumerate(tokens)]
-        sizes = {**lengths, **{token: lengths[tokens[idx]] for idx, token in kept.items()}}
-        conditions = Conditions(if_match=base.etag) if kept and base is not None else NO_CONDITIONS
-        result = await commit_checked(ctx, writer, f.blob, parts, sizes, headers, conditions)
+        result = await _commit_blocks(ctx, writer, f.blob, blocks, lengths, headers, md5, base)
     except (ConflictError, InvalidBlockListError):
-        if not kept:
+        if not any(b[1] != tokens[b[0]] for b in blocks):
             raise
         log.info("%s: the blob changed since blobsync committed it: its unchanged blocks are sent too", f.blob)
-        await _stage_kept(ctx, spec, writer.stage, sorted(kept))
-        outcome.sent += sum(lengths[tokens[idx]] for idx in kept)
-        kept = {}
-        result = await commit_checked(ctx, writer, f.blob, [(t, False) for t in tokens], lengths, headers)
+        w = await _stage_window(ctx, spec, (0, len(tokens)), None)
+        outcome.sent += f.size - w.reused
+        blocks = _blocks_of(w, range(len(tokens)))
+        result = await _commit_blocks(ctx, writer, f.blob, blocks, lengths, headers, md5, None)
     outcome.etag, outcome.md5 = result.etag, md5.hex() if md5 else ""
-    outcome.delta = sum(lengths[tokens[idx]] for idx in kept)
-    if blocks:  # each block as committed: its ID (a kept one's from the version before), length and digest
+    outcome.delta = sum(lengths[tokens[i]] for i, token, _, _, _ in blocks if token != tokens[i])
+    if all(b[3] for b in blocks):  # each block as committed: its ID, length and digest
         outcome.commit = committed_record(spec.block_size, result.etag, f.size, md5, [
-            (kept.get(idx, tokens[idx]), lengths[tokens[idx]], bytes.fromhex(xxh)) for idx, _, _, xxh, _ in blocks])
+            (token, lengths[tokens[i]], bytes.fromhex(xxh)) for i, token, _, xxh, _ in blocks])
+
+
+async def _commit_blocks(ctx: EngineContext, writer: ChunkedWriter, blob: str, blocks: list[Block],
+                         lengths: dict[str, int], headers: BlobHeaders, md5: bytes | None, base: DeltaBase | None
+                         ) -> PutResult:
+    """One commit of `blocks` in order, with the whole MD5 and the CRC64 composed from the blocks' (when every
+    block's is known); conditional on the version a delta named, where it names parts of it."""
+    tokens = [writer.token(i) for i in range(len(blocks))]
+    from_base = [b for b in blocks if b[1] != tokens[b[0]]]
+    crc = crc64_metadata([(int(b[4], 16) if b[4] else None, lengths[tokens[b[0]]]) for b in blocks], md5)
+    headers = replace(headers, content_md5=md5, metadata={**headers.metadata, **crc})
+    sizes = {**lengths, **{b[1]: lengths[tokens[b[0]]] for b in from_base}}
+    conditions = Conditions(if_match=base.etag) if from_base and base is not None else NO_CONDITIONS
+    return await commit_checked(ctx, writer, blob, [(b[1], b[2]) for b in blocks], sizes, headers, conditions)
 
 
 def _reported(staged: tuple[ShardReport, ...], count: int) -> list[Block]:
     """Every block of the file as its range task reported it, in order; none if any range reported none."""
     blocks = sorted((b for r in staged for b in r.blocks), key=lambda b: b[0])
     return blocks if [b[0] for b in blocks] == list(range(count)) else []
-
-
-async def _stage_kept(ctx: EngineContext, spec: RangeSpec, stage: Callable[[int, memoryview, PartCheck | None],
-                      Awaitable[None]], indexes: list[int]) -> None:
-    """Stage blocks a delta meant to keep, from the file: the committed version they were in is gone."""
-    f, path, size = spec.file, _path(spec), spec.block_size
-    kind = choose_check(ctx.store.capabilities.part_checks, ctx.config.block_check)
-    src = OpenFile(path, walked=f.inode or None, follow_symlinks=ctx.config.follow_symlinks,
-                   root=Path(spec.job.local_root))
-
-    async def one(idx: int) -> None:
-        length = min(size, f.size - idx * size)
-        buf = await ctx.memory.buffer(size)
-        view = memoryview(buf)[:length]
-        try:
-            check, _, _ = await in_thread(ctx.io_pool, read_block, src, view, idx * size, None, kind)
-            await ctx.request(lambda: stage(idx, view, check))
-        finally:
-            ctx.memory.release(buf)
-
-    try:
-        await for_each(indexes, one, max(1, ctx.config.start_concurrency))
-        check_identity(path, f)
-    finally:
-        src.close()
 
 
 async def _commit_all(ctx: EngineContext, spec: RangeSpec, headers: BlobHeaders) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import functools
 import logging
 from concurrent.futures import ThreadPoolExecutor
@@ -63,6 +64,8 @@ class BlockWrite:
     present: dict[str, bool] = field(default_factory=dict)  # parts the store holds: token -> committed
     reused: int = 0  # bytes not sent: found staged, committed, or unchanged (delta)
     delta: int = 0  # bytes of unchanged blocks a delta kept
+    first: int = 0  # the window of blocks this attempt reads and stages: [first, last) (a split file's range)
+    last: int | None = None  # None: to the end
 
     def __post_init__(self) -> None:
         self.tokens, self.expected = part_layout(self.writer, self.size, self.block_size)
@@ -112,6 +115,12 @@ class BlockUploader:
                                       w.expected, headers, conditions)
         return self._record(w, result, md5)
 
+    async def stage_window(self, w: BlockWrite, src: Source) -> None:
+        """Read, check and stage blocks [w.first, w.last) as `run` does (resume, delta), with no whole MD5 and no
+        commit: a split file's range task, whose file is hashed and committed by tasks of their own."""
+        await self._find_staged(w)
+        await self._stage_blocks(w, src, None)
+
     async def _find_staged(self, w: BlockWrite) -> None:
         """The parts of this write the store holds already (a resumed upload sends only the others)."""
         ctx, ident = self.ctx, w.plan.identity
@@ -145,7 +154,7 @@ class BlockUploader:
         # faults): a file keeps at most concurrency + 2 blocks read and not yet sent.
         window = Window(lambda: ctx.limiter.limit)
         try:
-            for idx, offset, length in block_ranges(w.size, w.block_size):
+            for idx, offset, length in itertools.islice(block_ranges(w.size, w.block_size), w.first, w.last):
                 raise_first_failure(sends)
                 while len(queued) >= HASH_AHEAD:  # the whole-file MD5 is serial: more queued only fills memory
                     await queued.popleft()

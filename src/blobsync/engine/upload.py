@@ -77,6 +77,25 @@ class FileUploader:
             return await self._put_single(row, src, plan)
         return await self._put_blocks(row, src, plan)
 
+    async def stage_window(self, row: FileRow, path: Path, planned: FileIdentity, root: Path | None, nonce: str,
+                           block_size: int, base: DeltaBase | None, window: tuple[int, int]) -> BlockWrite:
+        """Stage blocks [first, last) of `path` under `nonce` (a split file's range task: its commit is another
+        task's), with the engine's own reads, checks, resume and delta. The file must still be the one `planned`
+        names (its inode, size and mtime), or nothing of it is staged."""
+        self.ctx.store.check_name(row.blob)
+        src = OpenFile(path, walked=planned.inode or None, follow_symlinks=self.ctx.config.follow_symlinks, root=root)
+        try:
+            ident = src.opened
+            if (ident.size, ident.mtime_ns) != (planned.size, planned.mtime_ns):
+                raise SourceChangedError(f"{path}: file changed since the job was planned; nothing of it is staged")
+            plan = UploadPlan(row.blob, ident, self._headers(path, ident), Conditions())
+            w = BlockWrite(row, plan, nonce, self.ctx.store.writer(row.blob, nonce), block_size, base,
+                           first=window[0], last=window[1])
+            await self.blocks.stage_window(w, src)
+            return w
+        finally:
+            src.close()
+
     def _headers(self, path: PurePath, identity: FileIdentity) -> BlobHeaders:
         return upload_headers(self.ctx.config, path, identity)
 
