@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import itertools
 import functools
+import itertools
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
