@@ -33,9 +33,9 @@ from blobsync.engine.digest import (
 )
 from blobsync.engine.fetching import FileSink, RangeFetch
 from blobsync.engine.mtime import destination_mtime_ns
-from blobsync.engine.s2s import copy_headers, source_tags
+from blobsync.engine.s2s import ServiceParts, copy_headers, source_tags
 from blobsync.engine.staging import BlockWrite
-from blobsync.engine.tasks import for_each, in_thread
+from blobsync.engine.tasks import in_thread
 from blobsync.engine.upload import FileUploader, upload_headers
 from blobsync.errors import (
     BlobNotFoundError,
@@ -46,7 +46,7 @@ from blobsync.errors import (
     Scope,
 )
 from blobsync.jobs.ops import FileOp
-from blobsync.journal import JobKind
+from blobsync.journal import FileRow, JobKind
 from blobsync.local.files import FileIdentity, OpenFile
 from blobsync.local.target import PartFile, safe_join
 
@@ -131,11 +131,16 @@ async def _stage_window(ctx: EngineContext, spec: RangeSpec, window: tuple[int, 
                         ) -> BlockWrite:
     """The engine's chunked write of the file over `window`, journaled in this task's own journal."""
     f = spec.file
-    job = ctx.journal.create_job(JobKind.UPLOAD, spec.job.local_root, f"{f.blob}#{f.nonce}/{window[0]}", {})
-    row = ctx.journal.add_files(job.id, [(f.rel, f.blob, f.size, f.mtime_ns, f.inode)])[f.rel]
     planned = FileIdentity(f.size, f.mtime_ns, f.inode)
-    return await FileUploader(ctx).stage_window(row, _path(spec), planned, Path(spec.job.local_root), f.nonce,
-                                                spec.block_size, base, window)
+    return await FileUploader(ctx).stage_window(_task_row(ctx, spec, JobKind.UPLOAD), _path(spec), planned,
+                                                Path(spec.job.local_root), f.nonce, spec.block_size, base, window)
+
+
+def _task_row(ctx: EngineContext, spec: RangeSpec, kind: JobKind) -> FileRow:
+    """The file's row in this task's own journal (what the engine's steps journal their parts in)."""
+    f = spec.file
+    job = ctx.journal.create_job(kind, spec.job.local_root, f"{f.blob}#{f.nonce}/{spec.first}", {})
+    return ctx.journal.add_files(job.id, [(f.rel, f.blob, f.size, f.mtime_ns, f.inode)])[f.rel]
 
 
 def _blocks_of(w: BlockWrite, indexes: range) -> list[Block]:
@@ -325,24 +330,19 @@ async def _shared_part(ctx: EngineContext, spec: RangeSpec) -> PartFile:
 
 
 async def stage_from_url(ctx: EngineContext, spec: RangeSpec, source: Store, present: set[str]) -> int:
-    """Stage blocks [first, last) of the copy as ranges the destination's service reads from the source (at the
-    version listed), leaving those the store holds already; the bytes staged."""
-    f = spec.file
+    """Stage blocks [first, last) of the copy as the engine's service copy stages parts (engine/s2s.ServiceParts):
+    ranges the destination's service reads from the source at the version listed, leaving those the store holds
+    already; the bytes staged."""
+    f, size = spec.file, spec.block_size
     writer = ctx.store.writer(f.blob, f.nonce)
-    copy_source = await source.copy_source(f.source, f.etag or None, ctx.store.location)
-    staged = 0
-
-    async def one(idx: int) -> None:
-        nonlocal staged
-        offset = idx * spec.block_size
-        length = min(spec.block_size, f.size - offset)
-        if writer.token(idx) not in present:
-            await ctx.request(lambda: writer.stage_from(idx, copy_source, offset, length))
-            staged += length
-        ctx.progress.advanced(f.rel, length, 0)
-
-    await for_each(range(spec.first, spec.last), one, max(1, ctx.config.start_concurrency))
-    return staged
+    parts = ServiceParts(ctx, _task_row(ctx, spec, JobKind.COPY), writer,
+                         await source.copy_source(f.source, f.etag or None, ctx.store.location))
+    parts.retry = True  # parts another writer left were cleared by the client before the ranges began
+    window = [(i, i * size, min(size, f.size - i * size)) for i in range(spec.first, spec.last)]
+    todo = [r for r in window if writer.token(r[0]) not in present]
+    ctx.progress.advanced(f.rel, sum(r[2] for r in window) - sum(r[2] for r in todo), 0)
+    await parts.stage(todo)
+    return parts.sent
 
 
 async def commit_copy(ctx: EngineContext, spec: RangeSpec, source: Store) -> str:

@@ -176,7 +176,7 @@ class BlobCopier:
             held = {p.token for p in listing.staged if expected.get(p.token) == p.size}
         tags = await source_tags(ctx.config, self.source, ctx, props.name)
         headers = replace(copy_headers(ctx.config, props, ctx.store.capabilities), tags=tags)
-        parts = _Parts(ctx, row, writer, await self.source.copy_source(props.name, props.etag or None,
+        parts = ServiceParts(ctx, row, writer, await self.source.copy_source(props.name, props.etag or None,
                                                                        ctx.store.location))
         todo = [r for r in block_ranges(props.size, block) if tokens[r[0]] not in held]
         ctx.progress.advanced(row.rel, props.size - sum(length for _, _, length in todo), 0)
@@ -223,7 +223,7 @@ class BlobCopier:
                           result.version_id)
 
 
-class _Parts:
+class ServiceParts:
     """A staged copy's parts, each read by the destination's service from the source's URL. A part refused for
     parts another writer left is set aside while the others go on (a request cancelled in flight could still land
     after the commit); `retry`: refused again, it fails the copy."""
