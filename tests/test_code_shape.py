@@ -170,3 +170,9 @@ def test_the_config_cites_modules_that_exist() -> None:
     text = (SRC / "config.py").read_text(encoding="utf-8")
     cited = set(re.findall(r"\b((?:cli|engine|jobs|cluster|backends|journal|local)/\w+\.py)\b", text))
     assert all((SRC / c).exists() for c in cited), [c for c in cited if not (SRC / c).exists()]
+
+
+def test_no_cluster_module_reads_or_writes_a_transfers_files_itself() -> None:
+    """The cluster cuts, ships and records: the files of a transfer are opened by the engine alone (its chunked
+    write over a window, its hash of a file, its partial download file)."""
+    assert [m for m in _modules_naming(r"\b(OpenFile|PartFile)\(") if m.startswith("cluster/")] == []

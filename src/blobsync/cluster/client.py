@@ -22,6 +22,7 @@ from blobsync.config import Overwrite
 from blobsync.engine.blocks import block_count
 from blobsync.engine.commit import clear_foreign
 from blobsync.engine.context import EngineContext
+from blobsync.engine.download import shared_part
 from blobsync.engine.fetching import Refetches
 from blobsync.engine.mtime import MTIME_KEY, format_mtime
 from blobsync.engine.upload import OCTET_STREAM
@@ -31,7 +32,7 @@ from blobsync.jobs.runner import RemoteRunner, Settle, WorkItem
 from blobsync.jobs.spec import Processes
 from blobsync.journal import CommittedBlob, FileRow
 from blobsync.local.files import FileIdentity, clamp_ns
-from blobsync.local.target import PartFile, safe_join
+from blobsync.local.target import safe_join
 from blobsync.report import FileResult, FileStatus, Report, ShardRow, blob_url
 
 if TYPE_CHECKING:
@@ -220,7 +221,7 @@ class ClusterTransfer:
     def _prepare_part(self, unit: SplitFile) -> None:
         """The shared partial file, sized, before several workers write their ranges into it."""
         f = unit.file
-        PartFile(safe_join(self.local_root, f.rel), f.size, keep=False, root=self.base).close()
+        shared_part(safe_join(self.local_root, f.rel), f.size, self.base, keep=False).close()
 
     async def _collect(self, ctx: EngineContext, report: Report, pending: set[asyncio.Task[Any]]) -> set[Any]:
         alone_since: float | None = None

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import struct
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -31,12 +31,13 @@ from blobsync.engine.digest import (
     verify_read,
     whole_check,
 )
+from blobsync.engine.download import shared_part
 from blobsync.engine.fetching import FileSink, RangeFetch
 from blobsync.engine.mtime import destination_mtime_ns
 from blobsync.engine.s2s import ServiceParts, copy_headers, source_tags
 from blobsync.engine.staging import BlockWrite
 from blobsync.engine.tasks import in_thread
-from blobsync.engine.upload import FileUploader, upload_headers
+from blobsync.engine.upload import FileUploader, file_md5, upload_headers
 from blobsync.errors import (
     BlobNotFoundError,
     BlobsyncError,
@@ -47,7 +48,7 @@ from blobsync.errors import (
 )
 from blobsync.jobs.ops import FileOp
 from blobsync.journal import FileRow, JobKind
-from blobsync.local.files import FileIdentity, OpenFile
+from blobsync.local.files import FileIdentity
 from blobsync.local.target import PartFile, safe_join
 
 log = logging.getLogger("blobsync")
@@ -153,25 +154,12 @@ def _blocks_of(w: BlockWrite, indexes: range) -> list[Block]:
 def hash_file(spec: RangeSpec) -> str:
     """The whole file's MD5 (hex), read in order beside the range tasks: a blob's Content-MD5 cannot be made of
     the parts' MD5s."""
-    path = _path(spec)
-    check_identity(path, spec.file)
-    src = OpenFile(path, walked=spec.file.inode or None,
+    path, f = _path(spec), spec.file
+    check_identity(path, f)
+    md5 = file_md5(path, FileIdentity(f.size, f.mtime_ns, f.inode),
                    follow_symlinks=bool(spec.job.options.get("follow_symlinks", False)), root=Path(spec.job.local_root))
-    try:
-        digest = new_md5()
-        for offset, length in _steps(spec.file.size):
-            buf = bytearray(length)
-            src.read_into(memoryview(buf), offset)
-            digest.update(buf)
-    finally:
-        src.close()
-    check_identity(path, spec.file)
-    return digest.digest().hex()
-
-
-def _steps(size: int, step: int = 8 * 1024 * 1024) -> Iterator[tuple[int, int]]:
-    for offset in range(0, size, step):
-        yield offset, min(step, size - offset)
+    check_identity(path, f)
+    return md5.hex()
 
 
 async def commit_split(spec: RangeSpec, md5_hex: str | None, *staged: ShardReport, publish: Publish | None,
@@ -323,7 +311,7 @@ async def _shared_part(ctx: EngineContext, spec: RangeSpec) -> PartFile:
     """The split download's one partial file, which every range task writes its ranges into."""
     target = safe_join(Path(spec.job.local_root), spec.file.rel)
     base = Path(spec.job.base or spec.job.local_root)  # no link below the folder the user named
-    return await in_thread(ctx.io_pool, lambda: PartFile(target, spec.file.size, keep=True, root=base, shared=True))
+    return await in_thread(ctx.io_pool, lambda: shared_part(target, spec.file.size, base, keep=True))
 
 
 # --- blob-to-blob copies: the destination's service reads each range from the source's URL ---

@@ -33,6 +33,12 @@ from blobsync.report import FileResult, FileStatus, blob_url
 log = logging.getLogger("blobsync")
 
 
+def shared_part(target: Path, size: int, root: Path, *, keep: bool) -> PartFile:
+    """The partial file of a download several workers write ranges of (a split file): sized, locked shared, no
+    link followed below `root`. `keep=False` starts it afresh (the client, before the range tasks)."""
+    return PartFile(target, size, keep=keep, root=root, shared=keep)
+
+
 class FileDownloader:
     """Downloads blobs of one job. Errors that concern only the file are raised as such; callers decide."""
 

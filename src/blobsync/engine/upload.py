@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import mimetypes
 from dataclasses import replace
@@ -34,6 +35,27 @@ from blobsync.report import FileResult, FileStatus, blob_url
 log = logging.getLogger("blobsync")
 
 _ATTEMPTS = 3  # chunked writes of one file: the first, and two after the store lost or refused staged parts
+
+
+def file_md5(path: Path, planned: FileIdentity, *, follow_symlinks: bool, root: Path | None) -> bytes:
+    """The MD5 of a file read in order, opened only as `planned` names it (its inode, no link unless followed) and
+    still that version at the end (a split file's hash task: its ranges are staged beside it)."""
+    src = OpenFile(path, walked=planned.inode or None, follow_symlinks=follow_symlinks, root=root)
+    try:
+        digest = hashlib.md5()
+        buf = bytearray(min(planned.size, _HASH_STEP) or 1)
+        for offset in range(0, planned.size, _HASH_STEP):
+            view = memoryview(buf)[:min(_HASH_STEP, planned.size - offset)]
+            src.read_into(view, offset)
+            digest.update(view)
+        if (src.identity().size, src.identity().mtime_ns) != (planned.size, planned.mtime_ns):
+            raise SourceChangedError(f"{path}: file changed while it was being hashed; nothing committed")
+        return digest.digest()
+    finally:
+        src.close()
+
+
+_HASH_STEP = 8 * 1024 * 1024
 
 
 def _read_small(src: Source, size: int) -> tuple[bytes, bytes]:
