@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -180,3 +181,46 @@ def test_a_shared_state_carries_the_buckets_numbers() -> None:
     other = TokenBucket(1.0, state=shared)  # a worker's bucket over the same numbers: the job's rate, not its own
     bucket.set_rate(2 * MiB)
     assert other.rate == 2 * MiB
+
+
+def _hold_bucket(job: str, rate: float) -> None:
+    from blobsync.cluster.work import MACHINE_CAP
+
+    with MACHINE_CAP._lock:  # as a worker's first task of the job makes it (its share of the cap)
+        MACHINE_CAP._buckets[job] = TokenBucket(rate)
+
+
+def _bucket_rate(job: str) -> float | None:
+    from blobsync.cluster.work import MACHINE_CAP
+
+    return MACHINE_CAP.rate(job)
+
+
+def test_a_cluster_jobs_cap_goes_to_the_workers_busy_with_it() -> None:
+    """On Dask the workers cannot share one bucket: the client splits the cap among those running tasks now, so a
+    worker left alone at the end of a job gets all of it, and an idle one goes back to its 1/N share."""
+    import cloudpickle
+
+    from blobsync.cluster.dask_adapter import DaskExecutor
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers cannot import this test module
+
+    async def scenario() -> dict[str, float | None]:
+        executor = await DaskExecutor.open("local:2")
+        try:
+            client = executor.client
+            await client.run(_hold_bucket, "job1", 4e6)
+            busy = client.submit(time.sleep, 5, pure=False)  # one worker busy, the other idle
+            for _ in range(100):
+                if any((await client.processing()).values()):
+                    break
+                await asyncio.sleep(0.05)
+            await executor.share_cap("job1", 8e6)
+            rates: dict[str, float | None] = await client.run(_bucket_rate, "job1")
+            busy_worker = next(w for w, keys in (await client.processing()).items() if keys)
+            await busy.cancel()
+            return {("busy" if w == busy_worker else "idle"): r for w, r in rates.items()}
+        finally:
+            await executor.close()
+
+    assert asyncio.run(scenario()) == {"busy": 8e6, "idle": 4e6}

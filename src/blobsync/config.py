@@ -349,7 +349,7 @@ class TransferConfig:
     cap_mbps: float | None = field(default=None, metadata=_flag(  # for the whole job, as AzCopy's --cap-mbps
         "--cap-mbps", "Cap the job's bandwidth in megabits per second: one token bucket shared by every connection, "
                       "uploads and downloads, paced in 256 KiB slices, and by every worker of `--processes` (on "
-                      "`--cluster`, each worker an equal share).", shown="N",
+                      "`--cluster`, split among the workers busy with the job, again every second).", shown="N",
         kind=float, scope="session"))
     proxy: str | None = field(default=None, metadata=_flag(  # over the environment's proxies; never journaled
         "--proxy", "Proxy for every request, http://[user:password@]host:port.", metavar="URL", journal=False,

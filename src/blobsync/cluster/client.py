@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("blobsync")
 WATCH = 2.0  # seconds between looks at the cluster while no result comes back
 GRACE = 60.0  # seconds with no worker at all before the job stops
+REBALANCE = 1.0  # seconds between splits of a --cluster job's cap among its busy workers
 LOST_SCHEDULER = ("lost the Dask scheduler or a worker process: the job stops; run the same command again (with "
                   "--cluster or --processes, or without them) to finish it")
 
@@ -107,7 +108,31 @@ class ClusterTransfer:
         sizer = BlockSizer(ctx.config.block_size, ctx.store.capabilities)
         units = cut(self._files(ctx, job_id, items, sizer), job, sizing(*totals, len(workers)),
                     block_size_of=sizer, split=split)
-        await self._drain(ctx, report, units, window=max(2, 3 * len(workers)))
+        rebalancing = self._rebalance(ctx, job_id)
+        try:
+            await self._drain(ctx, report, units, window=max(2, 3 * len(workers)))
+        finally:
+            if rebalancing is not None:
+                rebalancing.cancel()
+                await asyncio.gather(rebalancing, return_exceptions=True)
+
+    def _rebalance(self, ctx: EngineContext, job_id: str) -> asyncio.Task[None] | None:
+        """Where the workers cannot share one bucket (Dask, several machines), the cap is split among those busy
+        with the job's tasks, again every REBALANCE seconds: a worker left alone at the end gets all of it."""
+        share = getattr(self.executor, "share_cap", None)
+        if share is None or not ctx.config.cap_bytes or getattr(self.executor, "cap_state", None) is not None:
+            return None
+        cap = ctx.config.cap_bytes
+
+        async def every() -> None:
+            while True:
+                await asyncio.sleep(REBALANCE)
+                try:
+                    await share(job_id, cap)
+                except Exception as exc:  # the next round tries again; the shares stand meanwhile
+                    log.debug("cap shares not rebalanced: %s", exc)
+
+        return asyncio.create_task(every())
 
     async def _workers(self) -> list[str]:
         workers = await self.executor.workers()

@@ -103,6 +103,18 @@ class DaskExecutor:
         # (AllExit tracebacks on stderr when the user stops the job).
         return [await future for future in (*parts, last)]
 
+    async def share_cap(self, job: str, cap_bytes: float) -> None:
+        """The job's cap split among the workers running tasks now (each its equal share), so a worker that alone
+        still works gets the whole cap, not 1/N of it; an idle one goes back to 1/N of it, what a task it takes
+        next may draw until the next split (the cap is then exceeded by at most that share, for one period)."""
+        processing = await self.client.processing()
+        busy = sorted(worker for worker, keys in processing.items() if keys)
+        idle = sorted(worker for worker in processing if worker not in busy)
+        if busy:
+            await self.client.run(_set_share, job, cap_bytes / len(busy), workers=busy, on_error="ignore")
+        if idle:
+            await self.client.run(_set_share, job, cap_bytes / len(processing), workers=idle, on_error="ignore")
+
     def follow(self, topic: str, handler: Callable[[dict[str, Any]], None]) -> None:
         self.client.subscribe_topic(topic, lambda event: handler(event[1]))
 
@@ -127,6 +139,12 @@ def _sees(path: str, marker: str) -> bool:
             return f.read() == marker
     except OSError:
         return False
+
+
+def _set_share(job: str, rate: float) -> None:
+    from blobsync.cluster.work import MACHINE_CAP
+
+    MACHINE_CAP.set_share(job, rate)
 
 
 def _task(kind: str, spec: Any, *rest: Any) -> Any:

@@ -62,6 +62,19 @@ class _MachineCap:
             return found
 
 
+    def set_share(self, job: str, rate: float) -> None:
+        """This process's share of the job's cap, as the client rebalances it among the workers busy now."""
+        with self._lock:
+            found = self._buckets.get(job)
+        if found is not None and rate > 0:
+            found.set_rate(rate)
+
+    def rate(self, job: str) -> float | None:
+        with self._lock:
+            found = self._buckets.get(job)
+        return None if found is None else found.rate
+
+
 MACHINE_CAP = _MachineCap()
 
 
