@@ -325,3 +325,27 @@ def test_a_split_delta_over_a_blob_someone_else_replaced_sends_the_whole_file(
     _sync(src, url, tmp_path / "j.db", "--processes", "2")
     assert _sent(proxy) == len(data)  # the blocks the record named are gone with the version they were in
     _check_blob(container, "w/big.bin", bytes(data))
+
+
+def test_each_range_task_of_a_split_file_carries_only_its_windows_commit_record() -> None:
+    import pickle
+
+    from blobsync.cluster.shards import Sizing, cut
+    from blobsync.cluster.spec import WorkerJob
+    from blobsync.engine.delta import DeltaBase
+    from blobsync.jobs.ops import FileOp, OpKind
+    from blobsync.journal import CommittedBlob
+
+    n, block = 20_000, MiB
+    record = CommittedBlob(block, '"0x1"', n * block, None,
+                           tuple((f"id-{i:08d}", block, bytes(16)) for i in range(n)))
+    op = FileOp(OpKind.UPLOAD, "big.bin", "big.bin", n * block, 0, nonce="abc", delta=record)
+    job = WorkerJob("j", True, "/data", "https://a.blob.core.windows.net/c", {})
+    split = next(iter(cut([op], job, Sizing(64 * MiB, 10, 4), block_size_of=lambda f: block, split=True)))
+    ranges = split.ranges  # type: ignore[union-attr]
+    assert len(ranges) > 8
+    whole = len(pickle.dumps(record))
+    for r in ranges:
+        assert len(pickle.dumps(r)) < whole / 4  # the window's blocks, the rest one shared hole
+        base = DeltaBase(r.file.delta.block_size, r.file.delta.etag, r.file.delta.blocks)
+        assert all(base.block_at(i, block) == (f"id-{i:08d}", bytes(16)) for i in range(r.first, r.last))

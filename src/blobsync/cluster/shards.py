@@ -4,7 +4,7 @@ shards as workers so that fast workers take more, and files too big for one shar
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from blobsync.backends.base import Capabilities
 from blobsync.cluster.spec import RangeSpec, ShardSpec, WorkerJob
@@ -71,7 +71,20 @@ def _split(job: WorkerJob, f: FileOp, block_size: int, range_bytes: int) -> Spli
     """Ranges of whole blocks, at least two per worker: every worker takes part in one huge file."""
     n = block_count(f.size, block_size)
     per = max(1, range_bytes // block_size)
-    return SplitFile(tuple(RangeSpec(job, f, block_size, first, min(n, first + per)) for first in range(0, n, per)))
+    return SplitFile(tuple(RangeSpec(job, _windowed(f, first, min(n, first + per)), block_size, first,
+                                     min(n, first + per)) for first in range(0, n, per)))
+
+
+_HOLE = ("", 0, b"")  # a block of the commit record outside a range task's window: one object, pickled once
+
+
+def _windowed(f: FileOp, first: int, last: int) -> FileOp:
+    """The operation as a range task gets it: the commit record's blocks of its window only (a 50,000-block record
+    is ~4 MB; shipped whole to every range task it would cost that much per task)."""
+    if f.delta is None:
+        return f
+    blocks = tuple(b if first <= i < last else _HOLE for i, b in enumerate(f.delta.blocks))
+    return replace(f, delta=replace(f.delta, blocks=blocks))
 
 
 class BlockSizer:
