@@ -275,3 +275,15 @@ def test_readers_read_ahead_within_the_clients_one_memory_budget(container: Cont
 
     assert asyncio.run(main()) == [data] * 3
     assert 0 < peak[0] <= 2 * MiB
+
+
+def test_a_stream_over_blocks_another_tool_left_clears_them_once_and_lands(container: ContainerHandle,
+                                                                          tmp_path: Path) -> None:
+    data = os.urandom(3 * MiB + 7)
+    left = container.client.get_blob_client("s.bin")
+    left.stage_block("eA==", b"stale")  # another tool's aborted upload: a block ID of another length
+    with blobsync.Client(container.url, TransferConfig.from_mib(block_size_mb=1, journal_path=tmp_path / "j.db")
+                         ) as client, client.open("s.bin", "wb") as f:
+        f.write(data)
+    assert container.download("s.bin") == data
+    assert left.get_block_list("uncommitted")[1] == []

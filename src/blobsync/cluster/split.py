@@ -323,9 +323,10 @@ async def stage_from_url(ctx: EngineContext, spec: RangeSpec, source: Store, pre
     already; the bytes staged."""
     f, size = spec.file, spec.block_size
     writer = ctx.store.writer(f.blob, f.nonce)
+    # Parts another writer left were cleared by the client before the ranges began: a refusal now fails the copy.
     parts = ServiceParts(ctx, _task_row(ctx, spec, JobKind.COPY), writer,
-                         await source.copy_source(f.source, f.etag or None, ctx.store.location))
-    parts.retry = True  # parts another writer left were cleared by the client before the ranges began
+                         await source.copy_source(f.source, f.etag or None, ctx.store.location),
+                         BlobHeaders("application/octet-stream", None, {}), NO_CONDITIONS, clear=False)
     window = [(i, i * size, min(size, f.size - i * size)) for i in range(spec.first, spec.last)]
     todo = [r for r in window if writer.token(r[0]) not in present]
     ctx.progress.advanced(f.rel, sum(r[2] for r in window) - sum(r[2] for r in todo), 0)

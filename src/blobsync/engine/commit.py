@@ -5,13 +5,49 @@ checked against what was sent."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from blobsync.backends.base import NO_CONDITIONS, BlobHeaders, ChunkedWriter, Conditions, PutResult
 from blobsync.engine.blocks import block_ranges
 from blobsync.engine.context import EngineContext
 from blobsync.engine.tasks import cancel_all, gather_or_cancel
-from blobsync.errors import ConflictError, IntegrityError, InvalidBlockListError
+from blobsync.errors import ConflictError, IntegrityError, InvalidBlockListError, StagingRefusedError
+
+
+class ForeignParts:
+    """Parts another writer left, for one chunked write whose parts are staged side by side (a stream, a service
+    copy): the store refuses every part of the write while they are there, so the first part refused clears them
+    (once for the whole write, the others refused meanwhile waiting for that one clear) and each refused part is
+    staged again. `conditions` are what the write's commit needs afterwards. With `clear=False` (a split file's
+    range: the client cleared them before its ranges began, and a clear now would drop the other ranges' parts)
+    a refusal is the write's failure."""
+
+    def __init__(self, ctx: EngineContext, writer: ChunkedWriter, headers: BlobHeaders, conditions: Conditions, *,
+                 clear: bool = True) -> None:
+        self.ctx, self.writer, self.headers, self.conditions, self.clear = ctx, writer, headers, conditions, clear
+        self._clearing: asyncio.Future[Conditions | None] | None = None
+
+    async def stage(self, send: Callable[[], Awaitable[object]]) -> None:
+        """`send()` (one part's staging request), again once the parts in its way are cleared."""
+        try:
+            await send()
+            return
+        except StagingRefusedError:
+            if not self.clear:
+                raise
+            if self._clearing is None:
+                self._clearing = asyncio.ensure_future(clear_foreign(self.ctx, self.writer, self.headers,
+                                                                     self.conditions))
+            cleared = await asyncio.shield(self._clearing)
+            if cleared is None:
+                raise
+            self.conditions = cleared
+        await send()
+
+    async def settle(self) -> None:
+        """Wait for a clear under way (it rewrites the current version: it ends as it began)."""
+        if self._clearing is not None:
+            await asyncio.gather(self._clearing, return_exceptions=True)
 
 
 def part_layout(writer: ChunkedWriter, size: int, block_size: int) -> tuple[list[str], dict[str, int]]:

@@ -22,7 +22,7 @@ from blobsync.backends.base import (
 )
 from blobsync.config import TransferConfig
 from blobsync.engine.blocks import block_count, block_ranges, choose_block_size, new_nonce
-from blobsync.engine.commit import clear_foreign, commit_checked, part_layout
+from blobsync.engine.commit import ForeignParts, commit_checked, part_layout
 from blobsync.engine.context import EngineContext
 from blobsync.engine.fetching import read_checked
 from blobsync.engine.mtime import destination_mtime_ns
@@ -34,7 +34,6 @@ from blobsync.errors import (
     ConflictError,
     CopySourceError,
     SourceChangedError,
-    StagingRefusedError,
     UsageError,
 )
 from blobsync.journal import FileRow, FileState
@@ -177,17 +176,12 @@ class BlobCopier:
         tags = await source_tags(ctx.config, self.source, ctx, props.name)
         headers = replace(copy_headers(ctx.config, props, ctx.store.capabilities), tags=tags)
         parts = ServiceParts(ctx, row, writer, await self.source.copy_source(props.name, props.etag or None,
-                                                                       ctx.store.location))
+                                                                            ctx.store.location), headers, conditions)
         todo = [r for r in block_ranges(props.size, block) if tokens[r[0]] not in held]
         ctx.progress.advanced(row.rel, props.size - sum(length for _, _, length in todo), 0)
         await parts.stage(todo)
-        if parts.refused:  # parts another writer left: cleared, and ours (dropped with them) all staged again
-            cleared = await clear_foreign(ctx, writer, headers, conditions)
-            todo, parts.refused = (parts.refused if cleared is None else list(block_ranges(props.size, block))), []
-            conditions, parts.retry = cleared or conditions, True
-            await parts.stage(todo)
         result = await commit_checked(ctx, writer, row.blob, [(t, False) for t in tokens], expected, headers,
-                                      conditions)
+                                      parts.foreign.conditions)
         note = f"copied by the service; resumed: {props.size - parts.sent} bytes were staged already" \
             if parts.sent < props.size else "copied by the service"
         return FileResult(row.rel, row.blob, props.size, FileStatus.TRANSFERRED, bytes_sent=min(parts.sent, props.size),
@@ -224,34 +218,26 @@ class BlobCopier:
 
 
 class ServiceParts:
-    """A staged copy's parts, each read by the destination's service from the source's URL. A part refused for
-    parts another writer left is set aside while the others go on (a request cancelled in flight could still land
-    after the commit); `retry`: refused again, it fails the copy."""
+    """A staged copy's parts, each read by the destination's service from the source's URL; parts another writer
+    left are cleared once for the whole copy (commit.ForeignParts), or, with `clear=False` (a split file's range),
+    a refusal fails the copy."""
 
-    def __init__(self, ctx: EngineContext, row: FileRow, writer: ChunkedWriter, source: CopySource) -> None:
+    def __init__(self, ctx: EngineContext, row: FileRow, writer: ChunkedWriter, source: CopySource,
+                 headers: BlobHeaders, conditions: Conditions, *, clear: bool = True) -> None:
         self.ctx, self.row, self.writer, self.source = ctx, row, writer, source
-        self.refused: list[tuple[int, int, int]] = []
-        self.retry = False
+        self.foreign = ForeignParts(ctx, writer, headers, conditions, clear=clear)
         self.sent = 0
-        self._counted: set[int] = set()  # parts the progress has counted (a part staged again counts once)
 
     async def stage(self, ranges: list[tuple[int, int, int]]) -> None:
         await for_each(ranges, self._one, self.ctx.config.max_concurrency)
 
     async def _one(self, part: tuple[int, int, int]) -> None:
         i, offset, length = part
-        try:
-            await self.ctx.request(lambda: self.writer.stage_from(i, self.source, offset, length))
-        except StagingRefusedError:
-            if self.retry:
-                raise
-            self.refused.append(part)
-            return
+        await self.foreign.stage(lambda: self.ctx.request(lambda: self.writer.stage_from(i, self.source, offset,
+                                                                                         length)))
         self.ctx.journal.block_done(self.row.id, i, length, "")
         self.sent += length
-        if i not in self._counted:
-            self._counted.add(i)
-            self.ctx.progress.advanced(self.row.rel, length, 0)
+        self.ctx.progress.advanced(self.row.rel, length, 0)
 
 
 class BlobSource:

@@ -7,6 +7,7 @@ import collections
 import functools
 import itertools
 import logging
+from collections.abc import Awaitable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
@@ -14,7 +15,7 @@ from blobsync.backends.base import BlobHeaders, BlockCheck, ChunkedWriter, Condi
 from blobsync.checksums import choose_check, require_crc64
 from blobsync.engine.blocks import block_ranges
 from blobsync.engine.budget import BlockBuffer, Window
-from blobsync.engine.commit import commit_checked, part_layout
+from blobsync.engine.commit import ForeignParts, commit_checked, part_layout
 from blobsync.engine.context import EngineContext
 from blobsync.engine.delta import DeltaBase, committed_record
 from blobsync.engine.digest import BlockDigests, block_digests, crc64_metadata, new_md5
@@ -66,6 +67,7 @@ class BlockWrite:
     delta: int = 0  # bytes of unchanged blocks a delta kept
     first: int = 0  # the window of blocks this attempt reads and stages: [first, last) (a split file's range)
     last: int | None = None  # None: to the end
+    foreign: ForeignParts | None = None  # parts another writer left, cleared once for the write (see run)
 
     def __post_init__(self) -> None:
         self.tokens, self.expected = part_layout(self.writer, self.size, self.block_size)
@@ -100,12 +102,13 @@ class BlockUploader:
         return choose_check(self.ctx.store.capabilities.part_checks, self.ctx.config.block_check)
 
     async def run(self, w: BlockWrite, src: Source, resume: bool) -> FileResult:
+        w.foreign = ForeignParts(self.ctx, w.writer, w.plan.headers, w.plan.conditions)
         if resume:
             await self._find_staged(w)
         md5 = await self._stage_all(w, src)
         check_expected(w.plan, md5)
         # A delta names committed parts of one exact version: commit only over that version.
-        conditions = Conditions(if_match=w.base.etag) if w.base is not None else w.plan.conditions
+        conditions = Conditions(if_match=w.base.etag) if w.base is not None else w.foreign.conditions
         headers = w.plan.headers
         # The whole blob's CRC64, composed from the blocks' (no second pass): what a download checks in parallel.
         crc = crc64_metadata(list(zip(w.crcs, (length for _, _, length in block_ranges(w.size, w.block_size)),
@@ -118,6 +121,9 @@ class BlockUploader:
     async def stage_window(self, w: BlockWrite, src: Source) -> None:
         """Read, check and stage blocks [w.first, w.last) as `run` does (resume, delta), with no whole MD5 and no
         commit: a split file's range task, whose file is hashed and committed by tasks of their own."""
+        # Parts another writer left were cleared by the client before the ranges began: a clear here would drop
+        # the other ranges' parts, so a refusal fails the range.
+        w.foreign = ForeignParts(self.ctx, w.writer, w.plan.headers, w.plan.conditions, clear=False)
         await self._find_staged(w)
         await self._stage_blocks(w, src, None)
 
@@ -222,7 +228,10 @@ class BlockUploader:
                     hashing: asyncio.Future[None] | None, window: Window) -> None:
         ctx = self.ctx
         try:
-            await ctx.request(lambda: w.writer.stage(idx, view, check))
+            def send() -> Awaitable[None]:
+                return ctx.request(lambda: w.writer.stage(idx, view, check))
+
+            await (w.foreign.stage(send) if w.foreign is not None else send())
         finally:
             self._release_after(buf, hashing)
             window.release()

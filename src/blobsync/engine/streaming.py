@@ -10,12 +10,12 @@ from dataclasses import replace
 from blobsync.backends.base import BlobHeaders, Buffer, ChunkedWriter, Conditions, PartCheck
 from blobsync.checksums import choose_check
 from blobsync.engine.blocks import new_nonce
-from blobsync.engine.commit import clear_foreign, commit_checked
+from blobsync.engine.commit import ForeignParts, commit_checked
 from blobsync.engine.context import EngineContext
 from blobsync.engine.digest import crc64_metadata, new_md5, part_digests
 from blobsync.engine.tasks import cancel_all, in_thread
 from blobsync.engine.upload import put_once, written
-from blobsync.errors import StagingRefusedError, UsageError
+from blobsync.errors import UsageError
 from blobsync.report import FileResult, FileStatus, blob_url
 
 log = logging.getLogger("blobsync")
@@ -41,7 +41,7 @@ class StreamWriter:
         self._tasks: set[asyncio.Task[None]] = set()
         self._check = choose_check(ctx.store.capabilities.part_checks, ctx.config.block_check)
         self._lane: int | None = None
-        self._clearing: asyncio.Future[Conditions | None] | None = None  # parts another writer left, cleared
+        self._foreign: ForeignParts | None = None  # parts another writer left, cleared once for the stream
         self.closed = False
 
     async def write(self, data: Buffer) -> int:
@@ -103,18 +103,9 @@ class StreamWriter:
         task.add_done_callback(lambda t: self._tasks.discard(t) if t.cancelled() or t.exception() is None else None)
 
     async def _put_part(self, writer: ChunkedWriter, index: int, view: memoryview, check: PartCheck | None) -> None:
-        try:
-            await self.ctx.request(lambda: writer.stage(index, view, check))
-        except StagingRefusedError:
-            # Parts another writer left: the store refuses every part of this write until they are cleared (once,
-            # for all), so none of ours was dropped with them; each refused part is then staged again.
-            if self._clearing is None:
-                self._clearing = asyncio.ensure_future(clear_foreign(self.ctx, writer, self.headers, self.conditions))
-            cleared = await asyncio.shield(self._clearing)
-            if cleared is None:
-                raise
-            self.conditions = cleared
-            await self.ctx.request(lambda: writer.stage(index, view, check))
+        if self._foreign is None:
+            self._foreign = ForeignParts(self.ctx, writer, self.headers, self.conditions)
+        await self._foreign.stage(lambda: self.ctx.request(lambda: writer.stage(index, view, check)))
 
     async def finish(self) -> FileResult:
         """Stage what is left, commit in order with the whole MD5, verify, and say what landed."""
@@ -147,8 +138,9 @@ class StreamWriter:
         assert writer is not None
         crc = crc64_metadata([(c, self._lengths[t]) for c, t in zip(self._crcs, self._tokens, strict=True)], md5)
         headers = replace(self.headers, content_md5=md5, metadata={**self.headers.metadata, **crc})
+        conditions = self._foreign.conditions if self._foreign is not None else self.conditions
         result = await commit_checked(ctx, writer, self.blob, [(t, False) for t in self._tokens], self._lengths,
-                                      headers, self.conditions)
+                                      headers, conditions)
         return FileResult(self.blob, self.blob, self.size, FileStatus.TRANSFERRED, bytes_sent=self.size,
                           etag=result.etag, content_md5=md5, url=blob_url(ctx.store.container_url, self.blob),
                           version_id=result.version_id)
@@ -158,8 +150,8 @@ class StreamWriter:
         self.closed = True
         self._give_back()
         await cancel_all(list(self._tasks))
-        if self._clearing is not None:  # a clear under way ends as it began (it rewrites the current version)
-            await asyncio.gather(self._clearing, return_exceptions=True)
+        if self._foreign is not None:
+            await self._foreign.settle()
         self._buf = bytearray()  # a new one: a view of the old may live on in the error being raised
         if self._writer is not None:
             writer = self._writer

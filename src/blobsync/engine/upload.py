@@ -12,7 +12,6 @@ from pathlib import Path, PurePath
 from blobsync.backends.base import BlobHeaders, Buffer, Conditions, PutResult
 from blobsync.config import TransferConfig
 from blobsync.engine.blocks import block_count, choose_block_size, new_nonce
-from blobsync.engine.commit import clear_foreign
 from blobsync.engine.context import EngineContext
 from blobsync.engine.delta import DeltaBase, find_base
 from blobsync.engine.digest import md5_of
@@ -26,7 +25,6 @@ from blobsync.errors import (
     IntegrityError,
     InvalidBlockListError,
     SourceChangedError,
-    StagingRefusedError,
 )
 from blobsync.journal import FileRow, FileState
 from blobsync.local.files import INLINE_READ_MAX, FileIdentity, OpenFile, Source
@@ -190,13 +188,6 @@ class FileUploader:
                 if isinstance(exc, ConflictError) or attempt == _ATTEMPTS - 1:
                     raise
                 resume = True
-            except StagingRefusedError:
-                # Usually parts another tool left behind (block IDs of another length): clear them, start over.
-                cleared = None if attempt == _ATTEMPTS - 1 else await clear_foreign(self.ctx, writer, plan.headers,
-                                                                                    plan.conditions)
-                if cleared is None:
-                    raise
-                plan.conditions, resume = cleared, False
             attempt += 1
 
     def _start_fresh(self, row: FileRow, plan: UploadPlan, base: DeltaBase | None) -> tuple[str, int]:
