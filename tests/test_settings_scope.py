@@ -224,3 +224,22 @@ def test_a_cluster_jobs_cap_goes_to_the_workers_busy_with_it() -> None:
             await executor.close()
 
     assert asyncio.run(scenario()) == {"busy": 8e6, "idle": 4e6}
+
+
+def test_a_client_keeps_a_bounded_number_of_sessions_for_calls_with_other_settings(tmp_path: Path) -> None:
+    from blobsync.engine.session import MAX_CHILDREN
+    from blobsync.errors import UsageError
+
+    async def scenario() -> None:
+        session = Session(TransferConfig(journal_path=tmp_path / "j.db"), {}, _no_journal)
+        try:
+            for i in range(MAX_CHILDREN):
+                session.child(TransferConfig(cap_mbps=i + 1, journal_path=tmp_path / "j.db"))
+            again = session.child(TransferConfig(cap_mbps=1, journal_path=tmp_path / "j.db"))  # the same: reused
+            assert again is session.child(TransferConfig(cap_mbps=1, journal_path=tmp_path / "j.db"))
+            with pytest.raises(UsageError, match="this call sets stall_timeout, cap_mbps"):
+                session.child(TransferConfig(cap_mbps=99, stall_timeout=5, journal_path=tmp_path / "j.db"))
+        finally:
+            await session.close()
+
+    asyncio.run(scenario())

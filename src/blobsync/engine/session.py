@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from blobsync.backends.base import Location, Store
 from blobsync.backends.registry import Wire, open_store, parse_location
-from blobsync.config import TransferConfig
+from blobsync.config import TransferConfig, session_fields
 from blobsync.engine.bandwidth import TokenBucket
 from blobsync.engine.budget import MemoryBudget, RequestLimiter
 from blobsync.engine.context import (
@@ -25,6 +25,8 @@ from blobsync.engine.prompt import OverwritePrompt
 from blobsync.errors import UsageError
 from blobsync.events import Progress
 from blobsync.journal import Journal, default_journal_path
+
+MAX_CHILDREN = 16  # sessions made for calls with other session settings, kept until the parent closes
 
 
 class Session:
@@ -113,6 +115,11 @@ class Session:
         if found is None or found.closed:
             if self.closed:
                 raise RuntimeError("the session is closed")
+            if found is None and len(self._children) >= MAX_CHILDREN:
+                differ = [n for n in session_fields() if getattr(config, n) != getattr(self.config, n)]
+                raise UsageError(f"this Client already runs calls on {MAX_CHILDREN} other settings of its session, "
+                                 f"each with its own connections and budgets; this call sets {', '.join(differ)}",
+                                 hint="set these on the Client's own config, or open another Client for them")
             same_journal = config.journal_path == self.config.journal_path
             journal: Callable[[], Journal] = (lambda: self.journal) if same_journal else \
                 (lambda: Journal(config.journal_path or default_journal_path(self.env)))
