@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -20,22 +19,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness.azurite import Azurite
+from harness.measure import wall_and_cpu
 from harness.tools import BLOBSYNC_BIN, Target, _azcopy, env_for, sas_url
 from harness.workloads import mkcontainer
 
 MiB = 1024 * 1024
 CONTAINER = "checked"
-
-
-def _measure(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
-    started = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    assert proc.stderr is not None
-    err = proc.stderr.read()
-    _, status, usage = os.wait4(proc.pid, 0)
-    if os.waitstatus_to_exitcode(status):
-        raise SystemExit(f"{cmd[:3]} failed: {err.decode(errors='replace')[-1500:]}")
-    return time.perf_counter() - started, usage.ru_utime + usage.ru_stime
 
 
 def main() -> None:
@@ -54,7 +43,7 @@ def main() -> None:
         mkcontainer(target, CONTAINER, argparse.Namespace())  # type: ignore[arg-type]
         env = env_for(target, tmp)
         url = f"{target.blob_endpoint}/{CONTAINER}/f.bin"
-        _measure([str(BLOBSYNC_BIN), "cp", str(data), url, "--journal", str(tmp / "up.db")], env)
+        wall_and_cpu([str(BLOBSYNC_BIN), "cp", str(data), url, "--journal", str(tmp / "up.db")], env)
         runs: dict[str, list[tuple[float, float]]] = {}
         tools = [("blobsync checked", "FailIfDifferent", ""), ("blobsync NoCheck", "NoCheck", "")]
         if args.src:
@@ -65,14 +54,14 @@ def main() -> None:
                 out.unlink(missing_ok=True)
                 cmd = [str(BLOBSYNC_BIN), "cp", url, str(out), "--check-md5", mode,
                        "--journal", str(tmp / f"j-{time.monotonic_ns()}.db")]
-                runs.setdefault(name, []).append(_measure(cmd, env | ({"PYTHONPATH": src} if src else {})))
+                runs.setdefault(name, []).append(wall_and_cpu(cmd, env | ({"PYTHONPATH": src} if src else {})))
             out = tmp / "out.bin"
             out.unlink(missing_ok=True)
             try:
-                got = _measure(_azcopy("copy", sas_url(target, CONTAINER, "f.bin"), str(out), "--from-to",
+                got = wall_and_cpu(_azcopy("copy", sas_url(target, CONTAINER, "f.bin"), str(out), "--from-to",
                                        "BlobLocal", "--check-md5", "FailIfDifferent"), env)
                 runs.setdefault("azcopy checked", []).append(got)
-            except (OSError, SystemExit) as exc:
+            except (OSError, RuntimeError) as exc:
                 print(f"azcopy skipped: {str(exc)[-300:]}", file=sys.stderr)
     print(f"{args.mib} MiB down from Azurite, medians of {args.rounds} rounds (client CPU from wait4)")
     base = statistics.median(c for _, c in runs["blobsync NoCheck"])

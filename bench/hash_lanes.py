@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from harness.azurite import NullServer  # noqa: E402
+from harness.measure import wall_and_cpu  # noqa: E402
 from harness.tools import (  # noqa: E402
     BLOBSYNC_BIN,
     Target,
@@ -32,19 +32,6 @@ from harness.workloads import small_tree  # noqa: E402
 
 MiB = 1024 * 1024
 CONTAINER = "bench-lanes"
-
-
-def _measure(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
-    """Wall and CPU seconds of one child run (its CPU from wait4); a failure raises."""
-    started = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    assert proc.stderr is not None
-    err = proc.stderr.read()
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - started
-    if os.waitstatus_to_exitcode(status):
-        raise RuntimeError(f"{cmd[:3]} failed: {err.decode(errors='replace')[-1500:]}")
-    return wall, usage.ru_utime + usage.ru_stime
 
 
 def _command(tool: str, op: str, tree: Path, out: Path, target: Target, tmp: Path) -> list[str]:
@@ -74,7 +61,7 @@ def one(tool: str, op: str, tree: Path, files: int, size: int, tmp: Path) -> tup
             BlobServiceClient.from_connection_string(target.connection_string).create_container(CONTAINER)
         out = work / "down"
         out.mkdir()
-        return _measure(_command(tool, op, tree, out, target, work), env_for(target, work))
+        return wall_and_cpu(_command(tool, op, tree, out, target, work), env_for(target, work))
 
 
 def main() -> int:

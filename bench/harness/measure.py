@@ -18,6 +18,19 @@ _PR_SET_PDEATHSIG = 1
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
+def wall_and_cpu(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """Wall and CPU seconds of one child run (its CPU from wait4); a failure raises RuntimeError with its stderr."""
+    started = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    assert proc.stderr is not None
+    err = proc.stderr.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - started
+    if os.waitstatus_to_exitcode(status):
+        raise RuntimeError(f"{cmd[:3]} failed: {err.decode(errors='replace')[-1500:]}")
+    return wall, usage.ru_utime + usage.ru_stime
+
+
 def die_with_parent() -> None:
     # Runs between fork and exec: the kernel SIGKILLs the child if the benchmark dies without cleaning up
     # (e.g. it is SIGKILLed itself), so no node or tool process is ever left behind.
