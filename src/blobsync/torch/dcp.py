@@ -1,49 +1,44 @@
 """PyTorch Distributed Checkpoint (DCP) on Blob: BlobStorageWriter and BlobStorageReader, so that
 `dcp.save(state, storage_writer=BlobStorageWriter(url))` and `dcp.load` work unchanged.
 
-Each rank writes one blob of its own (`__<rank>_0.distcp`), straight from tensor memory into blocks staged under
-the Client's budgets with their checks, committed once with the whole MD5 and verified; the coordinator writes
-`.metadata` last, after checking that every rank's blob is there with the bytes its results name. A checkpoint
-without `.metadata` is incomplete, and the reader refuses it with one line."""
+A checkpoint is in DCP's own format, as its FileSystemWriter writes it: `__<rank>_<n>.distcp` blobs holding each
+tensor as `torch.save` of it and each bytes item as it is, and `.metadata` (DCP's Metadata, `_StorageInfo`
+records): downloaded, it loads with DCP's FileSystemReader and `dcp_to_torch_save`, and a folder FileSystemWriter
+wrote, uploaded, loads here. Each rank's items are spread over blobs written at once, each staged from tensor
+memory in blocks under the Client's budgets, committed once with its whole MD5 and CRC64, and verified; the
+coordinator writes `.metadata` last, after checking that every rank's blob is there with the bytes its results
+name. A checkpoint without `.metadata` is incomplete, and the reader refuses it with one line. Loads plan their
+reads per blob (see _dcp_read)."""
 
 from __future__ import annotations
 
 import dataclasses
-import io
 import os
 import pickle
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
-import torch
+from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
-from torch.distributed.checkpoint.planner import (
-    LoadItemType,
-    LoadPlan,
-    LoadPlanner,
-    ReadItem,
-    SavePlan,
-    SavePlanner,
-    WriteItem,
-    WriteItemType,
-)
+from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, SavePlan, SavePlanner
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 from torch.futures import Future
 
-from blobsync.backends.base import Buffer
 from blobsync.backends.registry import is_remote
 from blobsync.blobfile import BlobWriter
 from blobsync.client import Client
 from blobsync.config import Overwrite, TransferConfig
 from blobsync.errors import BlobNotFoundError, ConflictError, IntegrityError, UsageError
 from blobsync.redact import strip_query
+from blobsync.torch._dcp_read import Loader, Need
+from blobsync.torch._dcp_write import write_rank
 from blobsync.torch._paths import below, folder_url
 from blobsync.torch._unpickle import load_metadata
 
+__all__ = ["BlobStorageReader", "BlobStorageWriter", "IncompleteCheckpointError"]
 METADATA = ".metadata"
-SUFFIX = ".distcp"
 
 
 class IncompleteCheckpointError(BlobNotFoundError):
@@ -52,26 +47,19 @@ class IncompleteCheckpointError(BlobNotFoundError):
 
 @dataclass(frozen=True)
 class BlobStorageInfo:
-    """Where one item's bytes are: a blob of the checkpoint folder, the range in it, and (tensors) how to view
-    them: the raw bytes of a contiguous tensor of `dtype` and `shape`."""
+    """Where one item's bytes are in a checkpoint blobsync wrote before it wrote DCP's own format (read, never
+    written): the raw bytes of a contiguous tensor of `dtype` and `shape` (None: a BYTE_IO item's bytes)."""
 
     relative_path: str
     offset: int
     length: int
-    dtype: str | None = None  # None: the bytes of a BYTE_IO item
+    dtype: str | None = None
     shape: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
-class _Prefix:
-    prefix: str  # the names a rank's blobs start with
-
-
-def _dtype(name: str) -> torch.dtype:
-    dtype = getattr(torch, name.removeprefix("torch."), None)
-    if not isinstance(dtype, torch.dtype):
-        raise IntegrityError(f"the checkpoint names an unknown tensor type {name!r}")
-    return dtype
+class _Prefix:  # the storage_data of plans blobsync wrote before DCP's own _StoragePrefix: kept for unpickling
+    prefix: str
 
 
 class _Folder:
@@ -101,13 +89,20 @@ class _Folder:
 class BlobStorageWriter(StorageWriter):
     """DCP's storage for a save to a folder URL on Blob (a SAS in it, or `credential`, or the environment's).
     `client` shares an existing Client's session (budgets, connections); `config` sets block size, memory and
-    concurrency of one made here. `overwrite=False` refuses a folder that holds a complete checkpoint already."""
+    concurrency of one made here. `overwrite=False` refuses a folder that holds a complete checkpoint already.
+    `thread_count`: the blobs each rank's items are spread over, written at once (None: one per 128 MiB of the
+    rank's state, up to one per core), as FileSystemWriter's."""
 
     def __init__(self, url: str | os.PathLike[str], *, client: Client | None = None,
-                 config: TransferConfig | None = None, credential: object = None, overwrite: bool = True) -> None:
+                 config: TransferConfig | None = None, credential: object = None, overwrite: bool = True,
+                 thread_count: int | None = None) -> None:
         super().__init__()
+        if thread_count is not None and (isinstance(thread_count, bool) or not isinstance(thread_count, int)
+                                         or thread_count < 1):
+            raise UsageError(f"invalid thread_count={thread_count!r}: how many blobs a rank writes at once, 1 or more")
         self.folder = _Folder(url, client, config, credential)
         self.overwrite = overwrite
+        self.thread_count = thread_count
         self.save_id = uuid.uuid4().hex
         self.is_coordinator = False
 
@@ -130,21 +125,29 @@ class BlobStorageWriter(StorageWriter):
         return plan
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
-        return [dataclasses.replace(plan, storage_data=_Prefix(f"__{i}_")) for i, plan in enumerate(plans)]
+        from torch.distributed.checkpoint.filesystem import _StoragePrefix
+
+        return [dataclasses.replace(plan, storage_data=_StoragePrefix(f"__{i}_")) for i, plan in enumerate(plans)]
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
-        prefix: _Prefix = plan.storage_data
-        relative = f"{prefix.prefix}0{SUFFIX}"
-        results = _write_blob(self.folder.client, self.folder.name(relative), relative, plan.items, planner)
+        folder = self.folder
+
+        def open_blob(relative: str) -> BlobWriter:
+            writer = folder.client.open(folder.name(relative), "wb")
+            assert isinstance(writer, BlobWriter)
+            return writer
+
+        results = write_rank(open_blob, plan.storage_data.prefix, plan.items, planner, self.thread_count)
         done: Future[list[WriteResult]] = Future()
         done.set_result(results)
         return done
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
-        storage: dict[MetadataIndex, BlobStorageInfo] = {}
+        storage: dict[MetadataIndex, Any] = {}
         for rank_results in results:
             storage.update({r.index: r.storage_data for r in rank_results})
         _check_parts(self.folder, storage.values())
+        metadata.version = CURRENT_DCP_VERSION
         metadata.storage_data = storage
         metadata.storage_meta = metadata.storage_meta or self.storage_meta()
         # Last, and in one request: a reader sees the checkpoint whole or not at all.
@@ -160,15 +163,19 @@ class BlobStorageWriter(StorageWriter):
 
 
 class BlobStorageReader(StorageReader):
-    """DCP's storage for a load from a folder URL on Blob: the ranges each rank needs are read in parallel under
-    the Client's budgets, each checked as it arrives, straight into tensor memory. A folder without a complete
-    checkpoint is refused here, with one line (IncompleteCheckpointError), before DCP starts."""
+    """DCP's storage for a load from a folder URL on Blob: a checkpoint of BlobStorageWriter, of DCP's own
+    FileSystemWriter (uploaded), or of blobsync's earlier format. Each blob's ranges are read merged, in parallel
+    under the Client's budgets, each checked as it arrives, large tensors straight into tensor memory. A folder
+    without a complete checkpoint is refused here, with one line (IncompleteCheckpointError), before DCP starts.
+    Non-tensor values (which DCP's planner unpickles with weights_only=False) are refused where they name anything
+    torch.load's weights_only does not build; `weights_only=False` lifts that for a folder you trust."""
 
     def __init__(self, url: str | os.PathLike[str], *, client: Client | None = None,
-                 config: TransferConfig | None = None, credential: object = None) -> None:
+                 config: TransferConfig | None = None, credential: object = None, weights_only: bool = True) -> None:
         super().__init__()
+        self.weights_only = bool(weights_only)
         self.folder = _Folder(url, client, config, credential)
-        self.storage: dict[MetadataIndex, BlobStorageInfo] = {}
+        self.storage: dict[MetadataIndex, Any] = {}
         self.load_id = uuid.uuid4().hex
         self._version = ""  # the ETag of the `.metadata` read
         self._pinned: dict[str, str | None] = {}  # each data blob's version, as it was under that `.metadata`
@@ -209,9 +216,11 @@ class BlobStorageReader(StorageReader):
         return metadata
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
-        if not isinstance(metadata.storage_data, dict):
-            raise IntegrityError(f"{self.folder.display}{METADATA} was not written by BlobStorageWriter")
-        self.storage = metadata.storage_data
+        storage = metadata.storage_data
+        if not isinstance(storage, dict) or not all(_placed(info) for info in storage.values()):
+            raise IntegrityError(f"{self.folder.display}{METADATA} does not say where each item's bytes are (not a "
+                                 "checkpoint of DCP's FileSystemWriter or blobsync's)")
+        self.storage = storage
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
         return plan
@@ -220,17 +229,14 @@ class BlobStorageReader(StorageReader):
         return plans
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
-        items = [(req, self.storage[req.storage_index]) for req in plan.items]
-        # A tensor the checkpoint holds whole, bound for a contiguous CPU tensor of its type and shape, is read
-        # straight into it; the others into a buffer of their own, then copied in.
-        targets = [_direct(planner, req, info) for req, info in items]
-        self._pin({info.relative_path for _, info in items})
-        raws = _read_ranges(self.folder, [info for _, info in items], targets, self._pinned)
-        for (req, info), raw, target in zip(items, raws, targets, strict=True):
-            if target is not None:
-                planner.commit_tensor(req, target)
-            else:
-                _load_item(planner, req, info, raw)
+        needs = [Need(req, self.storage[req.storage_index]) for req in plan.items]
+        self._pin({need.info.relative_path for need in needs})
+        client, folder, versions = self.folder.client, self.folder, self._pinned
+
+        def fetch(relative: str, offset: int, into: memoryview) -> Any:
+            return client.submit(client.aio.read_into, folder.name(relative), into, offset, etag=versions[relative])
+
+        Loader(fetch, planner, self.weights_only).run(needs)
         done: Future[None] = Future()
         done.set_result(None)
         return done
@@ -270,45 +276,13 @@ def _exists(client: Client, name: str) -> bool:
     return True
 
 
-def _view(raw: torch.Tensor) -> memoryview:
-    """The memory of a contiguous uint8 CPU tensor, as a memoryview (no copy)."""
-    return memoryview(cast(Buffer, raw.numpy())).cast("B")
+def _placed(info: object) -> bool:
+    """A storage record a load can read: where an item's bytes are (DCP's _StorageInfo, blobsync's earlier one)."""
+    return all(isinstance(getattr(info, f, None), t) for f, t in (("relative_path", str), ("offset", int),
+                                                                    ("length", int)))
 
 
-def _tensor_bytes(tensor: torch.Tensor) -> memoryview:
-    """The raw bytes of a tensor's contiguous CPU form, as a view of its memory (no copy when it is one already)."""
-    flat = tensor.detach().cpu().contiguous().reshape(-1)
-    return _view(flat.view(torch.uint8))
-
-
-def _write_blob(client: Client, name: str, relative: str, items: Sequence[WriteItem], planner: SavePlanner
-                ) -> list[WriteResult]:
-    """One rank's items written into one blob, each at the next offset; committed (and verified) before return."""
-    writer = client.open(name, "wb")
-    assert isinstance(writer, BlobWriter)
-    results: list[WriteResult] = []
-    offset = 0
-    try:
-        for item in items:
-            data = planner.resolve_data(item)
-            if item.type is WriteItemType.BYTE_IO:
-                assert isinstance(data, io.BytesIO)
-                view, info = data.getbuffer(), BlobStorageInfo(relative, offset, data.getbuffer().nbytes)
-            else:
-                assert isinstance(data, torch.Tensor)
-                view = _tensor_bytes(data)
-                info = BlobStorageInfo(relative, offset, view.nbytes, str(data.dtype), tuple(data.shape))
-            writer.write(view)
-            results.append(WriteResult(index=item.index, size_in_bytes=info.length, storage_data=info))
-            offset += info.length
-    except BaseException:
-        writer.abort()
-        raise
-    writer.close()
-    return results
-
-
-def _check_parts(folder: _Folder, infos: Sequence[BlobStorageInfo] | Any) -> None:
+def _check_parts(folder: _Folder, infos: Sequence[Any] | Any) -> None:
     """Every blob the results name is there and holds the bytes they place in it (the ranks' commits landed)."""
     ends: dict[str, int] = {}
     for info in infos:
@@ -322,47 +296,3 @@ def _check_parts(folder: _Folder, infos: Sequence[BlobStorageInfo] | Any) -> Non
         if size < end:
             raise IntegrityError(f"{folder.display}{relative} holds {size} bytes, the ranks wrote {end}: no "
                                  ".metadata written")
-
-
-def _direct(planner: LoadPlanner, req: ReadItem, info: BlobStorageInfo) -> torch.Tensor | None:
-    """The tensor an item can be read straight into (all of the stored chunk, into memory laid out as stored)."""
-    if req.type is not LoadItemType.TENSOR or info.dtype is None or any(req.storage_offsets) or \
-            tuple(req.lengths) != info.shape:
-        return None
-    target = planner.resolve_tensor(req).detach()
-    if target.device.type != "cpu" or not target.is_contiguous() or str(target.dtype) != info.dtype or \
-            tuple(target.shape) != info.shape:
-        return None
-    return target
-
-
-def _read_ranges(folder: _Folder, infos: Sequence[BlobStorageInfo], targets: Sequence[torch.Tensor | None],
-                 versions: dict[str, str | None]) -> list[torch.Tensor]:
-    """The bytes of each item, all ranges in flight at once, each of its blob's pinned version: into its target's
-    memory, or a uint8 tensor."""
-    raws = [t.reshape(-1).view(torch.uint8) if t is not None else torch.empty(info.length, dtype=torch.uint8)
-            for info, t in zip(infos, targets, strict=True)]
-    client = folder.client
-    futures = [client.submit(client.aio.read_into, folder.name(info.relative_path), _view(raw), info.offset,
-                             etag=versions[info.relative_path])
-               for info, raw in zip(infos, raws, strict=True) if info.length]
-    for future in futures:
-        future.result()
-    return raws
-
-
-def _load_item(planner: LoadPlanner, req: ReadItem, info: BlobStorageInfo, raw: torch.Tensor) -> None:
-    if req.type is LoadItemType.BYTE_IO:
-        planner.load_bytes(req, io.BytesIO(raw.numpy().tobytes()))
-        return
-    if info.dtype is None:
-        raise IntegrityError(f"{info.relative_path}: item {req.storage_index.fqn!r} is bytes, not a tensor")
-    tensor = raw.view(_dtype(info.dtype)).reshape(info.shape)
-    for dim, (start, length) in enumerate(zip(req.storage_offsets, req.lengths, strict=True)):
-        tensor = tensor.narrow(dim, start, length)
-    target = planner.resolve_tensor(req).detach()
-    if target.size() != tensor.size():
-        raise IntegrityError(f"{req.storage_index.fqn}: the checkpoint holds {tuple(tensor.size())} for "
-                             f"{tuple(target.size())}")
-    target.copy_(tensor)
-    planner.commit_tensor(req, target)
