@@ -6,6 +6,7 @@ the SDK: every item's range of every rank's blob against the tensors the ranks h
 from __future__ import annotations
 
 import io
+import json
 import os
 import pickle
 import signal
@@ -85,11 +86,34 @@ def test_ranks_save_their_shards_and_load_them_back(world: int, source: Side, az
     assert all(r["ok"] for r in results), results
 
 
-def test_saved_by_four_ranks_loaded_by_two(source: Side, azurite: Azurite, tmp_path: Path) -> None:
+def test_saved_by_four_ranks_loaded_by_two_and_consolidated_in_one(source: Side, azurite: Azurite,
+                                                                    tmp_path: Path) -> None:
+    from blobsync.torch import consolidate
+
     url = source.url(azurite.base_url, "reshard/step-5")
     assert all(r["ok"] for r in _group({"mode": "save", "url": url, "seed": 5, "width": 512}, 4, tmp_path))
     results = _group({"mode": "load", "url": url, "seed": 5, "width": 512}, 2, tmp_path)
     assert all(r["ok"] for r in results), results
+    # The whole state in this one process (no process group), written as one torch.save file, locally and to a
+    # blob, and as safetensors: each read back by torch and the SDK, equal to what the 4 ranks held.
+    want = _expected(5, 512)
+    exported = source.url(azurite.base_url, "export/whole.pt")
+    whole = consolidate(url, tmp_path / "whole.pt")
+    consolidate(url, exported)
+    consolidate(url, tmp_path / "whole.safetensors")
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    from_blob = torch.load(io.BytesIO(source.download("export/whole.pt")), weights_only=True)
+    for found in (whole, torch.load(tmp_path / "whole.pt", weights_only=True), from_blob):
+        flat = {f"model.{k}": v for k, v in found["model"].items()}
+        for fqn, values in found["optim"]["state"].items():
+            flat.update({f"optim.state.{fqn}.{n}": v for n, v in values.items() if isinstance(v, torch.Tensor)})
+        assert flat.keys() >= want.keys() and all(torch.equal(flat[k], v) for k, v in want.items())
+    tensors = load_file(tmp_path / "whole.safetensors")
+    assert all(torch.equal(tensors[k], v) for k, v in want.items())
+    with safe_open(tmp_path / "whole.safetensors", "pt") as f:  # the values that are not tensors, as JSON
+        assert json.loads(f.metadata()["extra.step"]) == whole["extra"]["step"]
 
 
 def test_async_save_returns_before_the_upload_and_resolves_once_committed(source: Side, azurite: Azurite,

@@ -187,3 +187,15 @@ def test_a_planted_item_runs_nothing(key: str, source: Side, azurite: Azurite, t
     assert not marker.exists()
     text = str(caught.value)
     assert f"item '{key}" in text and "which loading would run: refused" in text, text
+
+
+def test_consolidate_refuses_bad_input_with_one_line(source: Side, azurite: Azurite) -> None:
+    from blobsync.errors import UsageError
+    from blobsync.torch import IncompleteCheckpointError, consolidate
+
+    with pytest.raises(IncompleteCheckpointError, match="no complete checkpoint at"):
+        consolidate(source.url(azurite.base_url, "nothing/here"))
+    for bad in (42, "", "out/"):
+        with pytest.raises(UsageError, match="invalid dest=") as caught:
+            consolidate(source.url(azurite.base_url, "nothing/here"), bad)  # type: ignore[arg-type]
+        assert "\n" not in str(caught.value)

@@ -63,19 +63,38 @@ class _Prefix:  # the storage_data of plans blobsync wrote before DCP's own _Sto
 
 
 class _Folder:
-    """One checkpoint folder on Blob, through a Client whose URL is the folder (names are relative to it)."""
+    """One checkpoint folder on Blob, through a Client whose URL is the folder (names are relative to it): a given
+    Client, or one of its own, made again on use after `close()` (a writer or reader used for another save)."""
 
     def __init__(self, url: str | os.PathLike[str], client: Client | None, config: TransferConfig | None,
                  credential: object) -> None:
         self.url = folder_url(url)
-        self._given = client
-        self.client = client if client is not None else Client(self.url, config, credential=credential)
+        self._given, self._config, self._credential = client, config, credential
+        self._own: Client | None = None
+        if client is None:
+            self._own = Client(self.url, config, credential=credential)  # made now: a bad URL is said here
+
+    @property
+    def client(self) -> Client:
+        if self._given is not None:
+            return self._given
+        if self._own is None:
+            self._own = Client(self.url, self._config, credential=self._credential)
+        return self._own
+
+    def close(self) -> None:
+        """Close the Client this folder made (a given one is its owner's to close)."""
+        own, self._own = self._own, None
+        if own is not None:
+            own.close()
+
+    def __getstate__(self) -> dict[str, Any]:  # to a process-based async save: it opens a session of its own
+        return {**self.__dict__, "_own": None}
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None) -> None:
         if checkpoint_id is not None and folder_url(checkpoint_id) != self.url:
+            self.close()
             self.url = folder_url(checkpoint_id)
-            self.client = self._given if self._given is not None else Client(self.url, self.client.aio.config,
-                                                                               credential=self.client.aio.credential)
 
     def name(self, relative: str) -> str:
         """`relative` under the folder, as the Client names it (a Client of the folder itself, or a given one)."""
@@ -137,7 +156,13 @@ class BlobStorageWriter(StorageWriter):
             assert isinstance(writer, BlobWriter)
             return writer
 
-        results = write_rank(open_blob, plan.storage_data.prefix, plan.items, planner, self.thread_count)
+        try:
+            results = write_rank(open_blob, plan.storage_data.prefix, plan.items, planner, self.thread_count)
+        except BaseException:
+            folder.close()
+            raise
+        if not self.is_coordinator:  # its part is done: the coordinator goes on to `finish`
+            folder.close()
         done: Future[list[WriteResult]] = Future()
         done.set_result(results)
         return done
@@ -151,8 +176,15 @@ class BlobStorageWriter(StorageWriter):
         metadata.storage_data = storage
         metadata.storage_meta = metadata.storage_meta or self.storage_meta()
         # Last, and in one request: a reader sees the checkpoint whole or not at all.
-        self.folder.client.put(pickle.dumps(metadata), self.folder.name(METADATA),
-                               dataclasses.replace(self.folder.client.aio.config, overwrite=Overwrite.TRUE))
+        try:
+            self.folder.client.put(pickle.dumps(metadata), self.folder.name(METADATA),
+                                   dataclasses.replace(self.folder.client.aio.config, overwrite=Overwrite.TRUE))
+        finally:
+            self.folder.close()
+
+    def close(self) -> None:
+        """Close the session this writer opened (DCP's save closes it once the rank's part is done)."""
+        self.folder.close()
 
     def storage_meta(self) -> StorageMeta | None:
         return StorageMeta(checkpoint_id=self.folder.display, save_id=self.save_id)
@@ -236,10 +268,17 @@ class BlobStorageReader(StorageReader):
         def fetch(relative: str, offset: int, into: memoryview) -> Any:
             return client.submit(client.aio.read_into, folder.name(relative), into, offset, etag=versions[relative])
 
-        Loader(fetch, planner, self.weights_only).run(needs)
+        try:
+            Loader(fetch, planner, self.weights_only).run(needs)
+        finally:
+            self.folder.close()  # the load is done: a reader used again opens a session then
         done: Future[None] = Future()
         done.set_result(None)
         return done
+
+    def close(self) -> None:
+        """Close the session this reader opened (a load closes it when its reads are done)."""
+        self.folder.close()
 
     def _pin(self, relatives: set[str]) -> None:
         """The version of each data blob read from here on: the one there while the `.metadata` read is still
