@@ -116,10 +116,12 @@ def test_saved_by_four_ranks_loaded_by_two_and_consolidated_in_one(source: Side,
         assert json.loads(f.metadata()["extra.step"]) == whole["extra"]["step"]
 
 
-def test_async_save_returns_before_the_upload_and_resolves_once_committed(source: Side, azurite: Azurite,
+@pytest.mark.parametrize("kind", ["thread", "process"])
+def test_async_save_returns_before_the_upload_and_resolves_once_committed(kind: str, source: Side, azurite: Azurite,
                                                                              tmp_path: Path) -> None:
+    """DCP's async_save in a thread and in a background process, with its DefaultStager and plan caching."""
     url = source.url(azurite.base_url, "async/step-2")
-    results = _group({"mode": "save", "url": url, "seed": 2, "width": 2048, "async": True}, 2, tmp_path)
+    results = _group({"mode": "save", "url": url, "seed": 2, "width": 2048, "async": kind}, 2, tmp_path)
     assert [r["ok"] for r in results] == [True, True]
     assert not any(r["done_at_return"] for r in results)  # training went on while the upload ran
     assert _check_storage(source, "async/step-2", 2, 2048)

@@ -49,6 +49,29 @@ def _same(got: Any, want: Any, path: str = "") -> list[str]:
     return [] if got == want else [path]
 
 
+def _async_saves(args: dict[str, Any], state: dict[str, Any], writer: Any) -> dict[str, Any]:
+    """async_save as the fastest DCP setup runs it: a thread or a process (`args["async"]`), DCP's DefaultStager
+    and plan caching, twice (the second save on the cached plan); returns whether either was done at return."""
+    from torch.distributed.checkpoint import DefaultSavePlanner
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+    from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+
+    kind = AsyncCheckpointerType.PROCESS if args["async"] == "process" else AsyncCheckpointerType.THREAD
+    stager = DefaultStager(StagingOptions(False, False, False, False))  # CPU: no pinned memory, no CUDA streams
+    planner = DefaultSavePlanner(enable_plan_caching=True)
+    blocked = []
+    try:
+        for _ in range(2):
+            response = dcp.async_save(state, storage_writer=writer, planner=planner, async_checkpointer_type=kind,
+                                      async_stager=stager)
+            future = getattr(response, "upload_completion", response)
+            blocked.append(future.done())  # training would go on here
+            future.result()
+    finally:
+        stager.close()
+    return {"ok": True, "done_at_return": any(blocked)}
+
+
 def main(args: dict[str, Any]) -> dict[str, Any]:
     from blobsync import TransferConfig
     from blobsync.config import MiB
@@ -93,10 +116,7 @@ def main(args: dict[str, Any]) -> dict[str, Any]:
             state = {"model": model_sd, "optim": optim_sd, "extra": {"step": args["seed"], "name": "run7"}}
             writer = BlobStorageWriter(args["url"], config=config)
             if args.get("async"):
-                future = dcp.async_save(state, storage_writer=writer)
-                blocked = future.done()  # training would go on here
-                future.result()
-                return {"ok": True, "done_at_return": blocked}
+                return _async_saves(args, state, writer)
             dcp.save(state, storage_writer=writer)
             return {"ok": True}
         model, optimizer = model_and_optimizer(args["seed"] + 1000, args["width"], mesh)  # other values
