@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
+from typing import Any
 
 import lightning  # pinned in the dev set-up beside torch: these tests run in CI
 import pytest
@@ -75,3 +76,32 @@ def test_a_missing_checkpoint_is_file_not_found(source: Side, azurite: Azurite, 
     io_ = BlobCheckpointIO(source.url(azurite.base_url, "lightning/none"), root=tmp_path)
     with pytest.raises(FileNotFoundError, match=r"checkpoint .* not found"):
         io_.load_checkpoint(tmp_path / "nothing.ckpt")
+
+
+def test_a_dirpath_on_blob_resumes_last_and_versions_as_on_local_disk(source: Side, azurite: Azurite,
+                                                                       azurite_env: str, tmp_path: Path) -> None:
+    """ModelCheckpoint(dirpath='blobsync://container/...'): Lightning's own file checks see the blobs, so a
+    second run into the folder writes `-v1` copies (as on local disk) and `ckpt_path="last"` resumes."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from blobsync.torch.lightning import BlobCheckpointIO
+
+    dirpath = f"blobsync://{source.name}/lightning/run2/ckpts"
+
+    def trainer(epochs: int) -> Any:
+        checkpoint = ModelCheckpoint(dirpath=dirpath, save_top_k=1, monitor=None, save_last=True)
+        return lightning.Trainer(max_epochs=epochs, accelerator="cpu", devices=1, logger=False,
+                                 plugins=[BlobCheckpointIO(source.url(azurite.base_url, "lightning/run2"))],
+                                 callbacks=[checkpoint], enable_progress_bar=False, enable_model_summary=False,
+                                 default_root_dir=tmp_path)
+
+    trainer(2).fit(Tiny(), _data())
+    trainer(2).fit(Tiny(), _data())  # a second run into the same folder: versions, never overwrites
+    names = sorted(b.name.rsplit("/", 1)[1] for b in source.client.list_blobs(name_starts_with="lightning/run2/"))
+    assert names == ["epoch=1-step=8-v1.ckpt", "epoch=1-step=8.ckpt", "last-v1.ckpt", "last.ckpt"], names
+    resumed = trainer(3)
+    resumed.fit(Tiny(), _data(), ckpt_path="last")  # the preempted job's restart idiom
+    assert resumed.current_epoch == 3 and resumed.global_step == 12  # went on from epoch 2, not from scratch
+    after = torch.load(io.BytesIO(source.download("lightning/run2/ckpts/last-v2.ckpt")), weights_only=False)
+    assert after["epoch"] == 2
+    assert not list(tmp_path.rglob("*.ckpt"))

@@ -18,7 +18,14 @@ from blobsync.backends.base import BlobProperties
 from blobsync.blobfile import BlobReader, BlobWriter
 from blobsync.client import Client
 from blobsync.config import Overwrite, TransferConfig
-from blobsync.errors import AuthError, BlobNotFoundError, ConflictError, ContainerNotFoundError, UnsafeTargetError
+from blobsync.errors import (
+    AuthError,
+    BlobNotFoundError,
+    ConflictError,
+    ContainerNotFoundError,
+    UnsafeTargetError,
+    UsageError,
+)
 
 PROTOCOL = "blobsync"
 log = logging.getLogger("blobsync")
@@ -67,16 +74,26 @@ class BlobFile(io.BufferedReader):
 
 class BlobsyncFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec is untyped
     """`fsspec.filesystem("blobsync", account_url="https://acct.blob.core.windows.net", credential=...)`; paths are
-    'container/path/to/blob' (or 'blobsync://container/...'). Folders are name prefixes, as on Blob Storage: a
-    folder exists while a blob is under it (no empty folders). One blobsync Client serves every call: one
-    connection pool, token and budget; `config` is its TransferConfig (block size, concurrency, journal...)."""
+    'container/path/to/blob' (or 'blobsync://container/...'). Without `account_url`, the account is the one
+    AZURE_STORAGE_CONNECTION_STRING or AZURE_STORAGE_ACCOUNT names (so that a bare 'blobsync://container/path'
+    works where no options can be passed, such as Lightning's ModelCheckpoint dirpath). Folders are name prefixes,
+    as on Blob Storage: a folder exists while a blob is under it (no empty folders). One blobsync Client serves
+    every call: one connection pool, token and budget; `config` is its TransferConfig (block size, concurrency,
+    journal...)."""
 
     protocol = PROTOCOL
     root_marker = ""
 
-    def __init__(self, account_url: str, credential: object = None, config: TransferConfig | None = None,
+    def __init__(self, account_url: str | None = None, credential: object = None, config: TransferConfig | None = None,
                  env: Mapping[str, str] | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        if account_url is None:
+            from blobsync.backends.azure.auth import account_url_from_env
+
+            account_url = account_url_from_env(os.environ if env is None else env)
+        if not isinstance(account_url, str) or not account_url:
+            raise UsageError("the blobsync filesystem needs an account: pass account_url='https://<account>.blob."
+                             "core.windows.net', or set AZURE_STORAGE_CONNECTION_STRING or AZURE_STORAGE_ACCOUNT")
         self.account_url = account_url.rstrip("/")
         self.client = Client(self.account_url, config, credential=credential, env=env)
         self.config = self.client.aio.config

@@ -16,11 +16,14 @@ from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 
 from blobsync.client import Client
 from blobsync.config import TransferConfig
-from blobsync.errors import BlobNotFoundError
+from blobsync.errors import BlobNotFoundError, UsageError
+from blobsync.fsspec import PROTOCOL
 from blobsync.redact import strip_query
 from blobsync.torch import _pending
-from blobsync.torch._paths import below, folder_url
+from blobsync.torch._paths import below, container_path, folder_url
 from blobsync.torch.checkpoints import to_host
+
+REMOTE = f"{PROTOCOL}://"  # a ModelCheckpoint dirpath on Blob, through blobsync's fsspec filesystem
 
 
 class BlobCheckpointIO(CheckpointIO):
@@ -43,12 +46,27 @@ class BlobCheckpointIO(CheckpointIO):
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
 
     def name(self, path: str | os.PathLike[str]) -> str:
-        """The blob name a Lightning path becomes (relative to the folder URL)."""
-        full = os.path.abspath(os.fspath(path))
+        """The blob name a Lightning path becomes (relative to the folder URL): a 'blobsync://container/...' path
+        (a ModelCheckpoint dirpath on Blob) names its blob; a local one is taken relative to `root`."""
+        text = os.fspath(path)
+        if isinstance(text, str) and text.startswith(REMOTE):
+            return self._prefix + self._below_folder(text)
+        full = os.path.abspath(text)
         rel = os.path.relpath(full, self.root)
         if rel.startswith(os.pardir):
             rel = os.path.basename(full)
         return self._prefix + PurePath(rel).as_posix()
+
+    def _below_folder(self, text: str) -> str:
+        from blobsync.backends.registry import parse_location
+
+        container, _, rest = text[len(REMOTE):].strip("/").partition("/")
+        own = parse_location(strip_query(self.url))
+        folder = container_path(self.url)
+        if container != own.container or not rest.startswith(folder) or rest == folder.rstrip("/"):
+            raise UsageError(f"{text!r} is not a checkpoint under this BlobCheckpointIO's folder "
+                             f"{strip_query(self.url)}: give ModelCheckpoint a dirpath under it")
+        return rest[len(folder):]
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | os.PathLike[str],
                         storage_options: Any | None = None) -> None:

@@ -498,6 +498,23 @@ def resolve_credential(loc: BlobLocation, env: Mapping[str, str], trusted: tuple
     return AnonymousCredential()
 
 
+def account_url_from_env(env: Mapping[str, str]) -> str | None:
+    """The account a filesystem given no URL works in, as adlfs finds it: AZURE_STORAGE_CONNECTION_STRING's
+    BlobEndpoint (or its AccountName and EndpointSuffix), else AZURE_STORAGE_ACCOUNT; None where neither is set."""
+    conn = env.get("AZURE_STORAGE_CONNECTION_STRING")
+    if conn:
+        cs = parse_connection_string(conn)
+        if cs.get("blobendpoint"):
+            return cs["blobendpoint"].rstrip("/")
+        if cs.get("usedevelopmentstorage", "").lower() == "true":
+            return f"http://127.0.0.1:10000/{EMULATOR_ACCOUNT}"
+        if cs.get("accountname"):
+            scheme = cs.get("defaultendpointsprotocol", "https")
+            return f"{scheme}://{cs['accountname']}.blob.{cs.get('endpointsuffix', 'core.windows.net')}"
+    account = env.get("AZURE_STORAGE_ACCOUNT")
+    return f"https://{account}.blob.core.windows.net" if account else None
+
+
 def _endpoint_host(conn: str) -> str | None:
     """The host of a connection string's BlobEndpoint: the user named it, so its own credential may go there."""
     from urllib.parse import urlsplit
