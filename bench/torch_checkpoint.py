@@ -2,14 +2,20 @@
 
     python bench/torch_checkpoint.py [--mib 1024] [--rounds 3] [--ways a,b,...]
 
-Ways: save-then-cp (torch.save to local disk, then `blobsync cp`; loading: `blobsync cp` down, then torch.load),
+Ways: cp (`blobsync cp` of the state's torch.save file, made before the clock: the engine alone, the CPU reference),
+save-then-cp (torch.save to local disk, then `blobsync cp`; loading: `blobsync cp` down, then torch.load),
 client-open (torch.save into blobsync's Client.open("wb"), torch.load from Client.open), dcp-1 and dcp-2 (DCP with
 BlobStorageWriter/Reader on 1 and 2 gloo ranks, each holding its half of every tensor), dcp-async (dcp.async_save:
-the time training is blocked is until it returns), blobio (Microsoft's azstoragetorch BlobIO), dcp-adlfs (DCP's
-fsspec writer and reader over adlfs). Each way runs in a child process of its own against a fresh in-memory
+the time training is blocked is until it returns; in a thread), dcp-async-proc (the same in DCP's background
+process), dcp-local, dcp-local-async, dcp-local-async-proc (DCP's FileSystemWriter to local disk: the anchor of the
+blocked time), blobio (Microsoft's azstoragetorch BlobIO), dcp-adlfs (DCP's fsspec writer and reader over adlfs).
+Async ways run in a gloo group of one (DCP's process-based async needs a group) with DefaultStager and plan
+caching, and pure-Python "training" steps run while they save (their rate against the idle rate: what the save takes
+from training beyond the blocked time). Each way runs in a child process of its own against a fresh in-memory
 Azurite (bench/harness) behind a byte-counting relay; reported per way and direction: the median wall, the time
-training waits (blocked), the child's peak RSS, and the bytes it sent (save) or received (load). Tools take turns
-in every round; the state (float32 tensors of 64 MiB from a fixed seed) is made before the clock starts."""
+training waits (blocked), the child's peak RSS and CPU (user + system, its own children included; of async saves,
+the training steps' too), and the bytes it sent (save) or received (load). Tools take turns in every round; the
+state (float32 tensors of 64 MiB from a fixed seed) is made before the clock starts."""
 
 from __future__ import annotations
 
@@ -35,7 +41,10 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
 
 ROOT = HERE.parent
 KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
-WAYS = ("save-then-cp", "client-open", "dcp-1", "dcp-2", "dcp-async", "blobio", "dcp-adlfs")
+WAYS = ("cp", "save-then-cp", "client-open", "dcp-1", "dcp-2", "dcp-async", "dcp-async-proc", "dcp-local",
+        "dcp-local-async", "dcp-local-async-proc", "blobio", "dcp-adlfs")
+ASYNC = {"dcp-async": ("blob", "thread"), "dcp-async-proc": ("blob", "process"),
+         "dcp-local-async": ("local", "thread"), "dcp-local-async-proc": ("local", "process")}
 TENSOR_MIB = 64
 
 
@@ -54,9 +63,14 @@ def child(way: str, op: str, url: str, mib: int, local: str) -> dict[str, float]
     import torch
 
     state = _state(mib, zeros=op == "load")
+    if way == "cp" and op == "save":
+        torch.save(state, local)  # before the clock: cp alone is measured
     started = time.perf_counter()
     blocked = None
-    if way == "save-then-cp":
+    if way == "cp":
+        args = [local, url] if op == "save" else [url, local]
+        subprocess.run([sys.executable, "-m", "blobsync", "cp", *args], check=True, capture_output=True)
+    elif way == "save-then-cp":
         if op == "save":
             torch.save(state, local)
             subprocess.run([sys.executable, "-m", "blobsync", "cp", local, url], check=True, capture_output=True)
@@ -92,6 +106,14 @@ def child(way: str, op: str, url: str, mib: int, local: str) -> dict[str, float]
 def _dcp(way: str, op: str, url: str, state: dict[str, Any]) -> float | None:
     import torch.distributed.checkpoint as dcp
 
+    if way in ASYNC:
+        return _async(way, op, url, state)
+    if way == "dcp-local":
+        if op == "save":
+            dcp.save(state, storage_writer=dcp.FileSystemWriter(url), no_dist=True)
+        else:
+            dcp.load(state, storage_reader=dcp.FileSystemReader(url), no_dist=True)
+        return None
     if way == "dcp-adlfs":
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
 
@@ -106,19 +128,64 @@ def _dcp(way: str, op: str, url: str, state: dict[str, Any]) -> float | None:
     if op == "load":
         dcp.load(state, storage_reader=BlobStorageReader(url), no_dist=True)
         return None
-    if way == "dcp-async":
-        copied = time.perf_counter()
-        del_me = {k: v.clone() for k, v in state.items()}  # the reference: one copy of the state in host memory
-        host_copy = time.perf_counter() - copied
-        del del_me
-        print(json.dumps({"host_copy": host_copy}), file=sys.stderr)
-        started = time.perf_counter()
-        future = dcp.async_save(state, storage_writer=BlobStorageWriter(url), no_dist=True)
-        blocked = time.perf_counter() - started
-        future.result()
-        return blocked
     dcp.save(state, storage_writer=BlobStorageWriter(url), no_dist=True)
     return None
+
+
+def _async(way: str, op: str, url: str, state: dict[str, Any]) -> float | None:
+    """async_save as DCP's fastest set-up runs it (its DefaultStager, plan caching; a thread or its background
+    process), in a gloo group of one; blocked is until async_save returns. Loads are the plain load."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import DefaultSavePlanner
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+    from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+
+    from blobsync.torch import BlobStorageReader, BlobStorageWriter
+
+    where, kind = ASYNC[way]
+    if op == "load":
+        reader = dcp.FileSystemReader(url) if where == "local" else BlobStorageReader(url)
+        dcp.load(state, storage_reader=reader, no_dist=True)
+        return None
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    copied = time.perf_counter()
+    del_me = {k: v.clone() for k, v in state.items()}  # the reference: one copy of the state in host memory
+    print(json.dumps({"host_copy": time.perf_counter() - copied}), file=sys.stderr)
+    del del_me
+    writer = dcp.FileSystemWriter(url) if where == "local" else BlobStorageWriter(url)
+    stager = DefaultStager(StagingOptions(False, False, False, False))
+    idle, steps = time.perf_counter(), 0
+    while time.perf_counter() - idle < 1.0:
+        steps += _steps()
+    idle_rate = steps / (time.perf_counter() - idle)
+    started = time.perf_counter()
+    response = dcp.async_save(state, storage_writer=writer, planner=DefaultSavePlanner(enable_plan_caching=True),
+                              async_checkpointer_type=AsyncCheckpointerType.PROCESS if kind == "process" else
+                              AsyncCheckpointerType.THREAD, async_stager=stager)
+    blocked = time.perf_counter() - started
+    done = getattr(response, "upload_completion", response)
+    # "Training" while the save runs: pure-Python steps (the GIL is what a background save takes from them), as a
+    # share of the rate with nothing else running.
+    steps = 0
+    while not done.done():
+        steps += _steps()
+    during = steps / (time.perf_counter() - started - blocked)
+    done.result()
+    stager.close()
+    print(json.dumps({"train_share": during / idle_rate}), file=sys.stderr)
+    return blocked
+
+
+def _steps(n: int = 2000) -> int:
+    total = 0
+    for i in range(n):
+        total += i * i % 7
+    return n
 
 
 def rank_main(rank: int, world: int, port: int, op: str, url: str, mib: int, out: str) -> None:
@@ -152,30 +219,31 @@ def _spawn(args: list[str], env: dict[str, str], tmp: Path) -> tuple[subprocess.
     return proc, err
 
 
-def _host_copy(err: Path) -> float | None:
+def _said(err: Path) -> dict[str, float]:
+    """What the child said on stderr beside its result: the host copy's time, training's share during the save."""
+    found: dict[str, float] = {}
     for line in err.read_text(errors="replace").splitlines():
-        if line.startswith('{"host_copy"'):
-            return float(json.loads(line)["host_copy"])
-    return None
+        if line.startswith(('{"host_copy"', '{"train_share"')):
+            found.update(json.loads(line))
+    return found
 
 
-def _reap(proc: subprocess.Popen[bytes], err: Path) -> tuple[bytes, float]:
-    """Wait for a child: what it printed, and its own peak RSS (MiB, from wait4)."""
+def _reap(proc: subprocess.Popen[bytes], err: Path) -> tuple[bytes, float, float]:
+    """Wait for a child: what it printed, its own peak RSS (MiB) and its CPU seconds (its waited-for children
+    included), from wait4."""
     assert proc.stdout is not None
     out = proc.stdout.read()
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode:
         raise RuntimeError(f"{proc.args!r} failed: {err.read_text(errors='replace')[-2000:]}")
-    return out, usage.ru_maxrss / 1024
+    return out, usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime
 
 
 def _run_child(args: list[str], env: dict[str, str], tmp: Path) -> dict[str, float]:
     proc, err = _spawn(args, env, tmp)
-    out, rss = _reap(proc, err)
-    copy = _host_copy(err)
-    return {**json.loads(out.decode().strip().splitlines()[-1]), "rss_mib": rss,
-            **({"host_copy": copy} if copy is not None else {})}
+    out, rss, cpu = _reap(proc, err)
+    return {**json.loads(out.decode().strip().splitlines()[-1]), "rss_mib": rss, "cpu": cpu, **_said(err)}
 
 
 def one(way: str, mib: int, tmp: Path) -> dict[str, dict[str, float]]:
@@ -186,7 +254,8 @@ def one(way: str, mib: int, tmp: Path) -> dict[str, dict[str, float]]:
         relay = DelayRelay("127.0.0.1", 0, "127.0.0.1", az.port, 0.0).start_thread()
         try:
             endpoint = f"http://127.0.0.1:{relay.port}/devstoreaccount1"
-            url = _prepare(az, endpoint, way)
+            url = _prepare(az, endpoint, way) if not way.startswith("dcp-local") else \
+                str(tmp / f"local-{way}-{time.monotonic_ns()}")
             env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1",
                    "BENCH_CONNECTION_STRING": f"DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;"
                                               f"AccountKey={KEY};BlobEndpoint={endpoint};"}
@@ -207,9 +276,12 @@ def _dcp2(op: str, url: str, mib: int, tmp: Path, env: dict[str, str]) -> dict[s
         port = sock.getsockname()[1]
     out = str(tmp / f"dcp2-{op}")
     ranks = [_spawn(["rank", str(r), "2", str(port), op, url, str(mib), out], env, tmp) for r in range(2)]
-    rss = sum(_reap(*rank)[1] for rank in ranks)  # both ranks' peaks: the machine holds both
+    rss, cpu = 0.0, 0.0
+    for rank in ranks:  # both ranks' peaks and CPU: the machine holds both
+        _, peak, used = _reap(*rank)
+        rss, cpu = rss + peak, cpu + used
     walls = [json.loads(Path(f"{out}.{r}").read_text())["wall"] for r in range(2)]
-    return {"wall": max(walls), "blocked": max(walls), "rss_mib": rss}
+    return {"wall": max(walls), "blocked": max(walls), "rss_mib": rss, "cpu": cpu}
 
 
 def _prepare(az: Azurite, endpoint: str, way: str) -> str:
@@ -225,7 +297,7 @@ def _prepare(az: Azurite, endpoint: str, way: str) -> str:
                                  expiry=datetime.now(UTC) + timedelta(hours=2))
     if way == "dcp-adlfs":
         return "abfs://bench/ckpt"
-    name = "bench/state.pt" if way in ("save-then-cp", "client-open", "blobio") else "bench/ckpt"
+    name = "bench/state.pt" if way in ("cp", "save-then-cp", "client-open", "blobio") else "bench/ckpt"
     return f"{endpoint}/{name}?{sas}"
 
 
@@ -243,16 +315,23 @@ def main() -> int:
                 runs[way].append(one(way, a.mib, Path(tmp)))
                 print(f"round {r + 1}: {way}: {runs[way][-1]}", file=sys.stderr, flush=True)
     print(f"{a.mib} MiB state dict ({a.mib // TENSOR_MIB} float32 tensors), medians of {a.rounds} rounds:")
-    print("| way | save wall s | blocked s | save MB/s | peak RSS MiB | MB sent | load wall s | load MB/s | "
-          "peak RSS MiB | MB received |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| way | save wall s | blocked s | save MB/s | CPU s/GiB | peak RSS MiB | MB sent | load wall s | load MB/s "
+          "| CPU s/GiB | peak RSS MiB | MB received |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    gib = a.mib / 1024
     size = a.mib * 1024 * 1024 / 1e6
     for way in ways:
         med = {op: {k: statistics.median(run[op][k] for run in runs[way]) for k in runs[way][0][op]}
                for op in ("save", "load")}
         s, lo = med["save"], med["load"]
-        print(f"| {way} | {s['wall']:.2f} | {s['blocked']:.2f} | {size / s['wall']:.0f} | {s['rss_mib']:.0f} | "
-              f"{s['mb']:.0f} | {lo['wall']:.2f} | {size / lo['wall']:.0f} | {lo['rss_mib']:.0f} | {lo['mb']:.0f} |")
+        print(f"| {way} | {s['wall']:.2f} | {s['blocked']:.2f} | {size / s['wall']:.0f} | {s['cpu'] / gib:.2f} | "
+              f"{s['rss_mib']:.0f} | {s['mb']:.0f} | {lo['wall']:.2f} | {size / lo['wall']:.0f} | "
+              f"{lo['cpu'] / gib:.2f} | {lo['rss_mib']:.0f} | {lo['mb']:.0f} |")
+    for way in ways:
+        shares = [run["save"]["train_share"] for run in runs[way] if "train_share" in run["save"]]
+        if shares:
+            print(f"{way}: pure-Python training steps ran at {statistics.median(shares):.0%} of their idle rate "
+                  "while the save ran in the background (median)")
     copies = [run["save"]["host_copy"] for way in ways for run in runs[way] if "host_copy" in run["save"]]
     if copies:
         print(f"\nOne copy of the state in host memory (dcp-async's child, before its save): median "

@@ -72,6 +72,8 @@ class Checkpoints:
         self._uploads: concurrent.futures.ThreadPoolExecutor | None = None
         self._group = process_group  # async DCP saves' collectives: apart from training's (made on first use)
         self._last: concurrent.futures.Future[int] | None = None  # the async DCP save under way
+        self._stager: Any = None  # DCP's stager and caching planner of async saves (made on the first)
+        self._planner: Any = None
 
     def __repr__(self) -> str:
         return f"Checkpoints({strip_query(self.url)!r}, keep={self.keep})"
@@ -95,9 +97,11 @@ class Checkpoints:
                 return None
             if self._last is not None:  # one at a time: two saves' collectives on one group would interleave
                 concurrent.futures.wait([self._last])
+            stager, planner = self._async_parts()
             started = dcp_async_save(state, storage_writer=writer, no_dist=not _distributed(),
-                                     process_group=self._async_group())
-            self._last = _pending.chain(cast(concurrent.futures.Future[Any], started), _pending.Save(what),
+                                     process_group=self._async_group(), async_stager=stager, planner=planner)
+            uploaded = getattr(started, "upload_completion", started)  # an AsyncSaveResponse where staging is async
+            self._last = _pending.chain(cast(concurrent.futures.Future[Any], uploaded), _pending.Save(what),
                                         lambda _: self._complete(step, "dcp"))
             return self._last
         if not async_:
@@ -114,6 +118,21 @@ class Checkpoints:
             raise UsageError(f"step {step} is older than the newest complete checkpoint under "
                              f"{strip_query(self.url)} (step {newest}): keep={self.keep} would delete it once saved. "
                              "Resume from that one (load()), or save this run to another folder")
+
+    def _async_parts(self) -> tuple[Any, Any]:
+        """DCP's fastest async set-up, made once and kept for every save: its DefaultStager (on a GPU host, pinned
+        host memory and the copy off the GPU overlapped with training) and a planner that caches the plan (the
+        same state's plan is not gathered again). A background thread uploads: DCP's background process blocked
+        training no less on the 2-core bench host (bench/RESULTS.md, issue 48), and costs a process of its own."""
+        if self._stager is None:
+            from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+            cuda = torch.cuda.is_available()
+            self._stager = DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False,
+                                                        use_async_staging=cuda, use_non_blocking_copy=cuda))
+            self._planner = DefaultSavePlanner(enable_plan_caching=True)
+        return self._stager, self._planner
 
     def _async_group(self) -> Any:
         """The process group of async DCP saves: one of their own (gloo), so that their collectives, run in the
@@ -247,6 +266,9 @@ class Checkpoints:
             self._uploads.shutdown(wait=True)
         if self._last is not None:  # an async DCP save: its upload and pointer need the Client still open
             concurrent.futures.wait([self._last])
+        if self._stager is not None:
+            self._stager.close()
+            self._stager = None
         if self._own:
             self.client.close()
 
