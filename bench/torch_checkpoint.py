@@ -13,9 +13,9 @@ Async ways run in a gloo group of one (DCP's process-based async needs a group) 
 caching, and pure-Python "training" steps run while they save (their rate against the idle rate: what the save takes
 from training beyond the blocked time). Each way runs in a child process of its own against a fresh in-memory
 Azurite (bench/harness) behind a byte-counting relay; reported per way and direction: the median wall, the time
-training waits (blocked), the child's peak RSS and CPU (user + system, its own children included; of async saves,
-the training steps' too), and the bytes it sent (save) or received (load). Tools take turns in every round; the
-state (float32 tensors of 64 MiB from a fixed seed) is made before the clock starts."""
+training waits (blocked), the child's peak RSS, its CPU while the clock runs (user + system, a `blobsync cp` it
+runs included; of async saves, the training steps' too), and the bytes it sent (save) or received (load). Tools take
+turns in every round; the state (float32 tensors of 64 MiB from a fixed seed) is made before the clock starts."""
 
 from __future__ import annotations
 
@@ -65,6 +65,7 @@ def child(way: str, op: str, url: str, mib: int, local: str) -> dict[str, float]
     state = _state(mib, zeros=op == "load")
     if way == "cp" and op == "save":
         torch.save(state, local)  # before the clock: cp alone is measured
+    cpu0 = _cpu()
     started = time.perf_counter()
     blocked = None
     if way == "cp":
@@ -100,7 +101,15 @@ def child(way: str, op: str, url: str, mib: int, local: str) -> dict[str, float]
     else:
         blocked = _dcp(way, op, url, state)
     wall = time.perf_counter() - started
-    return {"wall": wall, "blocked": wall if blocked is None else blocked}
+    return {"wall": wall, "blocked": wall if blocked is None else blocked, "cpu": _cpu() - cpu0}
+
+
+def _cpu() -> float:
+    """CPU seconds of this process and its waited-for children (a `blobsync cp`), user and system."""
+    import resource
+
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def _dcp(way: str, op: str, url: str, state: dict[str, Any]) -> float | None:
@@ -202,14 +211,16 @@ def rank_main(rank: int, world: int, port: int, op: str, url: str, mib: int, out
     local = _state(mib, zeros=op == "load", rank=rank, world=world)
     state = {k: DTensor.from_local(v, mesh, [Shard(0)], run_check=False) for k, v in local.items()}
     dist.barrier()
+    cpu0 = _cpu()
     started = time.perf_counter()
     if op == "save":
         dcp.save(state, storage_writer=BlobStorageWriter(url))
     else:
         dcp.load(state, storage_reader=BlobStorageReader(url))
     wall = time.perf_counter() - started
+    cpu = _cpu() - cpu0
     dist.destroy_process_group()
-    Path(f"{out}.{rank}").write_text(json.dumps({"wall": wall, "blocked": wall}))
+    Path(f"{out}.{rank}").write_text(json.dumps({"wall": wall, "blocked": wall, "cpu": cpu}))
 
 
 def _spawn(args: list[str], env: dict[str, str], tmp: Path) -> tuple[subprocess.Popen[bytes], Path]:
@@ -242,8 +253,8 @@ def _reap(proc: subprocess.Popen[bytes], err: Path) -> tuple[bytes, float, float
 
 def _run_child(args: list[str], env: dict[str, str], tmp: Path) -> dict[str, float]:
     proc, err = _spawn(args, env, tmp)
-    out, rss, cpu = _reap(proc, err)
-    return {**json.loads(out.decode().strip().splitlines()[-1]), "rss_mib": rss, "cpu": cpu, **_said(err)}
+    out, rss, _ = _reap(proc, err)
+    return {**json.loads(out.decode().strip().splitlines()[-1]), "rss_mib": rss, **_said(err)}
 
 
 def one(way: str, mib: int, tmp: Path) -> dict[str, dict[str, float]]:
@@ -276,12 +287,10 @@ def _dcp2(op: str, url: str, mib: int, tmp: Path, env: dict[str, str]) -> dict[s
         port = sock.getsockname()[1]
     out = str(tmp / f"dcp2-{op}")
     ranks = [_spawn(["rank", str(r), "2", str(port), op, url, str(mib), out], env, tmp) for r in range(2)]
-    rss, cpu = 0.0, 0.0
-    for rank in ranks:  # both ranks' peaks and CPU: the machine holds both
-        _, peak, used = _reap(*rank)
-        rss, cpu = rss + peak, cpu + used
-    walls = [json.loads(Path(f"{out}.{r}").read_text())["wall"] for r in range(2)]
-    return {"wall": max(walls), "blocked": max(walls), "rss_mib": rss, "cpu": cpu}
+    rss = sum(_reap(*rank)[1] for rank in ranks)  # both ranks' peaks: the machine holds both
+    said = [json.loads(Path(f"{out}.{r}").read_text()) for r in range(2)]
+    return {"wall": max(s["wall"] for s in said), "blocked": max(s["wall"] for s in said), "rss_mib": rss,
+            "cpu": sum(s["cpu"] for s in said)}
 
 
 def _prepare(az: Azurite, endpoint: str, way: str) -> str:

@@ -1,5 +1,6 @@
-"""Nothing left open (issue 48): a DCP script that saves and loads through BlobStorageWriter/Reader, consolidates
-and keeps Checkpoints leaves no session unclosed (aiohttp says "Unclosed client session" of each one dropped)."""
+"""Nothing left open (issue 48): a DCP script that saves and loads through BlobStorageWriter/Reader, consolidates,
+keeps Checkpoints and reads a dataset in spawned DataLoader workers leaves no session unclosed (aiohttp says
+"Unclosed client session" of each one dropped)."""
 
 from __future__ import annotations
 
@@ -15,23 +16,38 @@ import sys, warnings
 warnings.simplefilter("ignore")
 import torch
 import torch.distributed.checkpoint as dcp
-from blobsync.torch import BlobStorageReader, BlobStorageWriter, Checkpoints, consolidate
+from torch.utils.data import DataLoader
 
-base, sas = sys.argv[1].split("?")
-for step in range(3):
+from blobsync.torch import BlobDataset, BlobStorageReader, BlobStorageWriter, Checkpoints, consolidate
+
+
+def main():
+    base, sas = sys.argv[1].split("?")
+    saves(base, sas)
+    dataset = BlobDataset(f"{base}/r0?{sas}")
+    got = list(DataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context="spawn"))
+    assert len(got) == len(dataset)
+    print("done")
+
+
+def saves(base, sas):
+  for step in range(3):
     url = f"{base}/s{step}?{sas}"
     dcp.save({"w": torch.randn(100), "n": {"e": step}}, storage_writer=BlobStorageWriter(url), no_dist=True)
     back = {"w": torch.zeros(100), "n": {"e": 0}}
     dcp.load(back, storage_reader=BlobStorageReader(url), no_dist=True)
     assert back["n"]["e"] == step
     assert consolidate(url)["n"]["e"] == step
-writer = BlobStorageWriter(f"{base}/r0?{sas}")
-for step in range(2):  # one writer, a checkpoint_id per save
+  writer = BlobStorageWriter(f"{base}/r0?{sas}")
+  for step in range(2):  # one writer, a checkpoint_id per save
     dcp.save({"w": torch.ones(3)}, storage_writer=writer, checkpoint_id=f"{base}/r{step}?{sas}", no_dist=True)
-with Checkpoints(f"{base}/run?{sas}", keep=1) as ckpts:
+  with Checkpoints(f"{base}/run?{sas}", keep=1) as ckpts:
     ckpts.save(1, {"w": torch.ones(2)})
     ckpts.load()
-print("done")
+
+
+if __name__ == "__main__":
+    main()
 """
 
 

@@ -28,10 +28,10 @@ def _blocks() -> list[str]:
 
 
 def test_the_page_has_its_examples() -> None:
-    assert len(_blocks()) == 4
+    assert len(_blocks()) == 5
 
 
-@pytest.mark.parametrize("index", range(4))
+@pytest.mark.parametrize("index", range(5))
 def test_an_example_runs_as_printed(index: int, azurite: Azurite, container: ContainerHandle,
                                     tmp_path: Path) -> None:
     for i in range(6):  # the dataset example's arrays
@@ -53,11 +53,14 @@ def test_an_example_runs_as_printed(index: int, azurite: Azurite, container: Con
     if index == 0:
         assert {"run7/dcp/step-100/.metadata", "run7/dcp/step-100/__1_0.distcp", "run7/dcp/step-101/.metadata"} <= names
     elif index == 1:
+        whole = torch.load(io.BytesIO(container.download("run7/export/model.pt")), weights_only=True)
+        assert whole["step"] == 200 and set(whole["model"]) == {"weight", "bias"}
+    elif index == 2:
         assert json.loads(container.download("run7/ckpt/latest")) == {"step": 400, "format": "torch"}
         assert not any(n.startswith(("run7/ckpt/step-00000100", "run7/ckpt/step-00000200")) for n in names)
         saved = torch.load(io.BytesIO(container.download("run7/ckpt/step-00000400/state.pt")), weights_only=True)
         assert saved["step"] == 400
-    elif index == 2:
+    elif index == 3:
         assert "torch.Size([4, 3, 4])" in done.stdout and "6 arrays" in done.stdout
     else:
         saved = torch.load(io.BytesIO(container.download("run7/lightning/ckpts/last.ckpt")), weights_only=False)

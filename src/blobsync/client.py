@@ -8,6 +8,7 @@ import concurrent.futures
 import functools
 import io
 import time
+import weakref
 from collections.abc import AsyncIterable, Callable, Coroutine, Generator, Iterable, Mapping, Sequence
 from pathlib import PurePosixPath
 from typing import Any, Concatenate, ParamSpec, TypeGuard, TypeVar, overload
@@ -437,6 +438,10 @@ class Client:
         self._aio = AsyncClient(url, config, credential=credential, env=env)
         self._loop = ClientLoop("blobsync-client")
         track(self)
+        # A Client dropped unclosed (a dataset's, a writer's) closes its session once collected, not warning of it;
+        # at exit, open Clients are closed (and waited for) by clientloop's exit hook instead.
+        self._parts = [(self._aio, self._loop)]
+        weakref.finalize(self, _abandon, self._parts).atexit = False
 
     def __reduce__(self) -> tuple[object, ...]:
         url, config, credential, env = self._given
@@ -450,6 +455,7 @@ class Client:
             url, config, credential, env = self._given
             self._aio = AsyncClient(url, config, credential=credential, env=env)
             self._loop = ClientLoop("blobsync-client")
+            self._parts.append((self._aio, self._loop))
         return self._loop
 
     @property
@@ -534,6 +540,11 @@ class Client:
 
 _INHERITED: list[tuple[AsyncClient, ClientLoop]] = []  # a forked child's copies of the parent's: never used, never
 # collected (their finalisers would warn of, or close, what belongs to the parent)
+
+
+def _abandon(parts: list[tuple[AsyncClient, ClientLoop]]) -> None:
+    for aio, loop in parts:
+        loop.abandon(aio.close)
 
 
 def _reopened(url: str, config: TransferConfig | None, credential: object, env: Mapping[str, str] | None

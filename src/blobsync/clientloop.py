@@ -142,6 +142,24 @@ class ClientLoop:
             self.closed = True
             self._stop_loop()
 
+    def abandon(self, shut: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """The Client was dropped unclosed (garbage collected, from any thread): without waiting here, let its
+        submitted work finish, run `shut` on the loop, then stop the loop (nothing is left to warn at exit)."""
+        if self.closed or self.forked or self.loop.is_closed():
+            return
+        self.closed = True
+
+        async def end() -> None:
+            try:
+                await asyncio.gather(*list(self._tasks), return_exceptions=True)
+                await shut()
+            finally:
+                self.loop.stop()
+                self._callbacks.shutdown(wait=False)
+
+        with contextlib.suppress(RuntimeError):  # the loop stopped already (the interpreter is exiting)
+            asyncio.run_coroutine_threadsafe(end(), self.loop)
+
     def _stop_loop(self) -> None:
         async def finish() -> None:  # no task is left pending to be destroyed with the loop
             tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]

@@ -122,7 +122,7 @@ class Loader:
         heads: list[Need] = []
         for batch in _batches(ranges):
             bufs = [torch.empty(r.end - r.start, dtype=torch.uint8) for r in batch]
-            for f in [self.fetch(r.blob, r.start, view_of(b)) for r, b in zip(batch, bufs, strict=True)]:
+            for f in [self.fetch(r.blob, r.start, view_of(b)) for r, b in zip(batch, bufs, strict=True) if len(b)]:
                 f.result()
             for r, buf in zip(batch, bufs, strict=True):
                 for need, offset, length in r.needs:

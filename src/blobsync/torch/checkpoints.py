@@ -99,7 +99,8 @@ class Checkpoints:
                 concurrent.futures.wait([self._last])
             stager, planner = self._async_parts()
             started = dcp_async_save(state, storage_writer=writer, no_dist=not _distributed(),
-                                     process_group=self._async_group(), async_stager=stager, planner=planner)
+                                     process_group=self._async_group(), async_stager=stager, planner=planner,
+                                     async_checkpointer_type=_checkpointer())
             uploaded = getattr(started, "upload_completion", started)  # an AsyncSaveResponse where staging is async
             self._last = _pending.chain(cast(concurrent.futures.Future[Any], uploaded), _pending.Save(what),
                                         lambda _: self._complete(step, "dcp"))
@@ -122,8 +123,7 @@ class Checkpoints:
     def _async_parts(self) -> tuple[Any, Any]:
         """DCP's fastest async set-up, made once and kept for every save: its DefaultStager (on a GPU host, pinned
         host memory and the copy off the GPU overlapped with training) and a planner that caches the plan (the
-        same state's plan is not gathered again). A background thread uploads: DCP's background process blocked
-        training no less on the 2-core bench host (bench/RESULTS.md, issue 48), and costs a process of its own."""
+        same state's plan is not gathered again)."""
         if self._stager is None:
             from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
             from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
@@ -277,6 +277,15 @@ class Checkpoints:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _checkpointer() -> Any:
+    """Where an async DCP save uploads: under a process group, DCP's background process (it left a pure-Python
+    training loop 72-75% of its speed where a background thread left 57-67%, the blocked time the same:
+    bench/RESULTS.md, issue 48); in one process, a thread."""
+    from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+
+    return AsyncCheckpointerType.PROCESS if _distributed() else AsyncCheckpointerType.THREAD
 
 
 def _step(step: object) -> int:

@@ -1,0 +1,91 @@
+"""Client CPU per GiB: a DCP save and load through BlobStorageWriter/Reader against `blobsync cp` of the same bytes
+(issue 48: the layer adds nothing to the engine), in one long-lived process so that every round reuses memory that
+was touched before (fresh memory costs this VM ~8 us a page fault and swamps the figures of one-shot children):
+
+    python bench/torch_cpu.py [--mib 1024] [--rounds 5]
+
+Per round, in turn: `blobsync.copy` of the state's torch.save file up, `dcp.save` with BlobStorageWriter (no_dist),
+`blobsync.copy` of the blob down, `dcp.load` with BlobStorageReader into the same tensors; each against one in-memory
+Azurite (bench/harness), timed by this process's CPU (all its threads, user + system). Reported: medians and the
+ratio DCP / cp."""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from harness.azurite import Azurite  # noqa: E402
+
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]  # bench/profile.py is not `profile`
+
+
+def _cpu() -> float:
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    return own.ru_utime + own.ru_stime
+
+
+def _steps(url: str, local: Path, down: Path, state: dict[str, Any]) -> list[tuple[str, Callable[[], object]]]:
+    """One round's four transfers, in turn: cp up, DCP save, cp down, DCP load (into the same tensors)."""
+    import torch.distributed.checkpoint as dcp
+
+    import blobsync
+    from blobsync.torch import BlobStorageReader, BlobStorageWriter
+
+    return [("cp up", lambda: blobsync.copy(local, f"{url}/state.pt")),
+            ("dcp save", lambda: dcp.save(state, storage_writer=BlobStorageWriter(f"{url}/dcp"), no_dist=True)),
+            ("cp down", lambda: blobsync.copy(f"{url}/state.pt", down)),
+            ("dcp load", lambda: dcp.load(state, storage_reader=BlobStorageReader(f"{url}/dcp"), no_dist=True))]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mib", type=int, default=1024)
+    p.add_argument("--rounds", type=int, default=5)
+    a = p.parse_args()
+    import torch
+
+    import blobsync
+
+    torch.manual_seed(7)
+    state = {f"layer{i}.weight": torch.randn(16384, 1024) for i in range(a.mib // 64)}
+    figures: dict[str, list[float]] = {"cp up": [], "dcp save": [], "cp down": [], "dcp load": []}
+    with tempfile.TemporaryDirectory(prefix="blobsync-torch-cpu-") as tmp, Azurite(Path(tmp)) as az:
+        endpoint = az.connection_string.split("BlobEndpoint=")[1].split(";")[0]
+        container = f"{endpoint}/bench"
+        with blobsync.Client(container) as client:
+            client.make_container()
+        local = Path(tmp) / "state.pt"
+        torch.save(state, local)
+        for r in range(a.rounds):
+            steps = _steps(f"{container}/r{r}", local, Path(tmp) / f"down{r}.pt", state)
+            for name, step in steps:
+                cpu, wall = _cpu(), time.perf_counter()
+                step()
+                figures[name].append(_cpu() - cpu)
+                print(f"round {r + 1}: {name}: {_cpu() - cpu:.2f} s CPU, {time.perf_counter() - wall:.2f} s wall",
+                      file=sys.stderr, flush=True)
+            (Path(tmp) / f"down{r}.pt").unlink()
+    gib = a.mib / 1024
+    med = {k: statistics.median(v) / gib for k, v in figures.items()}
+    print(f"{a.mib} MiB state ({a.mib // 64} float32 tensors), client CPU s/GiB, medians of {a.rounds} rounds:")
+    print("| direction | blobsync cp | DCP through blobsync | DCP / cp |")
+    print("|---|---|---|---|")
+    for direction, cp, layer in (("save (up)", "cp up", "dcp save"), ("load (down)", "cp down", "dcp load")):
+        print(f"| {direction} | {med[cp]:.2f} | {med[layer]:.2f} | {med[layer] / med[cp]:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    import warnings
+
+    warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+    sys.exit(main())
