@@ -32,6 +32,16 @@ class Tiny(lightning.LightningModule):  # type: ignore[misc,name-defined]
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
+class Counted(lightning.Callback):  # type: ignore[misc,name-defined]
+    """How many training batches a fit ran."""
+
+    def __init__(self) -> None:
+        self.seen = 0
+
+    def on_train_batch_end(self, *args: Any) -> None:
+        self.seen += 1
+
+
 def _data() -> DataLoader[tuple[torch.Tensor, ...]]:
     torch.manual_seed(1)
     x = torch.randn(64, 8)
@@ -99,9 +109,11 @@ def test_a_dirpath_on_blob_resumes_last_and_versions_as_on_local_disk(source: Si
     trainer(2).fit(Tiny(), _data())  # a second run into the same folder: versions, never overwrites
     names = sorted(b.name.rsplit("/", 1)[1] for b in source.client.list_blobs(name_starts_with="lightning/run2/"))
     assert names == ["epoch=1-step=8-v1.ckpt", "epoch=1-step=8.ckpt", "last-v1.ckpt", "last.ckpt"], names
-    resumed = trainer(3)
+    resumed, batches = trainer(3), Counted()
+    resumed.callbacks.append(batches)
     resumed.fit(Tiny(), _data(), ckpt_path="last")  # the preempted job's restart idiom
-    assert resumed.current_epoch == 3 and resumed.global_step == 12  # went on from epoch 2, not from scratch
-    after = torch.load(io.BytesIO(source.download("lightning/run2/ckpts/last-v2.ckpt")), weights_only=False)
-    assert after["epoch"] == 2
+    assert resumed.current_epoch == 3 and resumed.global_step == 12
+    assert batches.seen == 4  # one epoch run: it went on from epoch 2 (from scratch would be 12)
+    after = torch.load(io.BytesIO(source.download("lightning/run2/ckpts/last-v1.ckpt")), weights_only=False)
+    assert after["epoch"] == 2  # the newest last checkpoint (the second run's) went on, as Lightning does locally
     assert not list(tmp_path.rglob("*.ckpt"))

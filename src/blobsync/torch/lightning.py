@@ -44,6 +44,7 @@ class BlobCheckpointIO(CheckpointIO):
         self._saving: dict[str, _pending.Save[None]] = {}
         self._lock = threading.Lock()
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        _keep_protocol()
 
     def name(self, path: str | os.PathLike[str]) -> str:
         """The blob name a Lightning path becomes (relative to the folder URL): a 'blobsync://container/...' path
@@ -116,3 +117,24 @@ class BlobCheckpointIO(CheckpointIO):
             saving, self._saving = list(self._saving.values()), {}
         for future in saving:
             future.result()
+
+
+def _keep_protocol() -> None:
+    """Lightning (2.6) drops the protocol from the `last` checkpoints ModelCheckpoint finds under a remote dirpath
+    (Lightning-AI/pytorch-lightning#18261): its checkpoint connector then looks for them on the local disk, and
+    `fit(ckpt_path="last")` trains from scratch. Under a `blobsync://` dirpath the names found keep the protocol;
+    every other dirpath is left to Lightning."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    original = ModelCheckpoint._find_last_checkpoints
+    if getattr(original, "blobsync", False):
+        return
+
+    def find(self: ModelCheckpoint, trainer: Any) -> set[str]:
+        found: set[str] = original(self, trainer)
+        if not str(self.dirpath or "").startswith(REMOTE):
+            return found
+        return {p if p.startswith(REMOTE) else REMOTE + PurePath(p).as_posix().lstrip("/") for p in found}
+
+    find.blobsync = True  # type: ignore[attr-defined]
+    ModelCheckpoint._find_last_checkpoints = find  # type: ignore[method-assign]
