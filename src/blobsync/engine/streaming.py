@@ -33,7 +33,10 @@ class StreamWriter:
         self.block_size = ctx.config.block_size
         self.md5 = new_md5()
         self.size = 0
+        # The block begun by writes smaller than a block: one buffer of a block's size for the writer's life, its
+        # first `_filled` bytes in use (a bytearray grown and cleared each block was freed and faulted in again).
         self._buf = bytearray()
+        self._filled = 0
         self._writer: ChunkedWriter | None = None
         self._tokens: list[str] = []
         self._lengths: dict[str, int] = {}
@@ -54,17 +57,24 @@ class StreamWriter:
             raise UsageError(f"{self.blob}: a chunk of {type(data).__name__}, where bytes-like data is written "
                              "(encode text first)") from None
         done, block = 0, self.block_size
-        if self._buf:  # the block begun by earlier writes is filled first
-            done = min(len(view), block - len(self._buf))
-            self._buf += view[:done]
-            if len(self._buf) == block:
+        if self._filled:  # the block begun by earlier writes is filled first
+            done = self._fill(view[:block - self._filled])
+            if self._filled == block:
                 await self._stage(memoryview(self._buf))
-                self._buf.clear()
+                self._filled = 0
         while len(view) - done >= block:  # whole blocks go from the caller's memory (one copy, into the block)
             await self._stage(view[done:done + block])
             done += block
-        self._buf += view[done:]
+        self._fill(view[done:])
         return len(view)
+
+    def _fill(self, part: memoryview) -> int:
+        if len(part):
+            if not self._buf:
+                self._buf = bytearray(self.block_size)
+            self._buf[self._filled:self._filled + len(part)] = part
+            self._filled += len(part)
+        return len(part)
 
     async def _stage(self, block: memoryview) -> None:
         failed = [t for t in self._tasks if t.done() and t.exception() is not None]
@@ -124,15 +134,15 @@ class StreamWriter:
 
     async def _finish(self) -> FileResult:
         ctx = self.ctx
-        if self._writer is None and len(self._buf) <= ctx.config.single_put_limit:
-            data = bytes(self._buf)
+        if self._writer is None and self._filled <= ctx.config.single_put_limit:
+            data = bytes(self._buf[:self._filled])
             self.md5.update(data)
             self.size = len(data)
             return written(await put_once(ctx, self.blob, self.blob, data, self.md5.digest(), self.headers,
                                           self.conditions))
-        if self._buf or not self._tokens:
-            await self._stage(memoryview(self._buf))
-            self._buf.clear()
+        if self._filled or not self._tokens:
+            await self._stage(memoryview(self._buf)[:self._filled])
+            self._filled = 0
         await asyncio.gather(*list(self._tasks))
         writer, md5 = self._writer, self.md5.digest()
         assert writer is not None
@@ -152,7 +162,7 @@ class StreamWriter:
         await cancel_all(list(self._tasks))
         if self._foreign is not None:
             await self._foreign.settle()
-        self._buf = bytearray()  # a new one: a view of the old may live on in the error being raised
+        self._buf, self._filled = bytearray(), 0  # a new one: a view of the old may live on in the error raised
         if self._writer is not None:
             writer = self._writer
             try:
