@@ -4,6 +4,7 @@ block-size parts staged as they fill, one commit at the end, nothing visible bef
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 from dataclasses import replace
 
@@ -19,6 +20,7 @@ from blobsync.errors import UsageError
 from blobsync.report import FileResult, FileStatus, blob_url
 
 log = logging.getLogger("blobsync")
+HASH_AHEAD = 4  # blocks queued for the whole MD5 before a write waits for it
 
 
 class StreamWriter:
@@ -41,6 +43,7 @@ class StreamWriter:
         self._tokens: list[str] = []
         self._lengths: dict[str, int] = {}
         self._crcs: list[int | None] = []  # each part's CRC64: the whole blob's is composed of them
+        self._hashed: collections.deque[asyncio.Future[None]] = collections.deque()  # MD5 steps queued in the lane
         self._tasks: set[asyncio.Task[None]] = set()
         self._check = choose_check(ctx.store.capabilities.part_checks, ctx.config.block_check)
         self._lane: int | None = None
@@ -89,7 +92,12 @@ class StreamWriter:
         view[:] = block
         if self._lane is None:  # this object's MD5: one lane (in order) from the first block to the commit
             self._lane = ctx.hashing.take()
-        await in_thread(ctx.hashing.pool(self._lane), self.md5.update, view)
+        # The whole MD5 runs in its lane (in order) beside the writes: a write waits only when HASH_AHEAD blocks are
+        # queued there, not for each block's step (the caller's thread crossed to the loop and back for each).
+        hashed = asyncio.get_running_loop().run_in_executor(ctx.hashing.pool(self._lane), self.md5.update, view)
+        self._hashed.append(hashed)
+        while len(self._hashed) > HASH_AHEAD:
+            await self._hashed.popleft()
         self.size += len(view)
         if self._writer is None:
             self._writer = ctx.store.writer(self.blob, new_nonce())
@@ -104,8 +112,11 @@ class StreamWriter:
                 check, self._crcs[index] = await in_thread(ctx.io_pool, part_digests, view, self._check)
                 await self._put_part(writer, index, view, check)
                 ctx.progress.advanced(self.blob, len(view), len(view))
-            finally:
-                ctx.memory.release(buf)
+            finally:  # the buffer goes back once both the part and the MD5 are done with it
+                if hashed.done():
+                    ctx.memory.release(buf)
+                else:
+                    hashed.add_done_callback(lambda _: ctx.memory.release(buf))
 
         task = asyncio.ensure_future(stage())
         self._tasks.add(task)
@@ -144,6 +155,8 @@ class StreamWriter:
             await self._stage(memoryview(self._buf)[:self._filled])
             self._filled = 0
         await asyncio.gather(*list(self._tasks))
+        await asyncio.gather(*self._hashed)
+        self._hashed.clear()
         writer, md5 = self._writer, self.md5.digest()
         assert writer is not None
         crc = crc64_metadata([(c, self._lengths[t]) for c, t in zip(self._crcs, self._tokens, strict=True)], md5)
