@@ -5,6 +5,7 @@ with the SDK."""
 from __future__ import annotations
 
 import io
+import time
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +107,7 @@ def test_a_dirpath_on_blob_resumes_last_and_versions_as_on_local_disk(source: Si
                                  default_root_dir=tmp_path)
 
     trainer(2).fit(Tiny(), _data())
+    time.sleep(1.1)  # a blob's Last-Modified is in whole seconds: "last" is the newest by it
     trainer(2).fit(Tiny(), _data())  # a second run into the same folder: versions, never overwrites
     names = sorted(b.name.rsplit("/", 1)[1] for b in source.client.list_blobs(name_starts_with="lightning/run2/"))
     assert names == ["epoch=1-step=8-v1.ckpt", "epoch=1-step=8.ckpt", "last-v1.ckpt", "last.ckpt"], names
