@@ -119,3 +119,15 @@ def test_a_dirpath_on_blob_resumes_last_and_versions_as_on_local_disk(source: Si
     after = torch.load(io.BytesIO(source.download("lightning/run2/ckpts/last-v1.ckpt")), weights_only=False)
     assert after["epoch"] == 2  # the newest last checkpoint (the second run's) went on, as Lightning does locally
     assert not list(tmp_path.rglob("*.ckpt"))
+
+
+@pytest.mark.parametrize("path", ["blobsync://{c}/lightning/other/x.ckpt", "blobsync://{c}/lightning/run3/../x.ckpt",
+                                  "blobsync://elsewhere/lightning/run3/x.ckpt"])
+def test_a_blob_path_outside_the_folder_is_refused(path: str, source: Side, azurite: Azurite) -> None:
+    from blobsync.errors import UsageError
+    from blobsync.torch.lightning import BlobCheckpointIO
+
+    io_ = BlobCheckpointIO(source.url(azurite.base_url, "lightning/run3"))
+    with pytest.raises(UsageError, match="is not a checkpoint under this BlobCheckpointIO's folder"):
+        io_.name(path.format(c=source.name))
+    assert io_.name(f"blobsync://{source.name}/lightning/run3/ckpts/a.ckpt").endswith("ckpts/a.ckpt")

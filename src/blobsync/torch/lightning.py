@@ -64,7 +64,8 @@ class BlobCheckpointIO(CheckpointIO):
         container, _, rest = text[len(REMOTE):].strip("/").partition("/")
         own = parse_location(strip_query(self.url))
         folder = container_path(self.url)
-        if container != own.container or not rest.startswith(folder) or rest == folder.rstrip("/"):
+        if container != own.container or not rest.startswith(folder) or rest == folder.rstrip("/") or \
+                any(part in (".", "..") for part in rest.split("/")):  # never a name that climbs out of the folder
             raise UsageError(f"{text!r} is not a checkpoint under this BlobCheckpointIO's folder "
                              f"{strip_query(self.url)}: give ModelCheckpoint a dirpath under it")
         return rest[len(folder):]
