@@ -287,3 +287,37 @@ def test_a_stream_over_blocks_another_tool_left_clears_them_once_and_lands(conta
         f.write(data)
     assert container.download("s.bin") == data
     assert left.get_block_list("uncommitted")[1] == []
+
+
+def test_open_writers_beyond_the_memory_budget_interleave_and_stay_within_it(
+        container: ContainerHandle, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four writers open at once, written in turn from one task, under a budget of two blocks: each full block goes
+    through the one chunk loop in a buffer of the budget (never more than the budget at once), while the block a
+    writer is still filling waits on its caller outside it, so no writer waits for another's caller. All land."""
+    from blobsync.engine.budget import MemoryBudget
+
+    datas = [os.urandom(2 * MiB + 300_000 + i) for i in range(4)]
+    peak = [0]
+    taken = MemoryBudget.buffer
+
+    async def watched(self: MemoryBudget, capacity: int) -> object:
+        buf = await taken(self, capacity)
+        peak[0] = max(peak[0], self.counted)
+        return buf
+
+    monkeypatch.setattr(MemoryBudget, "buffer", watched)
+    config = TransferConfig.from_mib(block_size_mb=1, memory_mb=2, journal_path=tmp_path / "j.db")
+
+    async def main() -> None:
+        async with blobsync.aio.Client(container.url, config) as client:
+            files = [await client.open(f"w{i}.bin", "wb") for i in range(4)]
+            for at in range(0, max(len(d) for d in datas), 300_000):
+                for f, data in zip(files, datas, strict=True):
+                    if at < len(data):
+                        await f.write(data[at:at + 300_000])
+            for f in files:
+                await f.close()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+    assert [container.download(f"w{i}.bin") for i in range(4)] == datas
+    assert 0 < peak[0] <= 2 * MiB

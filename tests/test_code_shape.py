@@ -176,3 +176,13 @@ def test_no_cluster_module_reads_or_writes_a_transfers_files_itself() -> None:
     """The cluster cuts, ships and records: the files of a transfer are opened by the engine alone (its chunked
     write over a window, its hash of a file, its partial download file)."""
     assert [m for m in _modules_naming(r"\b(OpenFile|PartFile)\(") if m.startswith("cluster/")] == []
+
+
+def test_every_chunked_write_of_bytes_runs_one_chunk_loop() -> None:
+    """A file's blocks, a stream's and a split file's window all go through engine/chunks.ChunkLoop: the one place
+    a part of bytes is staged (`writer.stage(`) and a block's whole-MD5 step is queued (issue 49, point 3). A
+    service copy stages no bytes (`stage_from`, engine/s2s.ServiceParts)."""
+    assert _modules_naming(r"\bwriter\.stage\(") == ["engine/chunks.py"]
+    assert _modules_naming(r"\bclass \w*(ChunkLoop|Chunks?Loop)\b") == ["engine/chunks.py"]
+    assert _modules_naming(r"\bHASH_AHEAD\b") == ["engine/chunks.py"]
+    assert _modules_naming(r"\bChunkLoop\(") == ["engine/staging.py", "engine/streaming.py"]

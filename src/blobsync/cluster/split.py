@@ -18,6 +18,7 @@ from blobsync.checksums import crc64_int
 from blobsync.cluster.spec import FileOutcome, RangeSpec, ShardReport
 from blobsync.cluster.work import Publish, check_identity, shard_engine
 from blobsync.engine.blocks import block_count
+from blobsync.engine.chunks import BlockWrite
 from blobsync.engine.commit import commit_checked, part_layout
 from blobsync.engine.context import EngineContext
 from blobsync.engine.delta import DeltaBase, committed_record
@@ -35,7 +36,6 @@ from blobsync.engine.download import shared_part
 from blobsync.engine.fetching import FileSink, RangeFetch
 from blobsync.engine.mtime import destination_mtime_ns
 from blobsync.engine.s2s import ServiceParts, copy_headers, source_tags
-from blobsync.engine.staging import BlockWrite
 from blobsync.engine.tasks import in_thread
 from blobsync.engine.upload import FileUploader, file_md5, upload_headers
 from blobsync.errors import (

@@ -12,12 +12,13 @@ from pathlib import Path, PurePath
 from blobsync.backends.base import BlobHeaders, Buffer, Conditions, PutResult
 from blobsync.config import TransferConfig
 from blobsync.engine.blocks import block_count, choose_block_size, new_nonce
+from blobsync.engine.chunks import BlockWrite, UploadPlan, check_expected
 from blobsync.engine.context import EngineContext
 from blobsync.engine.delta import DeltaBase, find_base
 from blobsync.engine.digest import md5_of
 from blobsync.engine.mtime import MTIME_KEY, format_mtime
 from blobsync.engine.overwrite import EXISTS, created_meanwhile, created_only, write_conditions
-from blobsync.engine.staging import BlockUploader, BlockWrite, UploadPlan, check_expected
+from blobsync.engine.staging import BlockUploader
 from blobsync.engine.tasks import in_thread
 from blobsync.errors import (
     BlobsyncError,
