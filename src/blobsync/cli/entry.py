@@ -1,4 +1,5 @@
-"""The `blobsync` command's entry point: the garbage collector and the CA store set for a short-lived process."""
+"""The `blobsync` command's entry point: the garbage collector, the allocator and the CA store set for a short-lived
+process."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ def main() -> None:
     # gen-0 threshold (700) the collector ran over them dozens of times while they loaded (~15 ms of a ~0.2 s
     # start). The command turns it back on, tuned for a transfer, once they are in (cli.main.main).
     gc.disable()
+    from blobsync.local.platform import tune_malloc
+
+    tune_malloc()
     from blobsync.backends import trust_store
 
     trust_store.defer()

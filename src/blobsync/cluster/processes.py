@@ -168,7 +168,9 @@ def _join(processes: list[Any]) -> None:
 
 def _start(queue: Any, cap_state: BucketState) -> None:
     from blobsync.cluster import work
+    from blobsync.local.platform import tune_malloc
 
+    tune_malloc()  # a process of blobsync's own, as the command's
     global _events
     _events = queue
     work.MACHINE_CAP.state = cap_state

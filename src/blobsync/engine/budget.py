@@ -12,7 +12,9 @@ from typing import TypeVar
 T = TypeVar("T")
 
 # A pooled buffer. Block-sized ones are anonymous mmaps: page-aligned (direct I/O can write them as they are) and
-# returned to the OS whole when dropped, where a large bytearray comes from malloc at an odd address.
+# returned to the OS whole when dropped, where a large bytearray comes from malloc at an odd address. Private ones:
+# mmap's default (shared) is backed by shmem, whose first touch of a page costs ~40% more (measured: 232 MiB of
+# buffers, 0.17 -> 0.12 s).
 BlockBuffer = bytearray | mmap.mmap
 _MMAP_FROM = 1024 * 1024
 
@@ -20,6 +22,8 @@ _MMAP_FROM = 1024 * 1024
 def new_buffer(capacity: int) -> BlockBuffer:
     """A zero-filled buffer of exactly `capacity` bytes (page-aligned from 1 MiB up)."""
     if capacity >= _MMAP_FROM:
+        if hasattr(mmap, "MAP_PRIVATE"):  # POSIX (Windows' mmap takes no flags)
+            return mmap.mmap(-1, capacity, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         return mmap.mmap(-1, capacity)
     return bytearray(capacity)
 

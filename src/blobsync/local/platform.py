@@ -253,3 +253,27 @@ def boot_identifier(platform: str | None = None, sources: BootSources = SYSTEM_B
     except (OSError, ValueError, AttributeError):
         return None
     return None
+
+
+# glibc's malloc gives freed memory back to the OS as soon as 128 KiB-256 KiB lie free at the heap's top, and serves
+# each large request with a fresh mmap: a download's bodies arrive as ~256 KiB objects (one per recv, one per parsed
+# piece), so nearly every one landed in pages faulted in again. Measured, 1 GiB down from the null server: 195,000
+# minor faults and 1.1 s of system CPU, against 74,000 and 0.7 s with these settings.
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
+MALLOC_TUNING = ((_M_MMAP_THRESHOLD, 16 << 20), (_M_TRIM_THRESHOLD, 64 << 20), (_M_TOP_PAD, 16 << 20))
+
+
+def tune_malloc() -> bool:
+    """Keep freed heap memory (up to 64 MiB) for reuse instead of returning it and faulting it in again; a process
+    of blobsync's own only (the command, its worker processes): the library leaves its host's allocator alone.
+    False where the C library is not glibc's."""
+    if not sys.platform.startswith("linux") or _portable_forced(os.environ):
+        return False
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # musl and others: no mallopt
+        return False
+    return all(mallopt(param, value) == 1 for param, value in MALLOC_TUNING)
