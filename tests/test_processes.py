@@ -211,11 +211,12 @@ def test_a_split_download_whose_md5_differs_is_fetched_again_as_the_plain_downlo
 def test_a_split_upload_killed_mid_way_resumes_with_only_the_blocks_not_staged(
         container: ContainerHandle, tmp_path: Path, proxy: FaultProxy, azurite: Azurite) -> None:
     """The range tasks run the engine's own chunked write over their window: a kill after 4 blocks landed leaves
-    them staged under the client's nonce, and the same command sends only the other blocks."""
+    them staged under the client's nonce, and the same command sends only the other blocks. With --no-put-md5 no
+    task hashes the file and the blob gets no Content-MD5, as in the plain job (its CRC64 is still composed)."""
     data = random_file(tmp_path / "src" / "big.bin", BIG, seed=91)
     env = {"AZURE_STORAGE_CONNECTION_STRING": azurite.connection_string_via(proxy.endpoint())}
     args = ["cp", str(tmp_path / "src" / "big.bin"), f"{proxy.endpoint()}/{container.name}/big.bin", "--journal",
-            str(tmp_path / "j.db"), "--processes", "2"]
+            str(tmp_path / "j.db"), "--processes", "2", "--no-put-md5"]
     proxy.hold_after("put_block", 4)
     proc = subprocess.Popen([sys.executable, "-m", "blobsync", *args], env=clean_env(env), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -232,3 +233,5 @@ def test_a_split_upload_killed_mid_way_resumes_with_only_the_blocks_not_staged(
     assert done.returncode == 0, done.stderr
     assert proxy.stats.bytes_in["put_block"] == BIG - 4 * 8 * MiB  # the 4 blocks that landed are not sent again
     assert container.download("big.bin") == data
+    props = container.client.get_blob_client("big.bin").get_blob_properties()
+    assert props.content_settings.content_md5 is None and "blobsynccrc64" in props.metadata

@@ -33,12 +33,14 @@ def run(kind: str, publish: Publish | None, worker: str | None, spec: Any, *rest
 def split_graph(submit: Callable[..., Any], split: SplitFile, upload: bool) -> tuple[list[Any], Any]:
     """The tasks of a file split over workers, as every executor runs them: a task per range (stage, or fetch into
     the shared partial file), then the one task that ends the file (commit, or finish) with the ranges' reports;
-    an upload read here is hashed in order by one more task beside the ranges (a copy's MD5 is the source's).
+    an upload read here is hashed in order by one more task beside the ranges, where the job stores an MD5
+    (--put-md5, the default; a copy's MD5 is the source's).
     `submit(kind, *args, n=...)` starts a task whose arguments may be the handles of earlier ones; returns the
     ranges' handles and the last one's."""
     whole = split.whole
     parts = [submit(STAGE if upload else FETCH, r, n=r.first) for r in split.ranges]
     if not upload:
         return parts, submit(FINISH, whole, *parts)
-    md5 = submit(MD5, whole) if not whole.job.source_url else ""
+    hashed = not whole.job.source_url and whole.job.options.get("put_md5", True)
+    md5 = submit(MD5, whole) if hashed else ""
     return parts, submit(COMMIT, whole, md5, *parts)
