@@ -38,9 +38,11 @@ def split_graph(submit: Callable[..., Any], split: SplitFile, upload: bool) -> t
     `submit(kind, *args, n=...)` starts a task whose arguments may be the handles of earlier ones; returns the
     ranges' handles and the last one's."""
     whole = split.whole
+    # The hash first: it is the longest task (serial, the whole file), and a worker takes it up only when free. Sent
+    # after the ranges, it began once they were done: ranges' time plus the hash's, not the larger of the two.
+    hashed = upload and not whole.job.source_url and whole.job.options.get("put_md5", True)
+    md5 = submit(MD5, whole) if hashed else ""
     parts = [submit(STAGE if upload else FETCH, r, n=r.first) for r in split.ranges]
     if not upload:
         return parts, submit(FINISH, whole, *parts)
-    hashed = not whole.job.source_url and whole.job.options.get("put_md5", True)
-    md5 = submit(MD5, whole) if hashed else ""
     return parts, submit(COMMIT, whole, md5, *parts)
