@@ -235,3 +235,32 @@ def test_a_split_upload_killed_mid_way_resumes_with_only_the_blocks_not_staged(
     assert container.download("big.bin") == data
     props = container.client.get_blob_client("big.bin").get_blob_properties()
     assert props.content_settings.content_md5 is None and "blobsynccrc64" in props.metadata
+
+
+def test_a_split_download_killed_mid_way_resumes_with_only_the_ranges_not_fetched(
+        container: ContainerHandle, tmp_path: Path, proxy: FaultProxy, azurite: Azurite) -> None:
+    """A file fetched by both processes into one partial file, killed once 3 GETs had answered: the same command
+    fetches only what had not landed (each range journaled as written), and the file is right."""
+    data = os.urandom(BIG)
+    container.client.upload_blob("big.bin", data)
+    env = {"AZURE_STORAGE_CONNECTION_STRING": azurite.connection_string_via(proxy.endpoint())}
+    args = ["cp", f"{proxy.endpoint()}/{container.name}/big.bin", str(tmp_path / "down.bin"), "--journal",
+            str(tmp_path / "j.db"), "--processes", "2", "--check-md5", "NoCheck"]
+    proxy.hold_after("get_blob", 3)
+    proc = subprocess.Popen([sys.executable, "-m", "blobsync", *args], env=clean_env(env), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        proxy.wait_for_held(1, timeout=120)
+        landed = proxy.stats.bytes_out["get_blob"]
+    finally:
+        kill_tree(proc.pid)
+        proc.communicate(timeout=30)
+        proxy.release_holds()
+    proxy.clear_rules()
+    proxy.wait_idle()
+    proxy.reset_stats()
+    done = run(args, env=env, timeout=180)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "down.bin").read_bytes() == data
+    assert 0 < landed and proxy.stats.bytes_out["get_blob"] <= BIG - landed + 8 * MiB, (landed,
+                                                                                       proxy.stats.bytes_out)

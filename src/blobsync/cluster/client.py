@@ -30,9 +30,9 @@ from blobsync.errors import BlobsyncError, ExitCode, Scope, TransientError, Usag
 from blobsync.jobs.ops import FileOp, OpKind
 from blobsync.jobs.runner import RemoteRunner, Settle, WorkItem
 from blobsync.jobs.spec import Processes
-from blobsync.journal import CommittedBlob, FileRow
+from blobsync.journal import RESUMABLE, CommittedBlob, FileRow
 from blobsync.local.files import FileIdentity, clamp_ns
-from blobsync.local.target import safe_join
+from blobsync.local.target import current_boot_id, part_path, safe_join
 from blobsync.report import FileResult, FileStatus, Report, ShardRow, blob_url
 
 if TYPE_CHECKING:
@@ -100,9 +100,7 @@ class ClusterTransfer:
         if not self.source_url:
             await self._check_shared(workers)
         topic = f"blobsync-{job_id}-{uuid.uuid4().hex[:8]}"
-        self.executor.follow(topic, lambda event: ctx.progress.advanced(str(event.get("shard", "")),
-                                                                        int(event.get("bytes", 0)),
-                                                                        int(event.get("bytes", 0))))
+        self.executor.follow(topic, lambda event: self._event(ctx, event))
         job = self._job_spec(ctx, job_id, topic, len(workers))
         split = ctx.config.overwrite is Overwrite.TRUE
         sizer = BlockSizer(ctx.config.block_size, ctx.store.capabilities)
@@ -219,7 +217,7 @@ class ClusterTransfer:
             await asyncio.gather(*pending, return_exceptions=True)
             raise
 
-    async def _submit(self, ctx: EngineContext, unit: ShardSpec | SplitFile
+    async def _submit(self, ctx: EngineContext, unit: ShardSpec | SplitFile, *, fresh: bool = False
                       ) -> tuple[ShardSpec | SplitFile, list[ShardReport] | BaseException]:
         try:
             if isinstance(unit, ShardSpec):
@@ -227,7 +225,7 @@ class ClusterTransfer:
             if self.upload:
                 await self._clear_left_parts(ctx, unit)
             else:
-                self._prepare_part(unit)
+                unit = self._prepare_download(ctx, unit, fresh)
             return unit, await self.executor.run_split(unit, self.upload)
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
@@ -243,10 +241,40 @@ class ClusterTransfer:
         writer = ctx.store.writer(unit.file.blob, unit.file.nonce)
         await clear_foreign(ctx, writer, BlobHeaders(OCTET_STREAM, None, {}), NO_CONDITIONS)
 
-    def _prepare_part(self, unit: SplitFile) -> None:
-        """The shared partial file, sized, before several workers write their ranges into it."""
-        f = unit.file
-        shared_part(safe_join(self.local_root, f.rel), f.size, self.base, keep=False).close()
+    def _event(self, ctx: EngineContext, event: dict[str, Any]) -> None:
+        """What a worker published: bytes moved, or a split download's range written into the partial file (journaled
+        at once, as the plain download journals its ranges: the only record of what a rerun may keep)."""
+        if "landed" in event:
+            row = self._rows.get(str(event["landed"]))
+            if row is not None:
+                boot = event.get("boot")
+                ctx.journal.block_done(row.id, int(event["idx"]), int(event["size"]), "", durable=True,
+                                       boot=str(boot) if boot is not None else None)
+            return
+        nbytes = int(event.get("bytes", 0))
+        ctx.progress.advanced(str(event.get("shard", "")), nbytes, nbytes)
+
+    def _prepare_download(self, ctx: EngineContext, unit: SplitFile, fresh: bool) -> SplitFile:
+        """The shared partial file, sized, before several workers write their ranges into it: the one an earlier run
+        of this job left, with the ranges it journaled as written (this boot, or fsynced), where that run fetched
+        this very version in these blocks; else a new one, its plan journaled first."""
+        f, size = unit.file, unit.ranges[0].block_size
+        row, target = self._rows[f.rel], safe_join(self.local_root, f.rel)
+        part = part_path(target)
+        done: set[int] = set()
+        if (not fresh and row.state in RESUMABLE and row.nonce == f.nonce and row.etag == f.etag and f.etag
+                and row.block_size == size and os.path.exists(part) and os.path.getsize(part) == f.size):
+            boot = current_boot_id()
+            done = {b.idx for b in ctx.journal.blocks(row.id) if b.boot is None or b.boot == boot}
+        else:
+            ctx.journal.start_file(row.id, nonce=f.nonce, block_size=size, n_blocks=block_count(f.size, size),
+                                   size=f.size, mtime_ns=f.mtime_ns, inode=0, reset=True, etag=f.etag)
+            ctx.journal.flush()
+        shared_part(target, f.size, self.base, keep=bool(done)).close()
+        if done:
+            ctx.progress.advanced(f.rel, sum(min(size, f.size - i * size) for i in done), 0)
+        return SplitFile(tuple(replace(r, done=tuple(sorted(i for i in done if r.first <= i < r.last)))
+                               for r in unit.ranges))
 
     async def _collect(self, ctx: EngineContext, report: Report, pending: set[asyncio.Task[Any]]) -> set[Any]:
         alone_since: float | None = None
@@ -261,7 +289,7 @@ class ClusterTransfer:
             if isinstance(outcome, BaseException):
                 await self._failed(ctx, report, files, outcome)
             elif isinstance(unit, SplitFile) and self._fetch_again(ctx, report, unit, outcome):
-                rest.add(asyncio.ensure_future(self._submit(ctx, unit)))
+                rest.add(asyncio.ensure_future(self._submit(ctx, unit, fresh=True)))  # nothing of it kept
             else:
                 self._apply(ctx, report, files, outcome)
         return rest

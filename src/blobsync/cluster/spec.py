@@ -44,6 +44,7 @@ class RangeSpec:
     block_size: int
     first: int
     last: int
+    done: tuple[int, ...] = ()  # blocks of the window in the partial file already (a resumed split download)
 
 
 @dataclass

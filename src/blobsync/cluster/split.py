@@ -16,7 +16,7 @@ from pathlib import Path
 from blobsync.backends.base import NO_CONDITIONS, BlobHeaders, ChunkedWriter, Conditions, PutResult, Store
 from blobsync.checksums import crc64_int
 from blobsync.cluster.spec import FileOutcome, RangeSpec, ShardReport
-from blobsync.cluster.work import Publish, check_identity, shard_engine
+from blobsync.cluster.work import Publish, Relay, check_identity, shard_engine
 from blobsync.engine.blocks import block_count
 from blobsync.engine.chunks import BlockWrite
 from blobsync.engine.commit import commit_checked, part_layout
@@ -67,12 +67,12 @@ Staged = tuple[int, int, list[Block]]  # bytes, bytes sent, each block
 
 
 async def _range_task(spec: RangeSpec, publish: Publish | None, worker: str,
-                      body: Callable[[EngineContext, Store | None], Awaitable[Staged]]) -> ShardReport:
+                      body: Callable[[EngineContext, Store | None, Relay], Awaitable[Staged]]) -> ShardReport:
     """One range task: its engine (a journal keyed by the range), its body's bytes and bytes sent, its report."""
     started = time.monotonic()
     async with shard_engine(spec.job, f"{spec.file.nonce}-{spec.first}", _label(spec), publish) as (ctx, relay,
                                                                                                      source):
-        nbytes, sent, blocks = await body(ctx, source)
+        nbytes, sent, blocks = await body(ctx, source, relay)
     relay.flush()
     return ShardReport(_label(spec), worker, 0, nbytes, sent, time.monotonic() - started, ctx.requests.retrier.retries,
                        blocks=blocks)
@@ -104,7 +104,7 @@ async def stage_range(spec: RangeSpec, publish: Publish | None, worker: str) -> 
     (engine/staging.BlockUploader: resume, delta, checks); a copy's ranges are staged by the destination's service."""
     f = spec.file
 
-    async def stage(ctx: EngineContext, source: Store | None) -> Staged:
+    async def stage(ctx: EngineContext, source: Store | None, _relay: Relay) -> Staged:
         writer = ctx.store.writer(f.blob, f.nonce)
         tokens, expected = part_layout(writer, f.size, spec.block_size)
         nbytes = sum(expected[t] for t in tokens[spec.first:spec.last])
@@ -233,24 +233,40 @@ async def _commit_all(ctx: EngineContext, spec: RangeSpec, headers: BlobHeaders)
 
 
 async def fetch_range(spec: RangeSpec, publish: Publish | None, worker: str) -> ShardReport:
-    """Fetch blocks [first, last) of a blob (If-Match the planned version) into the shared partial file, each block's
-    CRC64 taken as it lands where the blob's check is one (the finish composes them: no second pass)."""
+    """Fetch blocks [first, last) of a blob (If-Match the planned version) into the shared partial file, but those an
+    earlier run left there (`spec.done`), each block's CRC64 taken as it lands where the blob's check is one (the
+    finish composes them: no second pass) and each reported to the client as written (its journal is what a rerun
+    after a kill resumes from)."""
     f, size = spec.file, spec.block_size
 
-    async def fetch(ctx: EngineContext, _source: Store | None) -> Staged:
+    async def fetch(ctx: EngineContext, _source: Store | None, relay: Relay) -> Staged:
         part = await _shared_part(ctx, spec)
         ranges = [(i, i * size, min(size, f.size - i * size)) for i in range(spec.first, spec.last)]
         crc64 = whole_check(ctx.config.check_md5, f.blob, f.listed()) == "crc64"
-        reads = RangeFetch(ctx, f.rel, f.blob, f.etag or None, ranges, FileSink(ctx, part, None), None, crc64=crc64)
+        reads = RangeFetch(ctx, f.rel, f.blob, f.etag or None, ranges, _ReportedSink(ctx, part, relay, f.rel), None,
+                           crc64=crc64)
         try:
-            sent = await reads.run()
+            sent = await reads.run(set(spec.done))
             await in_thread(ctx.io_pool, part.sync)
         finally:
             part.close()
         crcs = reads.crcs or {}
-        return sent, sent, [(i, "", False, "", f"{crcs[i][0]:016x}") for i, _, _ in ranges if i in crcs]
+        nbytes = sum(length for i, _, length in ranges if i not in spec.done)
+        return nbytes, sent, [(i, "", False, "", f"{crcs[i][0]:016x}") for i, _, _ in ranges if i in crcs]
 
     return await _range_task(spec, publish, worker, fetch)
+
+
+class _ReportedSink(FileSink):
+    """The shared partial file as a range task writes it: each range, once written, reported to the client."""
+
+    def __init__(self, ctx: EngineContext, part: PartFile, relay: Relay, rel: str) -> None:
+        super().__init__(ctx, part, None)
+        self.relay, self.rel = relay, rel
+
+    async def landed(self, idx: int, offset: int, view: memoryview) -> None:
+        await super().landed(idx, offset, view)
+        self.relay.landed(self.rel, idx, len(view), self.boot)
 
 
 async def finish_download(spec: RangeSpec, *fetched: ShardReport, publish: Publish | None, worker: str

@@ -114,7 +114,7 @@ def _journal_path(folder: Path, job: WorkerJob, key: str) -> Path:
     return folder / f"{job.job}-{key}-{os.getpid()}-{threading.get_ident()}.db"
 
 
-class _Relay(BaseSubscriber):
+class Relay(BaseSubscriber):
     """Progress events to the client, a few per second at most, and every file's outcome kept for the report."""
 
     def __init__(self, publish: Publish | None, label: str) -> None:
@@ -148,6 +148,12 @@ class _Relay(BaseSubscriber):
         self.outcomes.append(outcome)
         self._tick()
 
+    def landed(self, rel: str, idx: int, size: int, boot: str | None) -> None:
+        """A split download's range is in the partial file (written; fsynced only if `boot` is None): the client
+        journals it at once, so a rerun after a kill fetches only what had not landed."""
+        if self.publish is not None:
+            self.publish({"landed": rel, "idx": idx, "size": size, "boot": boot})
+
     def flush(self) -> None:
         if self.publish is not None and self._bytes:
             self.publish({"shard": self.label, "bytes": self._bytes})
@@ -156,10 +162,10 @@ class _Relay(BaseSubscriber):
 
 @contextlib.asynccontextmanager
 async def shard_engine(job: WorkerJob, key: str, label: str, publish: Publish | None
-                       ) -> AsyncIterator[tuple[EngineContext, _Relay, Store | None]]:
+                       ) -> AsyncIterator[tuple[EngineContext, Relay, Store | None]]:
     """The engine for one task on this worker, with its own journal (`key` names it), a relay of its progress, and
     a copy's source store (its URL's SAS, or this machine's environment)."""
-    relay = _Relay(publish, label)
+    relay = Relay(publish, label)
     with SHARD_FOLDER.used() as folder:
         path = _journal_path(folder, job, key)
         journal = Journal(path)
