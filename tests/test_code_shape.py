@@ -186,3 +186,16 @@ def test_every_chunked_write_of_bytes_runs_one_chunk_loop() -> None:
     assert _modules_naming(r"\bclass \w*(ChunkLoop|Chunks?Loop)\b") == ["engine/chunks.py"]
     assert _modules_naming(r"\bHASH_AHEAD\b") == ["engine/chunks.py"]
     assert _modules_naming(r"\bChunkLoop\(") == ["engine/staging.py", "engine/streaming.py"]
+
+
+def test_a_module_function_and_its_client_method_run_one_implementation() -> None:
+    """`blobsync.copy(...)` and `Client.copy(...)` (sync, watch, remove, resume) are one function, `api.*_on(session,
+    ...)`: the module function runs it on a session of its own, the Client on its session; nothing else differs
+    between the two (issue 49, point 3)."""
+    from blobsync import aio, api
+    from blobsync.client import AsyncClient
+
+    for name in ("copy", "sync", "watch", "remove", "resume"):
+        one = getattr(api, f"{name}_on")
+        assert getattr(aio, name).__wrapped__ is one, name
+        assert getattr(AsyncClient, name).__wrapped__ is one, name

@@ -50,6 +50,7 @@ def _bound(fn: Callable[Concatenate[Session | None, P], Coroutine[Any, Any, T]]
 
     call.__name__ = fn.__name__.removesuffix("_on")
     call.__doc__ = fn.__doc__
+    call.__wrapped__ = fn  # type: ignore[attr-defined]  # the one implementation, which the module function runs too
     return call
 
 
