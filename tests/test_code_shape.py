@@ -143,8 +143,8 @@ def _modules_naming(pattern: str) -> list[str]:
 def test_what_a_whole_read_checks_is_decided_in_one_place() -> None:
     """--check-md5's modes are read in engine/digest.py alone (whole_check, verify_whole); every read asks it."""
     assert _modules_naming(r"CheckMd5\.(NO_CHECK|LOG_ONLY|FAIL_IF)") == ["config.py", "engine/digest.py"]
-    assert _modules_naming(r"\bwhole_check\(") == ["client.py", "cluster/split.py", "engine/digest.py",
-                                                   "engine/download.py"]
+    assert _modules_naming(r"\bwhole_check\(") == ["client.py", "cluster/client.py", "cluster/split.py",
+                                                   "engine/digest.py", "engine/download.py"]
 
 
 def test_every_read_of_a_blob_is_a_checked_get() -> None:

@@ -22,7 +22,8 @@ from blobsync.config import Overwrite
 from blobsync.engine.blocks import block_count
 from blobsync.engine.commit import clear_foreign
 from blobsync.engine.context import EngineContext
-from blobsync.engine.download import shared_part
+from blobsync.engine.digest import whole_check
+from blobsync.engine.download import LandedHash, shared_part
 from blobsync.engine.fetching import Refetches
 from blobsync.engine.mtime import MTIME_KEY, format_mtime
 from blobsync.engine.upload import OCTET_STREAM
@@ -67,7 +68,8 @@ class Executor(Protocol):
 
     def run_shard(self, spec: ShardSpec) -> Awaitable[ShardReport]: ...
 
-    def run_split(self, split: SplitFile, upload: bool) -> Awaitable[list[ShardReport]]: ...
+    def run_split(self, split: SplitFile, upload: bool, digest: Any = "",
+                  on_part: Callable[[ShardReport], None] | None = None) -> Awaitable[list[ShardReport]]: ...
 
     def follow(self, topic: str, handler: Callable[[dict[str, Any]], None]) -> None: ...
 
@@ -89,6 +91,7 @@ class ClusterTransfer:
         self.base = Path()  # the folder the user named: downloads follow no link below it
         self._rows: dict[str, FileRow] = {}  # files of the units in flight, by local path
         self._mismatched: dict[str, Refetches] = {}  # split downloads: whole digests that differed from the blob's
+        self._hashers: dict[str, LandedHash] = {}  # split downloads checked by the MD5: hashed here as ranges land
         self._settle: Settle = lambda report, row, result: None  # the JobRunner's: it records each outcome
 
     async def run(self, ctx: EngineContext, job_id: str, local_root: Path, report: Report,
@@ -224,9 +227,9 @@ class ClusterTransfer:
                 return unit, [await self.executor.run_shard(unit)]
             if self.upload:
                 await self._clear_left_parts(ctx, unit)
-            else:
-                unit = self._prepare_download(ctx, unit, fresh)
-            return unit, await self.executor.run_split(unit, self.upload)
+                return unit, await self.executor.run_split(unit, self.upload)
+            unit = self._prepare_download(ctx, unit, fresh)
+            return unit, await self._run_download(ctx, unit)
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
@@ -245,7 +248,11 @@ class ClusterTransfer:
         """What a worker published: bytes moved, or a split download's range written into the partial file (journaled
         at once, as the plain download journals its ranges: the only record of what a rerun may keep)."""
         if "landed" in event:
-            row = self._rows.get(str(event["landed"]))
+            rel = str(event["landed"])
+            hasher = self._hashers.get(rel)
+            if hasher is not None:
+                hasher.landed(int(event["idx"]))
+            row = self._rows.get(rel)
             if row is not None:
                 boot = event.get("boot")
                 ctx.journal.block_done(row.id, int(event["idx"]), int(event["size"]), "", durable=True,
@@ -253,6 +260,27 @@ class ClusterTransfer:
             return
         nbytes = int(event.get("bytes", 0))
         ctx.progress.advanced(str(event.get("shard", "")), nbytes, nbytes)
+
+    async def _run_download(self, ctx: EngineContext, unit: SplitFile) -> list[ShardReport]:
+        """A split download's tasks; where its whole check is the MD5, taken here in order as the ranges land
+        (engine/download.LandedHash, on a core of its own beside the fetches) and handed to the finish."""
+        f = unit.file
+        if whole_check(ctx.config.check_md5, f.blob, f.listed()) != "md5":
+            return await self.executor.run_split(unit, self.upload)
+        size = unit.ranges[0].block_size
+        hasher = LandedHash(ctx, safe_join(self.local_root, f.rel), f.size, size, self.base,
+                            {i for r in unit.ranges for i in r.done})
+        self._hashers[f.rel] = hasher
+
+        def on_part(report: ShardReport) -> None:
+            for block in report.blocks:
+                hasher.landed(block[0])
+
+        try:
+            return await self.executor.run_split(unit, self.upload, hasher.digest, on_part)
+        finally:
+            self._hashers.pop(f.rel, None)
+            await hasher.close()
 
     def _prepare_download(self, ctx: EngineContext, unit: SplitFile, fresh: bool) -> SplitFile:
         """The shared partial file, sized, before several workers write their ranges into it: the one an earlier run

@@ -97,11 +97,27 @@ class DaskExecutor:
     def _submit(self, kind: str, spec: Any, *rest: Any, n: int | None = None) -> Any:
         return self.client.submit(_task, kind, spec, *rest, key=_key(kind, n), retries=TASK_RETRIES, pure=False)
 
-    async def run_split(self, split: SplitFile, upload: bool) -> list[ShardReport]:
-        parts, last = tasks.split_graph(self._submit, split, upload)  # Dask passes each task its inputs' results
+    async def run_split(self, split: SplitFile, upload: bool, digest: Any = "",
+                        on_part: Callable[[ShardReport], None] | None = None) -> list[ShardReport]:
+        def submit(kind: str, spec: Any, *rest: Any, n: int | None = None) -> Any:
+            if any(isinstance(a, asyncio.Future) for a in rest):  # a value the client is still making
+                return asyncio.ensure_future(self._submit_after(kind, spec, *rest, n=n))
+            return self._submit(kind, spec, *rest, n=n)
+
+        parts, last = tasks.split_graph(submit, split, upload, digest)  # Dask passes each task its inputs' results
         # One await per future, not client.gather: a cancelled gather leaves Dask tasks that later fail unseen
         # (AllExit tracebacks on stderr when the user stops the job).
-        return [await future for future in (*parts, last)]
+        try:
+            return await tasks.gather_split(parts, last, on_part)
+        finally:
+            if isinstance(last, asyncio.Future) and not last.done():
+                last.cancel()
+                await asyncio.gather(last, return_exceptions=True)
+
+    async def _submit_after(self, kind: str, spec: Any, *rest: Any, n: int | None = None) -> Any:
+        """The task submitted once the client's own values among its arguments are made."""
+        resolved = [await a if isinstance(a, asyncio.Future) else a for a in rest]
+        return await self._submit(kind, spec, *resolved, n=n)
 
     async def share_cap(self, job: str, cap_bytes: float) -> None:
         """The job's cap split among the workers running tasks now (each its equal share), so a worker that alone

@@ -64,16 +64,17 @@ class ProcessExecutor:
     def run_shard(self, spec: ShardSpec) -> asyncio.Future[ShardReport]:
         return asyncio.ensure_future(self._call(tasks.SHARD, spec))
 
-    async def run_split(self, split: SplitFile, upload: bool) -> list[ShardReport]:
+    async def run_split(self, split: SplitFile, upload: bool, digest: Any = "",
+                        on_part: Callable[[ShardReport], None] | None = None) -> list[ShardReport]:
         started: list[asyncio.Future[Any]] = []
 
         def submit(kind: str, *args: Any, n: int | None = None) -> asyncio.Future[Any]:
             started.append(asyncio.ensure_future(self._after(kind, *args)))
             return started[-1]
 
-        parts, last = tasks.split_graph(submit, split, upload)
+        parts, last = tasks.split_graph(submit, split, upload, digest)
         try:
-            return [await task for task in (*parts, last)]
+            return await tasks.gather_split(parts, last, on_part)
         finally:
             for task in started:
                 task.cancel()

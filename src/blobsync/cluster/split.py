@@ -251,8 +251,9 @@ async def fetch_range(spec: RangeSpec, publish: Publish | None, worker: str) -> 
         finally:
             part.close()
         crcs = reads.crcs or {}
-        nbytes = sum(length for i, _, length in ranges if i not in spec.done)
-        return nbytes, sent, [(i, "", False, "", f"{crcs[i][0]:016x}") for i, _, _ in ranges if i in crcs]
+        # Every block fetched (its CRC64 where taken): the client knows them all in, whatever its events said.
+        return sum(length for i, _, length in ranges if i not in spec.done), sent, [
+            (i, "", False, "", f"{crcs[i][0]:016x}" if i in crcs else "") for i, _, _ in ranges if i not in spec.done]
 
     return await _range_task(spec, publish, worker, fetch)
 
@@ -269,10 +270,11 @@ class _ReportedSink(FileSink):
         self.relay.landed(self.rel, idx, len(view), self.boot)
 
 
-async def finish_download(spec: RangeSpec, *fetched: ShardReport, publish: Publish | None, worker: str
-                          ) -> ShardReport:
+async def finish_download(spec: RangeSpec, md5_hex: str, *fetched: ShardReport, publish: Publish | None,
+                          worker: str) -> ShardReport:
     """Check the whole partial file against the blob's stored check (digest.whole_check), then give it its name:
-    one rename, once whole."""
+    one rename, once whole. `md5_hex`: the file's MD5 as the client took it while the ranges landed (else, where
+    the MD5 is the check, it is read back here)."""
     f = spec.file
 
     async def finish(ctx: EngineContext, _source: Store | None, outcome: FileOutcome) -> None:
@@ -288,7 +290,7 @@ async def finish_download(spec: RangeSpec, *fetched: ShardReport, publish: Publi
             kind = whole_check(mode, f.blob, props)
             digest = None
             if kind == "md5":
-                digest = Digest("md5", await md5_again())
+                digest = Digest("md5", bytes.fromhex(md5_hex) if md5_hex else await md5_again())
             elif kind == "crc64":
                 digest = await _fetched_crc64(ctx, part, spec, fetched)
             digest = await verify_read(mode, f.blob, props, digest, md5_again, WRITTEN_NOWHERE)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import logging
 import os
 from pathlib import Path
@@ -189,3 +191,77 @@ class FileDownloader:
             ctx.memory.release(buf)
         ctx.progress.advanced(row.rel, props.size, props.size)
         return props.size, got
+
+
+class LandedHash:
+    """The whole MD5 of a split download's shared partial file, taken in order on one hash lane as its blocks land
+    (written by range tasks on other processes, in any order): the one check that cannot be split runs beside the
+    fetches, not after them. `landed(idx)` as each block is reported written; `digest` resolves to the MD5's hex
+    once every block is in (a read error fails it); `close()` gives the lane back, whatever happened."""
+
+    def __init__(self, ctx: EngineContext, target: Path, size: int, block_size: int, root: Path,
+                 done: set[int]) -> None:
+        self.ctx, self.target, self.size, self.block_size, self.root = ctx, target, size, block_size, root
+        self.count = block_count(size, block_size)
+        self.landed_blocks = set(done)
+        self.next = 0  # the first block not yet hashed
+        self.md5 = new_md5()
+        self.digest: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._lane = ctx.hashing.take()
+        self._busy: asyncio.Future[int] | None = None
+        self._part: PartFile | None = None
+        self._buf: bytearray | None = None
+        self._closed = False
+        self._pump()
+
+    def landed(self, idx: int) -> None:
+        self.landed_blocks.add(idx)
+        self._pump()
+
+    def _pump(self) -> None:
+        if self._busy is not None or self._closed or self.digest.done():
+            return
+        if self.next >= self.count:
+            self.digest.set_result(self.md5.hexdigest())
+            return
+        last = self.next
+        while last < self.count and last in self.landed_blocks:
+            last += 1
+        if last > self.next:
+            pool = self.ctx.hashing.pool(self._lane)
+            self._busy = asyncio.get_running_loop().run_in_executor(pool, self._feed, self.next, last)
+            self._busy.add_done_callback(self._fed)
+
+    def _feed(self, first: int, last: int) -> int:
+        """Blocks [first, last) read back from the partial file and hashed, in this lane's thread."""
+        if self._part is None:
+            self._part = shared_part(self.target, self.size, self.root, keep=True)
+            self._buf = bytearray(self.block_size)
+        assert self._buf is not None
+        for _, offset, length in itertools.islice(block_ranges(self.size, self.block_size), first, last):
+            view = memoryview(self._buf)[:length]
+            self._part.read_into(view, offset)
+            self.md5.update(view)
+        return last
+
+    def _fed(self, done: asyncio.Future[int]) -> None:
+        self._busy = None
+        if done.cancelled() or self.digest.done():
+            return
+        error = done.exception()
+        if error is not None:
+            self.digest.set_exception(error)
+            return
+        self.next = done.result()
+        self._pump()
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._busy is not None:
+            await asyncio.gather(self._busy, return_exceptions=True)
+        if not self.digest.done():
+            self.digest.cancel()
+        self.ctx.hashing.give_back(self._lane)
+        if self._part is not None:
+            await in_thread(self.ctx.io_pool, self._part.close)
+            self._part = None

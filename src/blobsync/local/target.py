@@ -347,6 +347,15 @@ class PartFile:
     def read(self, offset: int, length: int) -> bytes:
         return self.file.read(length, offset)
 
+    def read_into(self, view: memoryview, offset: int) -> None:
+        """Fill `view` with bytes already on disk at `offset` (a range another process wrote)."""
+        done = 0
+        while done < len(view):
+            n = self.file.read_into(view[done:], offset + done)
+            if not n:
+                raise LocalWriteError(f"{self.path}: partial file is shorter than expected")
+            done += n
+
     def chunks(self, offset: int, length: int) -> Iterator[bytes]:
         """Bytes already on disk (from an earlier run), in order, 8 MiB at a time."""
         step = 8 * 1024 * 1024
