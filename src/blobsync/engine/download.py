@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import os
 from pathlib import Path
@@ -12,6 +11,7 @@ from blobsync.backends.base import BlobProperties
 from blobsync.checksums import crc64_int
 from blobsync.config import Overwrite
 from blobsync.engine.blocks import block_count, block_ranges
+from blobsync.engine.budget import BlockBuffer, new_buffer
 from blobsync.engine.context import EngineContext
 from blobsync.engine.digest import (
     EMPTY_MD5,
@@ -196,72 +196,55 @@ class FileDownloader:
 class LandedHash:
     """The whole MD5 of a split download's shared partial file, taken in order on one hash lane as its blocks land
     (written by range tasks on other processes, in any order): the one check that cannot be split runs beside the
-    fetches, not after them. `landed(idx)` as each block is reported written; `digest` resolves to the MD5's hex
-    once every block is in (a read error fails it); `close()` gives the lane back, whatever happened."""
+    fetches, not after them. Each block is read back (past the page cache, as the ranges were written) while the
+    one before is hashed. `landed(idx)` as each block is reported written; `digest` resolves to the MD5's hex once
+    every block is in (a read error fails it); `close()` stops it and gives the lane back."""
 
     def __init__(self, ctx: EngineContext, target: Path, size: int, block_size: int, root: Path,
                  done: set[int]) -> None:
         self.ctx, self.target, self.size, self.block_size, self.root = ctx, target, size, block_size, root
-        self.count = block_count(size, block_size)
         self.landed_blocks = set(done)
-        self.next = 0  # the first block not yet hashed
         self.md5 = new_md5()
-        self.digest: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._wake = asyncio.Event()
         self._lane = ctx.hashing.take()
-        self._busy: asyncio.Future[int] | None = None
+        self._hashing: asyncio.Future[None] | None = None  # the last block's update, in the lane
         self._part: PartFile | None = None
-        self._buf: bytearray | None = None
-        self._closed = False
-        self._pump()
+        self._bufs: list[BlockBuffer] = []
+        self.digest: asyncio.Future[str] = asyncio.ensure_future(self._hash_all())
 
     def landed(self, idx: int) -> None:
         self.landed_blocks.add(idx)
-        self._pump()
+        self._wake.set()
 
-    def _pump(self) -> None:
-        if self._busy is not None or self._closed or self.digest.done():
-            return
-        if self.next >= self.count:
-            self.digest.set_result(self.md5.hexdigest())
-            return
-        last = self.next
-        while last < self.count and last in self.landed_blocks:
-            last += 1
-        if last > self.next:
-            pool = self.ctx.hashing.pool(self._lane)
-            self._busy = asyncio.get_running_loop().run_in_executor(pool, self._feed, self.next, last)
-            self._busy.add_done_callback(self._fed)
-
-    def _feed(self, first: int, last: int) -> int:
-        """Blocks [first, last) read back from the partial file and hashed, in this lane's thread."""
-        if self._part is None:
-            self._part = shared_part(self.target, self.size, self.root, keep=True)
-            self._buf = bytearray(self.block_size)
-        assert self._buf is not None
-        for _, offset, length in itertools.islice(block_ranges(self.size, self.block_size), first, last):
-            view = memoryview(self._buf)[:length]
-            self._part.read_into(view, offset)
-            self.md5.update(view)
-        return last
-
-    def _fed(self, done: asyncio.Future[int]) -> None:
-        self._busy = None
-        if done.cancelled() or self.digest.done():
-            return
-        error = done.exception()
-        if error is not None:
-            self.digest.set_exception(error)
-            return
-        self.next = done.result()
-        self._pump()
+    async def _hash_all(self) -> str:
+        ctx = self.ctx
+        self._part = await in_thread(ctx.io_pool, lambda: shared_part(self.target, self.size, self.root, keep=True))
+        self._bufs = [new_buffer(self.block_size) for _ in range(2)]  # page-aligned: read back past the cache
+        for idx, offset, length in block_ranges(self.size, self.block_size):
+            while idx not in self.landed_blocks:
+                self._wake.clear()
+                await self._wake.wait()
+            view = memoryview(self._bufs[idx % 2])[:length]  # its last user (block idx - 2) is hashed already
+            await in_thread(ctx.io_pool, self._part.read_back, view, offset)  # beside the previous block's update
+            if self._hashing is not None:
+                await self._hashing
+            self._hashing = asyncio.get_running_loop().run_in_executor(ctx.hashing.pool(self._lane),
+                                                                      self.md5.update, view)
+        if self._hashing is not None:
+            await self._hashing
+        return self.md5.hexdigest()
 
     async def close(self) -> None:
-        self._closed = True
-        if self._busy is not None:
-            await asyncio.gather(self._busy, return_exceptions=True)
         if not self.digest.done():
             self.digest.cancel()
+        await asyncio.gather(self.digest, return_exceptions=True)
+        if self._hashing is not None:  # a thread may still hash a buffer: it goes only after
+            await asyncio.gather(self._hashing, return_exceptions=True)
         self.ctx.hashing.give_back(self._lane)
         if self._part is not None:
             await in_thread(self.ctx.io_pool, self._part.close)
             self._part = None
+        for buf in self._bufs:
+            if not isinstance(buf, bytearray):
+                buf.close()  # an mmap: unmapped now, not when collected
+        self._bufs = []

@@ -282,7 +282,7 @@ class PartFile:
         # balloon hands free memory back to the host, costs more than the copy), and a big download does not
         # evict everything else from the cache. Any refusal (at open or at a write) turns it off for this file.
         self._direct = direct_io_wanted()
-        self._direct_fd = -1
+        self._direct_fd = self._read_fd = -1
         if self._direct:  # opened here, not on first use: several worker threads write one file at once
             self._direct_fd = self._reopen(os.O_WRONLY | getattr(os, "O_DIRECT", 0))
             self._direct = self._direct_fd >= 0
@@ -347,8 +347,25 @@ class PartFile:
     def read(self, offset: int, length: int) -> bytes:
         return self.file.read(length, offset)
 
-    def read_into(self, view: memoryview, offset: int) -> None:
-        """Fill `view` with bytes already on disk at `offset` (a range another process wrote)."""
+    def read_back(self, view: memoryview, offset: int) -> None:
+        """Fill `view` with bytes written at `offset` (by this process or another, in one thread at a time): from
+        the device where they went past the page cache (O_DIRECT: a cold buffered read made the page cache
+        allocate, which on these VMs cost 2.0 s of CPU per GiB against 0.07 s), else through it."""
+        if self._direct and offset % _DIRECT_ALIGN == 0 and _address(view) % _DIRECT_ALIGN == 0:
+            if self._read_fd < 0:
+                self._read_fd = self._reopen(os.O_RDONLY | getattr(os, "O_DIRECT", 0))
+            done, aligned = 0, len(view) - len(view) % _DIRECT_ALIGN
+            try:
+                while self._read_fd >= 0 and done < aligned:
+                    n = os.preadv(self._read_fd, [view[done:aligned]], offset + done)
+                    if n <= 0 or n % _DIRECT_ALIGN:  # short or odd: the rest is read through the cache
+                        done += max(n, 0)
+                        break
+                    done += n
+            except OSError as exc:
+                if exc.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
+                    raise _write_error(self.path, exc) from exc
+            view, offset = view[done:], offset + done
         done = 0
         while done < len(view):
             n = self.file.read_into(view[done:], offset + done)
@@ -419,6 +436,9 @@ class PartFile:
         if getattr(self, "_direct_fd", -1) >= 0:
             os.close(self._direct_fd)
             self._direct_fd = -1
+        if getattr(self, "_read_fd", -1) >= 0:
+            os.close(self._read_fd)
+            self._read_fd = -1
         if getattr(self, "file", None) is not None:
             self.file.close_extra()
         if self.fd >= 0:
