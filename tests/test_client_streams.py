@@ -246,14 +246,10 @@ def test_a_file_object_put_resumes_like_a_path_after_a_kill(
     assert container.download("big.bin") == data
 
 
-def test_readers_read_ahead_within_the_clients_one_memory_budget(container: ContainerHandle, tmp_path: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    """Three readers reading ahead 4 blocks each at once, under a budget of two blocks: every block is fetched into
-    a pooled buffer of the budget (never more than the budget at once), and every read is right."""
+def _budget_peak(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The most any MemoryBudget counts (buffers and reservations) once it has handed out a buffer, as it goes."""
     from blobsync.engine.budget import MemoryBudget
 
-    data = os.urandom(6 * MiB + 3)
-    container.client.upload_blob("r.bin", data)
     peak = [0]
     taken = MemoryBudget.buffer
 
@@ -263,6 +259,16 @@ def test_readers_read_ahead_within_the_clients_one_memory_budget(container: Cont
         return buf
 
     monkeypatch.setattr(MemoryBudget, "buffer", watched)
+    return peak
+
+
+def test_readers_read_ahead_within_the_clients_one_memory_budget(container: ContainerHandle, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three readers reading ahead 4 blocks each at once, under a budget of two blocks: every block is fetched into
+    a pooled buffer of the budget (never more than the budget at once), and every read is right."""
+    data = os.urandom(6 * MiB + 3)
+    container.client.upload_blob("r.bin", data)
+    peak = _budget_peak(monkeypatch)
     config = TransferConfig.from_mib(block_size_mb=1, memory_mb=2, journal_path=tmp_path / "j.db")
 
     async def main() -> list[bytes]:
@@ -294,18 +300,8 @@ def test_open_writers_beyond_the_memory_budget_interleave_and_stay_within_it(
     """Four writers open at once, written in turn from one task, under a budget of two blocks: each full block goes
     through the one chunk loop in a buffer of the budget (never more than the budget at once), while the block a
     writer is still filling waits on its caller outside it, so no writer waits for another's caller. All land."""
-    from blobsync.engine.budget import MemoryBudget
-
     datas = [os.urandom(2 * MiB + 300_000 + i) for i in range(4)]
-    peak = [0]
-    taken = MemoryBudget.buffer
-
-    async def watched(self: MemoryBudget, capacity: int) -> object:
-        buf = await taken(self, capacity)
-        peak[0] = max(peak[0], self.counted)
-        return buf
-
-    monkeypatch.setattr(MemoryBudget, "buffer", watched)
+    peak = _budget_peak(monkeypatch)
     config = TransferConfig.from_mib(block_size_mb=1, memory_mb=2, journal_path=tmp_path / "j.db")
 
     async def main() -> None:

@@ -8,7 +8,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -217,18 +217,7 @@ def test_a_split_upload_killed_mid_way_resumes_with_only_the_blocks_not_staged(
     env = {"AZURE_STORAGE_CONNECTION_STRING": azurite.connection_string_via(proxy.endpoint())}
     args = ["cp", str(tmp_path / "src" / "big.bin"), f"{proxy.endpoint()}/{container.name}/big.bin", "--journal",
             str(tmp_path / "j.db"), "--processes", "2", "--no-put-md5"]
-    proxy.hold_after("put_block", 4)
-    proc = subprocess.Popen([sys.executable, "-m", "blobsync", *args], env=clean_env(env), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        proxy.wait_for_held(1, timeout=120)
-    finally:
-        kill_tree(proc.pid)
-        proc.communicate(timeout=30)
-        proxy.release_holds()
-    proxy.clear_rules()
-    proxy.wait_idle()
-    proxy.reset_stats()
+    _killed_when_held(proxy, args, env, "put_block", 4)
     done = run(args, env=env, timeout=180)
     assert done.returncode == 0, done.stderr
     assert proxy.stats.bytes_in["put_block"] == BIG - 4 * 8 * MiB  # the 4 blocks that landed are not sent again
@@ -253,12 +242,23 @@ def test_a_split_download_killed_mid_way_resumes_with_only_the_ranges_not_fetche
     journal = tmp_path / "j.db"
     args = ["cp", f"{proxy.endpoint()}/{container.name}/big.bin", str(tmp_path / "down.bin"), "--journal",
             str(journal), "--processes", "2", "--check-md5", "FailIfDifferent"]
-    proxy.hold_after("get_blob", 3)
+    journaled = _killed_when_held(proxy, args, env, "get_blob", 3, lambda: _ranges_journaled(journal, at_least=1))
+    done = run(args, env=env, timeout=180)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "down.bin").read_bytes() == data
+    assert proxy.stats.bytes_out["get_blob"] <= BIG - journaled, (journaled, proxy.stats.bytes_out)
+
+
+def _killed_when_held(proxy: FaultProxy, args: list[str], env: dict[str, str], op: str, count: int,
+                      before_kill: Callable[[], int] = lambda: 0) -> int:
+    """`blobsync *args` run until `count` `op` requests have landed and the next is held at the proxy, then killed
+    with its workers (`before_kill()` first: what it returns is returned); the proxy left clean for the rerun."""
+    proxy.hold_after(op, count)
     proc = subprocess.Popen([sys.executable, "-m", "blobsync", *args], env=clean_env(env), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         proxy.wait_for_held(1, timeout=120)
-        journaled = _ranges_journaled(journal, at_least=1)
+        seen = before_kill()
     finally:
         kill_tree(proc.pid)
         proc.communicate(timeout=30)
@@ -266,10 +266,7 @@ def test_a_split_download_killed_mid_way_resumes_with_only_the_ranges_not_fetche
     proxy.clear_rules()
     proxy.wait_idle()
     proxy.reset_stats()
-    done = run(args, env=env, timeout=180)
-    assert done.returncode == 0, done.stderr
-    assert (tmp_path / "down.bin").read_bytes() == data
-    assert proxy.stats.bytes_out["get_blob"] <= BIG - journaled, (journaled, proxy.stats.bytes_out)
+    return seen
 
 
 def _ranges_journaled(journal: Path, at_least: int, timeout: float = 60) -> int:
