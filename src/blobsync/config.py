@@ -366,6 +366,13 @@ class TransferConfig:
         "goes anywhere).",
         metavar="SUFFIXES", parse=parse_suffixes, journal=False, scope="session"))
 
+    # Incremental writes (blobsync.torch's incremental checkpoints; library only): a block equal to the same block
+    # of an earlier blob is staged by the service from that blob, not sent. `blocks_from` names that blob (a write of
+    # one blob) or the folder holding each file's blob of the same relative name (a folder's upload), in the
+    # destination's container; its digests are read from `<blob>.blocks` beside it, which `block_digests` writes.
+    blocks_from: str | None = field(default=None, metadata=_flag(None))
+    block_digests: bool = field(default=False, metadata=_flag(None))
+
     def __repr__(self) -> str:
         # A proxy's password (user:password@) never shows: reprs reach logs, tracebacks and notebooks.
         shown = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self) if f.repr)
@@ -408,9 +415,12 @@ class TransferConfig:
         number(self.retry_deadline, "retry_deadline (--retry-deadline)", 0.1, 30 * 86400, " seconds")
         number(self.stall_timeout, "stall_timeout (--stall-timeout)", 0.1, 86400, " seconds")
         set_("journal_path", optional_path(self.journal_path, "journal_path (--journal)"))
-        for name in ("content_type", "tier", "proxy"):
+        for name in ("content_type", "tier", "proxy", "blocks_from"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 raise UsageError(f"invalid {name}={getattr(self, name)!r}: expected text or None")
+        if self.blocks_from is not None and ("://" in self.blocks_from or not self.blocks_from.strip("/")):
+            raise UsageError(f"invalid blocks_from={self.blocks_from!r}: the name of a blob or folder in the "
+                             "destination's container (no URL, no SAS)")
         suffixes = self.trusted_suffixes
         if isinstance(suffixes, str) or not all(isinstance(x, str) for x in suffixes):
             raise UsageError(f"invalid trusted_suffixes={suffixes!r}: a tuple of host names or domains")

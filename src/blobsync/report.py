@@ -42,6 +42,7 @@ class FileResult:
     content_md5: bytes | None = None  # transferred: the MD5 of the bytes, as stored in the blob's Content-MD5
     url: str | None = None  # transferred: the blob's URL, without any SAS
     version_id: str | None = None  # uploads where the account keeps versions
+    bytes_copied: int = 0  # unchanged blocks an incremental write had the service stage from an earlier blob
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,7 @@ class Report:
     bytes_sent: int = 0  # bytes that went over the wire in this run (blocks, bodies)
     bytes_reused: int = 0  # bytes found already on the service (resume, or unchanged blocks of a delta)
     bytes_delta: int = 0  # of bytes_reused: unchanged blocks reused by delta uploads
+    bytes_copied: int = 0  # of bytes_reused: unchanged blocks staged by the service from an earlier blob
     retries: int = 0
     throttled: int = 0  # throttling answers (429, 503, 500 OperationTimedOut)
     lowest_concurrency: int | None = None  # how far adaptive concurrency went down, if it did

@@ -226,9 +226,11 @@ class ChunkedWriter(Protocol):
         arrives otherwise (a retryable error)."""
         ...
 
-    async def stage_from(self, index: int, source: CopySource, offset: int, length: int) -> None:
+    async def stage_from(self, index: int, source: CopySource, offset: int, length: int,
+                         check: PartCheck | None = None) -> None:
         """Stage part `index` as `length` bytes of `source` from `offset`, read by the store's service itself
-        (capabilities.stage_copy_max); refused (CopySourceError) when the service cannot read the source."""
+        (capabilities.stage_copy_max); refused (CopySourceError) when the service cannot read the source, and
+        (IntegrityError) when `check` is given and the bytes it read differ from it."""
         ...
 
     async def commit(self, parts: Sequence[tuple[str, bool]], headers: BlobHeaders,

@@ -44,6 +44,7 @@ from blobsync.errors import (
     ContainerNotFoundError,
     CopySourceError,
     CorruptedInTransitError,
+    IntegrityError,
     InvalidBlockListError,
     ServiceError,
     StagingRefusedError,
@@ -420,11 +421,14 @@ class MemoryWriter:
                                       code="InvalidBlobOrBlock")
         return pending
 
-    async def stage_from(self, index: int, source: CopySource, offset: int, length: int) -> None:
+    async def stage_from(self, index: int, source: CopySource, offset: int, length: int,
+                         check: PartCheck | None = None) -> None:
         box = await self.store._enter("stage_from", self.name)
         _, src = _source(source, f"put block from {source.display!r} to {self.name!r}")
         if offset + length > len(src.data):
             raise ServiceError(f"put block from {source.display!r}: HTTP 416 InvalidRange", status=416)
+        if check is not None and part_check(src.data[offset:offset + length], check.kind) != check:
+            raise IntegrityError(f"put block from {source.display!r}: the source's bytes differ from the check sent")
         self._staged(box, index)[self.token(index)] = src.data[offset:offset + length]
         box.faults.take("stage_from", self.name, after=True)
 

@@ -152,6 +152,7 @@ def summary_record(report: Report, *, dry_run: bool = False) -> dict[str, object
         "files_in_sync": report.files_in_sync, "files_held": report.files_held,
         "bytes_transferred": report.bytes_transferred, "bytes_sent": report.bytes_sent,
         "bytes_reused": report.bytes_reused, "bytes_delta": report.bytes_delta,
+        "bytes_copied": report.bytes_copied,
         "retries": report.retries, "throttled": report.throttled,
         "lowest_concurrency": report.lowest_concurrency, "duration": round(report.duration, 3),
         "concurrency": report.concurrency or None, "concurrency_auto": report.concurrency_auto,
@@ -182,7 +183,7 @@ def _totals(report: Report) -> list[str]:
     verb = "downloaded" if report.kind == "download" else "uploaded"
     where = "on disk" if report.kind == "download" else "on the service"
     rate = report.bytes_sent / report.duration if report.duration > 0 else 0.0
-    resumed = report.bytes_reused - report.bytes_delta
+    resumed = report.bytes_reused - report.bytes_delta - report.bytes_copied
     return [
         f"Job {report.job_id}: {report.files_transferred} {verb}, {report.files_skipped} skipped, "
         f"{report.files_failed} failed",

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
+import struct
 from collections.abc import Awaitable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -16,12 +18,14 @@ from blobsync.engine.budget import BlockBuffer, Window
 from blobsync.engine.commit import ForeignParts, commit_checked, part_layout
 from blobsync.engine.context import EngineContext
 from blobsync.engine.delta import DeltaBase
-from blobsync.engine.digest import BlockDigests, crc64_metadata, new_md5, part_digests
+from blobsync.engine.digest import BlockDigests, block_digests, crc64_metadata, new_md5
+from blobsync.engine.prior import PriorBlocks
 from blobsync.engine.tasks import cancel_all, gather_or_cancel, in_thread, raise_first_failure
-from blobsync.errors import IntegrityError
+from blobsync.errors import BlobsyncError, IntegrityError
 from blobsync.journal import FileRow
 from blobsync.local.files import FileIdentity
 
+log = logging.getLogger("blobsync")
 HASH_AHEAD = 4  # blocks filled and waiting for the whole MD5 (it is serial: more only fills memory)
 
 
@@ -67,6 +71,8 @@ class BlockWrite:
     foreign: ForeignParts | None = None  # parts another writer left, cleared once for the write
     open_ended: bool = False  # parts added as they fill; the size is known at the end
     grown: int = 0  # an open-ended write's bytes so far
+    prior: PriorBlocks | None = None  # an earlier blob whose equal blocks the service stages (incremental)
+    prior_note: str = ""  # why there is none, where one was asked for
 
     def __post_init__(self) -> None:
         if self.open_ended:
@@ -154,6 +160,27 @@ class ChunkLoop:
                 return
         self._sends.add(asyncio.create_task(self._send(idx, view, got is None, check, buf, hashed)))
 
+    async def _copied(self, idx: int, length: int) -> bool:
+        """Whether block `idx` was staged by the service from the earlier blob holding the same bytes at the same
+        place (checked by the service against this block's CRC64); else it is sent."""
+        w = self.w
+        prior, crc = w.prior, w.crcs[idx]
+        offset = prior.offset(idx, length, w.digests[idx]) if prior is not None and crc is not None else None
+        if prior is None or crc is None or offset is None:
+            return False
+        check = PartCheck(BlockCheck.CRC64, struct.pack("<Q", crc))
+        try:
+            await self.ctx.request(lambda: w.writer.stage_from(idx, prior.source, offset, length, check))
+        except BlobsyncError as exc:
+            if getattr(exc, "status", None) in (404, 412):
+                prior.broken = True  # the earlier blob went or changed: no use asking for its other blocks
+            log.info("%s: block %d sent: the service did not stage it from %r (%s)", w.plan.blob, idx, prior.name,
+                     exc.message)
+            return False
+        prior.copied += length
+        w.reused += length
+        return True
+
     def _found(self, idx: int, length: int) -> bool:
         """Whether block `idx` needs no sending: unchanged since the committed version (delta), or held already."""
         w = self.w
@@ -176,18 +203,20 @@ class ChunkLoop:
         ctx, w = self.ctx, self.w
         try:
             if digest:  # in a thread: an MD5 of a block (the emulator's check) would stall the loop ~10 ms
-                check, w.crcs[idx] = await in_thread(ctx.io_pool, part_digests, view, self.check)
+                check, w.crcs[idx], w.digests[idx] = await in_thread(ctx.io_pool, block_digests, view, None,
+                                                                     self.check)
+            copied = await self._copied(idx, len(view))
+            if not copied:
+                def send() -> Awaitable[None]:
+                    return ctx.request(lambda: w.writer.stage(idx, view, check))
 
-            def send() -> Awaitable[None]:
-                return ctx.request(lambda: w.writer.stage(idx, view, check))
-
-            await (w.foreign.stage(send) if w.foreign is not None else send())
+                await (w.foreign.stage(send) if w.foreign is not None else send())
         finally:
             self._release_after(buf, hashed)
             self._window.release()
         if w.row is not None:
             ctx.journal.block_done(w.row.id, idx, len(view), check.value.hex() if check is not None else "")
-        ctx.progress.advanced(w.rel, len(view), len(view))
+        ctx.progress.advanced(w.rel, len(view), 0 if copied else len(view))
 
     def _release_after(self, buf: BlockBuffer, hashed: asyncio.Future[None] | None) -> None:
         if hashed is None or hashed.done():

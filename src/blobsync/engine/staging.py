@@ -17,6 +17,7 @@ from blobsync.engine.commit import ForeignParts
 from blobsync.engine.context import EngineContext
 from blobsync.engine.delta import committed_record
 from blobsync.engine.digest import BlockDigests, block_digests
+from blobsync.engine.prior import record_blocks
 from blobsync.engine.tasks import in_thread
 from blobsync.errors import SourceChangedError
 from blobsync.local.files import Source
@@ -52,7 +53,10 @@ class BlockUploader:
             await self._find_staged(w)
         md5 = await self._stage_all(w, src)
         check_expected(w.plan, md5)
-        return self._record(w, await commit_write(self.ctx, w, md5), md5)
+        result = await commit_write(self.ctx, w, md5)
+        if self.ctx.config.block_digests:
+            await record_blocks(self.ctx, w.plan.blob, result.etag, w.size, w.block_size, w.digests)
+        return self._record(w, result, md5)
 
     async def stage_window(self, w: BlockWrite, src: Source) -> None:
         """Read, check and stage blocks [w.first, w.last) as `run` does (resume, delta), with no whole MD5 and no
@@ -119,12 +123,17 @@ class BlockUploader:
         ctx, blob = self.ctx, w.plan.blob
         ctx.journal.remember_commit(ctx.store.container_url, blob, committed_record(
             w.block_size, result.etag, w.size, md5, list(zip(w.tokens, w.lengths(), w.digests, strict=True))))
-        notes = []
+        copied = w.prior.copied if w.prior is not None else 0
+        notes = [w.prior_note] if w.prior_note else []
         if w.delta:
             notes.append(f"delta: {w.delta} bytes of unchanged blocks reused")
-        if w.reused - w.delta:
-            notes.append(f"resumed: {w.reused - w.delta} bytes were already on the service")
+        if copied:
+            notes.append(f"incremental: {copied} bytes of unchanged blocks staged by the service from "
+                         f"{w.prior.name if w.prior is not None else ''!r}")
+        if w.reused - w.delta - copied:
+            notes.append(f"resumed: {w.reused - w.delta - copied} bytes were already on the service")
         return FileResult(w.rel, blob, w.size, FileStatus.TRANSFERRED, bytes_sent=w.size - w.reused,
-                          reason="; ".join(notes), bytes_delta=w.delta, etag=result.etag, content_md5=md5,
+                          reason="; ".join(notes), bytes_delta=w.delta, bytes_copied=copied, etag=result.etag,
+                          content_md5=md5,
                           url=blob_url(ctx.store.container_url, blob), version_id=result.version_id)
 

@@ -12,6 +12,7 @@ from blobsync.engine.chunks import BlockWrite, ChunkLoop, UploadPlan, commit_wri
 from blobsync.engine.commit import ForeignParts
 from blobsync.engine.context import EngineContext
 from blobsync.engine.digest import md5_of
+from blobsync.engine.prior import PriorBlocks, find_prior, prior_name, record_blocks
 from blobsync.engine.tasks import in_thread
 from blobsync.engine.upload import put_once, written
 from blobsync.errors import UsageError
@@ -41,6 +42,7 @@ class StreamWriter:
         self._filled = 0
         self._chunks: ChunkLoop | None = None  # from the first full block
         self._lane: int | None = None
+        self._prior: tuple[PriorBlocks | None, str] | None = None  # an incremental write's earlier blob, once looked
         self.closed = False
 
     @property
@@ -57,6 +59,8 @@ class StreamWriter:
         except TypeError:  # a str, an int...: said before anything of it is staged; the write is aborted
             raise UsageError(f"{self.blob}: a chunk of {type(data).__name__}, where bytes-like data is written "
                              "(encode text first)") from None
+        if self._prior is None and self.ctx.config.blocks_from is not None:
+            await self._find_prior()
         done, block = 0, self.block_size
         if self._filled:  # the block begun by earlier writes is filled first
             done = self._fill(view[:block - self._filled])
@@ -77,12 +81,26 @@ class StreamWriter:
             self._filled += len(part)
         return len(part)
 
+    async def _find_prior(self) -> None:
+        """The earlier blob an incremental write compares its blocks with (config.blocks_from), before the first
+        byte is taken: the write takes its block size, so that the blocks line up."""
+        assert self.ctx.config.blocks_from is not None
+        prior, note = await find_prior(self.ctx, prior_name(self.ctx.config.blocks_from, None), None)
+        if prior is not None and prior.block_size > self.ctx.memory.limit:
+            note = f"its blocks of {prior.block_size} bytes exceed the memory budget"
+            prior = None
+        elif prior is not None:
+            self.block_size = prior.block_size
+        self._prior = (prior, f"incremental: sent whole: {note}" if note else "")
+
     def _loop(self) -> ChunkLoop:
         if self._chunks is None:
             ctx = self.ctx
             writer = ctx.store.writer(self.blob, new_nonce())
             w = BlockWrite(None, self._plan, "", writer, self.block_size, None, open_ended=True)
             w.foreign = ForeignParts(ctx, writer, self._plan.headers, self._plan.conditions)
+            if self._prior is not None:
+                w.prior, w.prior_note = self._prior
             self._lane = ctx.hashing.take()  # this object's MD5: one lane (in order) from the first block to the commit
             self._chunks = ChunkLoop(ctx, w, ctx.hashing.pool(self._lane),
                                      choose_check(ctx.store.capabilities.part_checks, ctx.config.block_check))
@@ -123,11 +141,14 @@ class StreamWriter:
             await self._stage(memoryview(self._buf)[:self._filled])
             self._filled = 0
         whole = await chunks.finish()
-        result = await commit_write(ctx, chunks.w, whole)
-        size = chunks.w.size
-        return FileResult(self.blob, self.blob, size, FileStatus.TRANSFERRED, bytes_sent=size, etag=result.etag,
-                          content_md5=whole, url=blob_url(ctx.store.container_url, self.blob),
-                          version_id=result.version_id)
+        w = chunks.w
+        result = await commit_write(ctx, w, whole)
+        if ctx.config.block_digests:
+            await record_blocks(ctx, self.blob, result.etag, w.size, w.block_size, w.digests)
+        copied = w.prior.copied if w.prior is not None else 0
+        return FileResult(self.blob, self.blob, w.size, FileStatus.TRANSFERRED, bytes_sent=w.size - w.reused,
+                          reason=w.prior_note, bytes_copied=copied, etag=result.etag, content_md5=whole,
+                          url=blob_url(ctx.store.container_url, self.blob), version_id=result.version_id)
 
     async def abort(self) -> None:
         """Give up: no commit, the staged parts dropped where the store can."""

@@ -18,6 +18,7 @@ from blobsync.engine.delta import DeltaBase, find_base
 from blobsync.engine.digest import md5_of
 from blobsync.engine.mtime import MTIME_KEY, format_mtime
 from blobsync.engine.overwrite import EXISTS, created_meanwhile, created_only, write_conditions
+from blobsync.engine.prior import PriorBlocks, find_prior, prior_name
 from blobsync.engine.staging import BlockUploader
 from blobsync.engine.tasks import in_thread
 from blobsync.errors import (
@@ -165,13 +166,18 @@ class FileUploader:
         base = await find_base(self.ctx, plan.blob, ident.size)
         if base is not None and resume and block_size != base.block_size:
             base = None  # an interrupted transfer of this very source goes on as it began
+        prior, note = await self._prior(row, block_size if resume else None)
         attempt = 0  # a delta that falls back to a full upload does not count as one
         while True:
             if not resume or nonce is None or block_size is None:
-                nonce, block_size = self._start_fresh(row, plan, base)
+                nonce, block_size = self._start_fresh(row, plan, base, prior.block_size if prior else None)
             writer = self.ctx.store.writer(plan.blob, nonce)
+            w = BlockWrite(row, plan, nonce, writer, block_size, base)
+            if prior is not None and prior.block_size == block_size:
+                w.prior = prior
+            w.prior_note = note
             try:
-                return await self.blocks.run(BlockWrite(row, plan, nonce, writer, block_size, base), src, resume)
+                return await self.blocks.run(w, src, resume)
             except SourceChangedError:
                 # The parts staged hold bytes of a version that no longer exists: no run will resume them.
                 with contextlib.suppress(BlobsyncError):
@@ -191,12 +197,26 @@ class FileUploader:
                 resume = True
             attempt += 1
 
-    def _start_fresh(self, row: FileRow, plan: UploadPlan, base: DeltaBase | None) -> tuple[str, int]:
+    async def _prior(self, row: FileRow, block_size: int | None) -> tuple[PriorBlocks | None, str]:
+        """The earlier blob whose unchanged blocks the service may stage for this file (config.blocks_from), and
+        why there is none where one was asked for."""
+        cfg = self.ctx.config
+        if cfg.blocks_from is None:
+            return None, ""
+        prior, note = await find_prior(self.ctx, prior_name(cfg.blocks_from, row.rel if cfg.recursive else None),
+                                       block_size)
+        return prior, f"incremental: sent whole: {note}" if note else ""
+
+    def _start_fresh(self, row: FileRow, plan: UploadPlan, base: DeltaBase | None,
+                     prior_block_size: int | None = None) -> tuple[str, int]:
         """A new nonce (and block size) for the file, journaled before the first part leaves."""
         size = plan.identity.size
-        # A delta keeps the committed block size: auto-sizing must not shift every block boundary.
-        block_size = base.block_size if base is not None else choose_block_size(size, self.ctx.config.block_size,
-                                                                                     self.ctx.store.capabilities)
+        if prior_block_size and block_count(size, prior_block_size) > self.ctx.store.capabilities.max_parts:
+            prior_block_size = None  # outgrew the earlier blob's blocks: sent whole, in blocks of its own
+        # A delta keeps the committed block size, and an incremental write its earlier blob's: auto-sizing must not
+        # shift every block boundary.
+        block_size = base.block_size if base is not None else prior_block_size or choose_block_size(
+            size, self.ctx.config.block_size, self.ctx.store.capabilities)
         n = block_count(size, block_size)
         nonce = new_nonce()
         if base is not None:  # no new part may carry the identity of a committed part the delta keeps

@@ -210,6 +210,7 @@ class JobRunner:
             report.bytes_sent += result.bytes_sent
             report.bytes_reused += result.size - result.bytes_sent
             report.bytes_delta += result.bytes_delta
+            report.bytes_copied += result.bytes_copied
 
     def claimed(self, report: Report, row: FileRow, e: Entry, root: Path, claims: NameClaims) -> bool:
         """Whether a download may write its local name (else its failure is settled here: an unsafe name, or one

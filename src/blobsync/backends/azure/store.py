@@ -59,7 +59,9 @@ from blobsync.errors import (
     ConflictError,
     ConnectionSetupError,
     ContainerNotFoundError,
+    CorruptedInTransitError,
     CredentialRenewed,
+    IntegrityError,
     NetworkError,
     ServiceError,
 )
@@ -534,12 +536,19 @@ class AzureContainerStore:
                             status=exc.status, code=exc.code) from None
         return parse_tags(body)
 
-    async def put_block_from_url(self, name: str, block_id: str, source: CopySource, offset: int, length: int
-                                 ) -> None:
+    async def put_block_from_url(self, name: str, block_id: str, source: CopySource, offset: int, length: int,
+                                 check: PartCheck | None = None) -> None:
         req = {"x-ms-copy-source": source.url, "x-ms-source-range": f"bytes={offset}-{offset + length - 1}",
                **_copy_source_headers(source)}
-        await self._call("PUT", name, [("comp", "block"), ("blockid", block_id)], req, None,
-                         f"put block from {source.display!r} to {name!r}", (201,))
+        if check is not None:  # the service computes it over the bytes it read and refuses the block if they differ
+            req["x-ms-source-content-crc64" if check.kind is BlockCheck.CRC64 else "x-ms-source-content-md5"] = \
+                _b64(check.value)
+        what = f"put block from {source.display!r} to {name!r}"
+        try:
+            await self._call("PUT", name, [("comp", "block"), ("blockid", block_id)], req, None, what, (201,))
+        except CorruptedInTransitError:
+            # No body went: the source's bytes differ from the check. Asking again would get the same answer.
+            raise IntegrityError(f"{what}: the source's bytes differ from the check sent") from None
 
     async def list_objects(self, prefix: str = "", *, expected: Callable[[], int | None] | None = None,
                            request: Requester = direct) -> AsyncIterator[BlobProperties]:

@@ -55,8 +55,9 @@ class BlockBlobWriter:
     async def stage(self, index: int, data: Buffer, check: PartCheck | None) -> None:
         await self.store.put_block(self.name, self.token(index), data, check)
 
-    async def stage_from(self, index: int, source: CopySource, offset: int, length: int) -> None:
-        await self.store.put_block_from_url(self.name, self.token(index), source, offset, length)
+    async def stage_from(self, index: int, source: CopySource, offset: int, length: int,
+                         check: PartCheck | None = None) -> None:
+        await self.store.put_block_from_url(self.name, self.token(index), source, offset, length, check)
 
     async def commit(self, parts: Sequence[tuple[str, bool]], headers: BlobHeaders,
                      conditions: Conditions = NO_CONDITIONS) -> PutResult:
