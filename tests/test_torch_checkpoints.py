@@ -55,7 +55,7 @@ def test_an_async_save_returns_with_the_state_copied_and_completes_later(source:
         future = checkpoints.save(7, {"w": weights}, async_=True)
         assert future is not None
         weights.add_(1.0)  # training goes on, changing the tensor the checkpoint was taken of
-        assert future.result(timeout=120) == 7
+        assert future.result(timeout=120).step == 7
         assert checkpoints.latest() == 7
         assert torch.equal(checkpoints.load()["w"], torch.full((4 << 20,), 1.0))  # as it was at save()
     assert torch.equal(_sdk_state(source, "runs/async/step-00000007/state.pt")["w"], torch.full((4 << 20,), 1.0))

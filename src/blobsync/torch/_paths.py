@@ -32,3 +32,16 @@ def container_path(url: str) -> str:
 
     path = parse_location(strip_query(url)).path
     return path.rstrip("/") + "/" if path.strip("/") else ""
+
+
+def base_path(url: str, base: str | os.PathLike[str], what: str = "base") -> str:
+    """The path in its container of `base`, a folder URL in the same container as `url` (an incremental save's
+    earlier checkpoint: the service stages its blocks, which it does only within reach of one credential)."""
+    from blobsync.backends.registry import parse_location
+
+    base_url = folder_url(base, what)
+    here, there = parse_location(strip_query(url)), parse_location(strip_query(base_url))
+    if (here.container_url, here.container) != (there.container_url, there.container):
+        raise UsageError(f"invalid {what} {strip_query(base_url)!r}: an earlier checkpoint in the same container as "
+                         f"{strip_query(url)!r}")
+    return container_path(base_url)

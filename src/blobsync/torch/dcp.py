@@ -32,9 +32,10 @@ from blobsync.client import Client
 from blobsync.config import Overwrite, TransferConfig
 from blobsync.errors import BlobNotFoundError, ConflictError, IntegrityError, UsageError
 from blobsync.redact import strip_query
+from blobsync.report import FileResult
 from blobsync.torch._dcp_read import Loader, Need
 from blobsync.torch._dcp_write import write_rank
-from blobsync.torch._paths import below, folder_url
+from blobsync.torch._paths import base_path, below, folder_url
 from blobsync.torch._unpickle import load_metadata
 
 __all__ = ["BlobStorageReader", "BlobStorageWriter", "IncompleteCheckpointError"]
@@ -110,16 +111,28 @@ class BlobStorageWriter(StorageWriter):
     `client` shares an existing Client's session (budgets, connections); `config` sets block size, memory and
     concurrency of one made here. `overwrite=False` refuses a folder that holds a complete checkpoint already.
     `thread_count`: the blobs each rank's items are spread over, written at once (None: one per 128 MiB of the
-    rank's state, up to one per core), as FileSystemWriter's."""
+    rank's state, up to one per core), as FileSystemWriter's. `incremental=True` keeps each blob's block digests
+    beside it (`<blob>.blocks`), and with `base` (the folder URL of an earlier checkpoint in the same container)
+    has the service stage every block equal to the same block of its namesake there, sending only the others:
+    each checkpoint stays whole (deleting `base` later breaks nothing). `written` holds what this rank's blobs of
+    the last save sent and had staged."""
 
     def __init__(self, url: str | os.PathLike[str], *, client: Client | None = None,
                  config: TransferConfig | None = None, credential: object = None, overwrite: bool = True,
-                 thread_count: int | None = None) -> None:
+                 thread_count: int | None = None, incremental: bool = False,
+                 base: str | os.PathLike[str] | None = None) -> None:
         super().__init__()
         if thread_count is not None and (isinstance(thread_count, bool) or not isinstance(thread_count, int)
                                          or thread_count < 1):
             raise UsageError(f"invalid thread_count={thread_count!r}: how many blobs a rank writes at once, 1 or more")
+        if not isinstance(incremental, bool):
+            raise UsageError(f"invalid incremental={incremental!r}: True or False")
+        if base is not None and not incremental:
+            raise UsageError("base= names the earlier checkpoint of an incremental save: pass incremental=True too")
         self.folder = _Folder(url, client, config, credential)
+        self.incremental = incremental
+        self.base = base_path(self.folder.url, base) if base is not None else None
+        self.written: list[FileResult] = []
         self.overwrite = overwrite
         self.thread_count = thread_count
         self.save_id = uuid.uuid4().hex
@@ -150,10 +163,12 @@ class BlobStorageWriter(StorageWriter):
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         folder = self.folder
+        opened: list[BlobWriter] = []
 
         def open_blob(relative: str) -> BlobWriter:
-            writer = folder.client.open(folder.name(relative), "wb")
+            writer = folder.client.open(folder.name(relative), "wb", config=self._config(relative))
             assert isinstance(writer, BlobWriter)
+            opened.append(writer)
             return writer
 
         try:
@@ -161,11 +176,19 @@ class BlobStorageWriter(StorageWriter):
         except BaseException:
             folder.close()
             raise
+        self.written = [w.result for w in opened if w.result is not None]
         if not self.is_coordinator:  # its part is done: the coordinator goes on to `finish`
             folder.close()
         done: Future[list[WriteResult]] = Future()
         done.set_result(results)
         return done
+
+    def _config(self, relative: str) -> TransferConfig | None:
+        """An incremental save's blob: its block digests kept, its blocks compared with its namesake's in `base`."""
+        if not self.incremental:
+            return None
+        return dataclasses.replace(self.folder.client.aio.config, block_digests=True,
+                                   blocks_from=self.base + relative if self.base is not None else None)
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         storage: dict[MetadataIndex, Any] = {}
