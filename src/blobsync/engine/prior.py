@@ -8,7 +8,7 @@ import json
 import logging
 from dataclasses import dataclass, field
 
-from blobsync.backends.base import BlobHeaders, Conditions, CopySource
+from blobsync.backends.base import CopySource
 from blobsync.engine.context import EngineContext
 from blobsync.errors import BlobsyncError
 
@@ -96,18 +96,3 @@ def _why(exc: Exception) -> str:
     if getattr(exc, "status", None) == 404:
         return "none written"
     return str(exc).split("\n")[0][:200]
-
-
-async def record_blocks(ctx: EngineContext, blob: str, etag: str, size: int, block_size: int,
-                        digests: list[bytes]) -> None:
-    """Write the digests of `blob`'s blocks beside it (after its commit): what a later write's `blocks_from`
-    compares with. A failure is logged, not raised: the blob is whole, only the next write sends more."""
-    if not digests or any(len(d) != DIGEST_HEX // 2 for d in digests):
-        return
-    data = encode(etag, size, block_size, digests)
-    try:
-        await ctx.request(lambda: ctx.store.put(blob + SUFFIX, data, BlobHeaders("application/json", None, {}),
-                                                Conditions()))
-    except BlobsyncError as exc:
-        log.warning("%s: its block digests were not written (%s): the next incremental write sends it whole",
-                    blob, exc.message)

@@ -17,7 +17,6 @@ from blobsync.engine.commit import ForeignParts
 from blobsync.engine.context import EngineContext
 from blobsync.engine.delta import committed_record
 from blobsync.engine.digest import BlockDigests, block_digests
-from blobsync.engine.prior import record_blocks
 from blobsync.engine.tasks import in_thread
 from blobsync.errors import SourceChangedError
 from blobsync.local.files import Source
@@ -53,10 +52,7 @@ class BlockUploader:
             await self._find_staged(w)
         md5 = await self._stage_all(w, src)
         check_expected(w.plan, md5)
-        result = await commit_write(self.ctx, w, md5)
-        if self.ctx.config.block_digests:
-            await record_blocks(self.ctx, w.plan.blob, result.etag, w.size, w.block_size, w.digests)
-        return self._record(w, result, md5)
+        return self._record(w, await commit_write(self.ctx, w, md5), md5)
 
     async def stage_window(self, w: BlockWrite, src: Source) -> None:
         """Read, check and stage blocks [w.first, w.last) as `run` does (resume, delta), with no whole MD5 and no

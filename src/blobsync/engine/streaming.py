@@ -12,9 +12,9 @@ from blobsync.engine.chunks import BlockWrite, ChunkLoop, UploadPlan, commit_wri
 from blobsync.engine.commit import ForeignParts
 from blobsync.engine.context import EngineContext
 from blobsync.engine.digest import md5_of
-from blobsync.engine.prior import PriorBlocks, find_prior, prior_name, record_blocks
+from blobsync.engine.prior import PriorBlocks, find_prior, prior_name
 from blobsync.engine.tasks import in_thread
-from blobsync.engine.upload import put_once, written
+from blobsync.engine.upload import put_once, record_blocks, written
 from blobsync.errors import UsageError
 from blobsync.local.files import FileIdentity
 from blobsync.report import FileResult, FileStatus, blob_url
@@ -144,7 +144,7 @@ class StreamWriter:
         w = chunks.w
         result = await commit_write(ctx, w, whole)
         if ctx.config.block_digests:
-            await record_blocks(ctx, self.blob, result.etag, w.size, w.block_size, w.digests)
+            await record_blocks(ctx, w, result.etag)
         copied = w.prior.copied if w.prior is not None else 0
         return FileResult(self.blob, self.blob, w.size, FileStatus.TRANSFERRED, bytes_sent=w.size - w.reused,
                           reason=w.prior_note, bytes_copied=copied, etag=result.etag, content_md5=whole,

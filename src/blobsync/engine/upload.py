@@ -18,7 +18,7 @@ from blobsync.engine.delta import DeltaBase, find_base
 from blobsync.engine.digest import md5_of
 from blobsync.engine.mtime import MTIME_KEY, format_mtime
 from blobsync.engine.overwrite import EXISTS, created_meanwhile, created_only, write_conditions
-from blobsync.engine.prior import PriorBlocks, find_prior, prior_name
+from blobsync.engine.prior import DIGEST_HEX, SUFFIX, PriorBlocks, encode, find_prior, prior_name
 from blobsync.engine.staging import BlockUploader
 from blobsync.engine.tasks import in_thread
 from blobsync.errors import (
@@ -157,12 +157,8 @@ class FileUploader:
 
     async def _put_blocks(self, row: FileRow, src: Source, plan: UploadPlan) -> FileResult:
         ident = plan.identity
-        same_source = (row.size, row.mtime_ns, row.inode, row.ctime_ns) == (ident.size, ident.mtime_ns, ident.inode,
-                                                                            ident.ctime_ns)
-        # Resume only the same source with the same nonce; anything else starts clean with a new nonce.
         nonce, block_size = row.nonce, row.block_size
-        resume = bool(nonce and block_size and same_source
-                      and row.state in (FileState.ACTIVE, FileState.FAILED, FileState.COMMITTED))
+        resume = _resumable(row, ident)
         base = await find_base(self.ctx, plan.blob, ident.size)
         if base is not None and resume and block_size != base.block_size:
             base = None  # an interrupted transfer of this very source goes on as it began
@@ -177,7 +173,7 @@ class FileUploader:
                 w.prior = prior
             w.prior_note = note
             try:
-                return await self.blocks.run(w, src, resume)
+                return await self._run(w, src, resume)
             except SourceChangedError:
                 # The parts staged hold bytes of a version that no longer exists: no run will resume them.
                 with contextlib.suppress(BlobsyncError):
@@ -196,6 +192,12 @@ class FileUploader:
                     raise
                 resume = True
             attempt += 1
+
+    async def _run(self, w: BlockWrite, src: Source, resume: bool) -> FileResult:
+        result = await self.blocks.run(w, src, resume)
+        if self.ctx.config.block_digests:
+            await record_blocks(self.ctx, w, result.etag)
+        return result
 
     async def _prior(self, row: FileRow, block_size: int | None) -> tuple[PriorBlocks | None, str]:
         """The earlier blob whose unchanged blocks the service may stage for this file (config.blocks_from), and
@@ -261,6 +263,30 @@ async def put_once(ctx: EngineContext, rel: str, blob: str, data: Buffer, md5: b
     ctx.progress.advanced(rel, size, size)
     return FileResult(rel, blob, size, FileStatus.TRANSFERRED, bytes_sent=size, etag=result.etag, content_md5=md5,
                       url=blob_url(ctx.store.container_url, blob), version_id=result.version_id)
+
+
+def _resumable(row: FileRow, ident: FileIdentity) -> bool:
+    """Whether the journal's chunked write of this file goes on: only the same source with the same nonce; anything
+    else starts clean with a new nonce."""
+    same_source = (row.size, row.mtime_ns, row.inode, row.ctime_ns) == (ident.size, ident.mtime_ns, ident.inode,
+                                                                        ident.ctime_ns)
+    return bool(row.nonce and row.block_size and same_source
+                and row.state in (FileState.ACTIVE, FileState.FAILED, FileState.COMMITTED))
+
+
+async def record_blocks(ctx: EngineContext, w: BlockWrite, etag: str | None) -> None:
+    """Write the digests of a committed write's blocks beside its blob (`<blob>.blocks`): what a later write's
+    `blocks_from` compares with. A failure is logged, not raised: the blob is whole, only the next write sends
+    more."""
+    if not etag or not w.digests or any(len(d) != DIGEST_HEX // 2 for d in w.digests):
+        return
+    data = encode(etag, w.size, w.block_size, w.digests)
+    try:
+        await put_once(ctx, w.rel, w.plan.blob + SUFFIX, data, md5_of(data),
+                       BlobHeaders("application/json", None, {}), Conditions())
+    except BlobsyncError as exc:
+        log.warning("%s: its block digests were not written (%s): the next incremental write sends it whole",
+                    w.plan.blob, exc.message)
 
 
 def written(result: FileResult) -> FileResult:

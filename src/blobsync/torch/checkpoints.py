@@ -237,7 +237,7 @@ class Checkpoints:
             return self._background(self._tiered_work, step, to_host(state), fmt)
         try:
             self._write_local(step, state, fmt)
-        except (OSError, CheckpointException) as exc:
+        except (OSError, RuntimeError, CheckpointException) as exc:
             self._fall_back(step, exc)
             return self._direct(step, state, fmt)
         return self._background(self._upload_step, step, fmt)
@@ -245,16 +245,21 @@ class Checkpoints:
     def _tiered_work(self, step: int, state: dict[str, Any], fmt: str) -> Saved:
         try:
             self._write_local(step, state, fmt)
-        except OSError as exc:
+        except (OSError, RuntimeError) as exc:
             self._fall_back(step, exc)
             return self._write_torch(step, state, self._base(self.latest(), fmt))
         return self._upload_step(step, fmt)
 
     def _fall_back(self, step: int, exc: BaseException) -> None:
+        """A local write the disk refused (full, over quota, too large) is said, and the step saved to Blob;
+        any other failure is raised."""
         assert self.local is not None
+        refused = _os_error(exc)
+        if refused is None:
+            raise exc
         self.local.discard(folder_of(step))
         warnings.warn(f"blobsync: checkpoint {folder_of(step)} could not be written under local_dir "
-                      f"{str(self.local.root)!r} ({_local_error(exc)}): saved straight to Blob instead",
+                      f"{str(self.local.root)!r} ({refused.strerror or refused}): saved straight to Blob instead",
                       RuntimeWarning, stacklevel=4)
 
     def _direct(self, step: int, state: dict[str, Any], fmt: str) -> concurrent.futures.Future[Saved]:
@@ -270,7 +275,8 @@ class Checkpoints:
         if fmt == "torch":
             folder = self.local.fresh(name)
             tmp = folder / (STATE + ".tmp")
-            torch.save(state, tmp)
+            with open(tmp, "wb") as out:  # a Python file: a refused write's OSError stays behind torch's error
+                torch.save(state, out)
             tmp.replace(folder / STATE)
         else:  # ranks on one host share the folder: each writes its own files, the coordinator .metadata
             from torch.distributed.checkpoint.filesystem import FileSystemWriter
@@ -501,13 +507,18 @@ def _rank() -> int:
     return dist.get_rank() if _distributed() else 0
 
 
-def _local_error(exc: BaseException) -> str:
-    if isinstance(exc, CheckpointException):
-        errors = [f[0] if isinstance(f, tuple) else f for f in exc.failures.values()]
-        exc = next((e for e in errors if isinstance(e, OSError)), exc)
-    if isinstance(exc, OSError):
-        return exc.strerror or str(exc)
-    return type(exc).__name__
+def _os_error(exc: BaseException | None) -> OSError | None:
+    """The OSError behind a failed local write: itself, what torch.save's writer wrapped (a RuntimeError whose
+    context is the file's error), or one rank's in DCP's CheckpointException."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, OSError):
+            return exc
+        if isinstance(exc, CheckpointException):
+            errors = [f[0] if isinstance(f, tuple) else f for f in exc.failures.values()]
+            return next((e for e in map(_os_error, errors) if e is not None), None)
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
 
 
 def _local_reader(folder: Path) -> Any:
