@@ -117,8 +117,8 @@ def test_a_folder_upload_compares_each_file_with_its_namesake(source: Side, prox
             (new / rel).parent.mkdir(parents=True, exist_ok=True)
             (new / rel).write_bytes(data)
         proxy.reset_stats()
-        report = client.copy(new, client.url_for("step-2"), TransferConfig(block_size=BLOCK, block_digests=True, recursive=True,
-                                                             blocks_from="step-1/"), as_subdir=False)
+        later = TransferConfig(block_size=BLOCK, block_digests=True, recursive=True, blocks_from="step-1/")
+        report = client.copy(new, client.url_for("step-2"), later, as_subdir=False)
     assert not report.failures
     assert proxy.stats.bytes_in["put_block"] == BLOCK and len(_copies(proxy)) == 4
     for rel, data in files.items():

@@ -22,7 +22,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from blobsync import TransferConfig
 from blobsync.config import MiB
 from blobsync.torch import Checkpoints, Saved
 from conftest import Side
