@@ -9,6 +9,11 @@ BlobStorageWriter/Reader on 1 and 2 gloo ranks, each holding its half of every t
 the time training is blocked is until it returns; in a thread), dcp-async-proc (the same in DCP's background
 process), dcp-local, dcp-local-async, dcp-local-async-proc (DCP's FileSystemWriter to local disk: the anchor of the
 blocked time), blobio (Microsoft's azstoragetorch BlobIO), dcp-adlfs (DCP's fsspec writer and reader over adlfs).
+Fine-tuning ways (issue 50) save a state of the same size whose base (15/16 of the bytes) is frozen and whose
+adapter (1/16) changes at every step, through `Checkpoints` in one process: step 1 is saved before the clock (it is
+not measured), then step 2 is the save measured and `load()` of it the load: ckpt-full (every byte sent again),
+ckpt-incremental (`incremental=True`: the service stages the unchanged blocks from step 1), ckpt-tier
+(`local_dir=`: blocked is the local write, wall until the upload is complete), ckpt-tier-incremental (both).
 Async ways run in a gloo group of one (DCP's process-based async needs a group) with DefaultStager and plan
 caching, and pure-Python "training" steps run while they save (their rate against the idle rate: what the save takes
 from training beyond the blocked time). Each way runs in a child process of its own against a fresh in-memory
@@ -33,7 +38,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from harness.azurite import Azurite  # noqa: E402
+from harness.azurite import Azurite, NullServer  # noqa: E402
 from harness.tcpproxy import DelayRelay  # noqa: E402
 
 # bench/profile.py would stand in for the standard library's `profile` (which torch's DCP imports).
@@ -42,7 +47,9 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
 ROOT = HERE.parent
 KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 WAYS = ("cp", "save-then-cp", "client-open", "dcp-1", "dcp-2", "dcp-async", "dcp-async-proc", "dcp-local",
-        "dcp-local-async", "dcp-local-async-proc", "blobio", "dcp-adlfs")
+        "dcp-local-async", "dcp-local-async-proc", "blobio", "dcp-adlfs", "ckpt-full", "ckpt-incremental", "ckpt-tier",
+        "ckpt-tier-incremental")
+ADAPTER_SHARE = 16  # a fine-tuning state's adapter: 1/16 of its bytes, the frozen base the rest
 ASYNC = {"dcp-async": ("blob", "thread"), "dcp-async-proc": ("blob", "process"),
          "dcp-local-async": ("local", "thread"), "dcp-local-async-proc": ("local", "process")}
 TENSOR_MIB = 64
@@ -58,10 +65,47 @@ def _state(mib: int, zeros: bool = False, rank: int = 0, world: int = 1) -> dict
     return {f"layer{i}.weight": make(rows, 1024) for i in range(mib // TENSOR_MIB)}
 
 
+def _fine_tuning(mib: int, step: int) -> dict[str, Any]:
+    """A fine-tuning state of `mib` MiB: a frozen base (the same at every step) and an adapter of 1/16 of the bytes
+    that changes with the step."""
+    import torch
+
+    adapter = mib // ADAPTER_SHARE
+    return {**_state(mib - adapter), "adapter": torch.full((adapter * 1024 * 1024 // 4 // 1024, 1024), float(step))}
+
+
+def _ckpt(way: str, op: str, url: str, mib: int, local: str) -> dict[str, float]:
+    """A fine-tuning way: step 1 ('first', before the clock), step 2 ('save'), or load() of the latest ('load'),
+    the clock around the call alone (the state is made before it); blocked is until save() returns (with a local
+    tier, the local write), the wall until the checkpoint is complete on Blob."""
+    from blobsync import TransferConfig
+    from blobsync.torch import Checkpoints
+
+    tier = local + ".tier" if "tier" in way else None
+    state = _fine_tuning(mib, 1 if op == "first" else 2) if op != "load" else None
+    cap = float(os.environ.get("BENCH_CAP_MBPS", "0")) or None  # a link of this many Mbit/s at the client
+    with Checkpoints(url, keep=2, incremental="incremental" in way, local_dir=tier,
+                     config=TransferConfig(cap_mbps=cap)) as checkpoints:
+        cpu0, started = _cpu(), time.perf_counter()
+        if op == "load":
+            checkpoints.load()
+            wall = time.perf_counter() - started
+            return {"wall": wall, "blocked": wall, "cpu": _cpu() - cpu0}
+        assert state is not None
+        pending = checkpoints.save(1 if op == "first" else 2, state)
+        blocked = time.perf_counter() - started
+        saved = pending.result() if hasattr(pending, "result") else pending
+        wall, cpu = time.perf_counter() - started, _cpu() - cpu0
+    print(json.dumps({"sent_share": saved.bytes_sent / saved.bytes}), file=sys.stderr)
+    return {"wall": wall, "blocked": blocked, "cpu": cpu}
+
+
 def child(way: str, op: str, url: str, mib: int, local: str) -> dict[str, float]:
     """One save or load the given way; wall and blocked seconds (run in a process of its own)."""
     import torch
 
+    if way.startswith("ckpt-"):
+        return _ckpt(way, op, url, mib, local)
     state = _state(mib, zeros=op == "load")
     if way == "cp" and op == "save":
         torch.save(state, local)  # before the clock: cp alone is measured
@@ -234,7 +278,7 @@ def _said(err: Path) -> dict[str, float]:
     """What the child said on stderr beside its result: the host copy's time, training's share during the save."""
     found: dict[str, float] = {}
     for line in err.read_text(errors="replace").splitlines():
-        if line.startswith(('{"host_copy"', '{"train_share"')):
+        if line.startswith(('{"host_copy"', '{"train_share"', '{"sent_share"')):
             found.update(json.loads(line))
     return found
 
@@ -257,11 +301,12 @@ def _run_child(args: list[str], env: dict[str, str], tmp: Path) -> dict[str, flo
     return {**json.loads(out.decode().strip().splitlines()[-1]), "rss_mib": rss, **_said(err)}
 
 
-def one(way: str, mib: int, tmp: Path) -> dict[str, dict[str, float]]:
-    """Save then load the given way against a fresh Azurite behind a counting relay."""
+def one(way: str, mib: int, tmp: Path, server: str = "azurite") -> dict[str, dict[str, float]]:
+    """Save then load the given way against a fresh Azurite (or the null server: saves only, the client's cost
+    alone) behind a counting relay."""
     figures: dict[str, dict[str, float]] = {}
     (tmp / f"az-{way}").mkdir(exist_ok=True)
-    with Azurite(tmp / f"az-{way}") as az:
+    with (Azurite if server == "azurite" else NullServer)(tmp / f"az-{way}") as az:
         relay = DelayRelay("127.0.0.1", 0, "127.0.0.1", az.port, 0.0).start_thread()
         try:
             endpoint = f"http://127.0.0.1:{relay.port}/devstoreaccount1"
@@ -270,14 +315,17 @@ def one(way: str, mib: int, tmp: Path) -> dict[str, dict[str, float]]:
             env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1",
                    "BENCH_CONNECTION_STRING": f"DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;"
                                               f"AccountKey={KEY};BlobEndpoint={endpoint};"}
-            for op in ("save", "load"):
+            if way.startswith("ckpt-"):  # step 1, not measured: what step 2 builds on
+                _run_child(["child", way, "first", url, str(mib), str(tmp / f"local-{way}.pt")], env, tmp)
+            for op in ("save", "load") if server == "azurite" else ("save",):
                 before = (relay.bytes_up, relay.bytes_down)
                 result = _dcp2(op, url, mib, tmp, env) if way == "dcp-2" else \
-                    _run_child(["child", way, op, url, str(mib), str(tmp / "local.pt")], env, tmp)
+                    _run_child(["child", way, op, url, str(mib), str(tmp / f"local-{way}.pt")], env, tmp)
                 result["mb"] = ((relay.bytes_up - before[0]) if op == "save" else (relay.bytes_down - before[1])) / 1e6
                 figures[op] = result
         finally:
             relay.stop_thread()
+    figures.setdefault("load", {k: float("nan") for k in figures["save"]})  # the null server keeps no bytes
     return figures
 
 
@@ -315,15 +363,23 @@ def main() -> int:
     p.add_argument("--mib", type=int, default=1024)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--ways", default=",".join(WAYS))
+    p.add_argument("--server", choices=("azurite", "null"), default="azurite",
+                   help="null: bench/harness/nullserver.py (saves only: the client's cost, no service's)")
+    p.add_argument("--cap-mbps", type=float, default=0.0,
+                   help="the fine-tuning ways' link: blobsync's own --cap-mbps on their Client (0: none)")
     a = p.parse_args()
+    if a.cap_mbps:
+        os.environ["BENCH_CAP_MBPS"] = str(a.cap_mbps)
     ways = [w for w in a.ways.split(",") if w]
     runs: dict[str, list[dict[str, dict[str, float]]]] = {w: [] for w in ways}
     with tempfile.TemporaryDirectory(prefix="blobsync-torch-bench-") as tmp:
         for r in range(a.rounds):
             for way in ways[r % len(ways):] + ways[:r % len(ways)]:  # the order rotates each round
-                runs[way].append(one(way, a.mib, Path(tmp)))
+                runs[way].append(one(way, a.mib, Path(tmp), a.server))
                 print(f"round {r + 1}: {way}: {runs[way][-1]}", file=sys.stderr, flush=True)
-    print(f"{a.mib} MiB state dict ({a.mib // TENSOR_MIB} float32 tensors), medians of {a.rounds} rounds:")
+    print(f"{a.mib} MiB state dict ({a.mib // TENSOR_MIB} float32 tensors), medians of {a.rounds} rounds, "
+          f"{'Azurite' if a.server == 'azurite' else 'the null server'}"
+          f"{f', fine-tuning ways capped at {a.cap_mbps:g} Mbit/s' if a.cap_mbps else ''}:")
     print("| way | save wall s | blocked s | save MB/s | CPU s/GiB | peak RSS MiB | MB sent | load wall s | load MB/s "
           "| CPU s/GiB | peak RSS MiB | MB received |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -341,6 +397,11 @@ def main() -> int:
         if shares:
             print(f"{way}: pure-Python training steps ran at {statistics.median(shares):.0%} of their idle rate "
                   "while the save ran in the background (median)")
+    for way in ways:
+        shares = [run["save"]["sent_share"] for run in runs[way] if "sent_share" in run["save"]]
+        if shares:
+            print(f"{way}: step 2 sent {statistics.median(shares):.1%} of its bytes (median; the rest staged by the "
+                  "service from step 1)")
     copies = [run["save"]["host_copy"] for way in ways for run in runs[way] if "host_copy" in run["save"]]
     if copies:
         print(f"\nOne copy of the state in host memory (dcp-async's child, before its save): median "

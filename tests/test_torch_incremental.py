@@ -79,6 +79,15 @@ def test_without_an_earlier_record_a_save_is_sent_whole_and_says_why(source: Sid
     assert saved.notes and "no block digests beside" in saved.notes[0]
 
 
+def test_a_save_of_another_layout_is_sent_whole_and_says_so(source: Side, azurite: Azurite) -> None:
+    url = source.url(azurite.base_url, "runs/layout")
+    with Checkpoints(url, keep=2, incremental=True) as checkpoints:
+        checkpoints.save(1, {"w": torch.randn(2 << 20)})
+        saved = checkpoints.save(2, {"w": torch.randn(3 << 20)})  # other sizes, other values
+    assert isinstance(saved, Saved) and saved.base == 1 and saved.bytes_copied == 0
+    assert saved.notes and "another layout" in saved.notes[0]
+
+
 def test_a_local_tier_returns_at_the_local_write_and_keeps_both_tiers(source: Side, proxy: FaultProxy,
                                                                      tmp_path: Path) -> None:
     url = source.url(proxy.url, "runs/tier")

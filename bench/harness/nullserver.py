@@ -1,6 +1,8 @@
 """A null Blob service for measuring client cost alone: it takes Put Block / Put Block List / Put Blob bodies and
 throws the bytes away, keeping only names, sizes and the MD5 the client declared, and answers HEAD, Get Block List,
 List Blobs and ranged GETs of what it holds (GETs return zeros), with almost no CPU of its own. No auth is checked.
+Put Block From URL stages a block of the source range's length at once (the service's own copy, free here); a small
+Put Blob (up to 1 MiB: a pointer, a block record) keeps its bytes, and GETs return them.
 
     python bench/harness/nullserver.py --port 10100     (the harness starts it; see NullServer)
 """
@@ -19,6 +21,7 @@ from xml.sax.saxutils import escape
 from aiohttp import web
 
 ZEROS = bytes(1 << 20)
+KEPT = 1 << 20  # a Put Blob up to this size keeps its bytes
 
 
 @dataclass
@@ -30,6 +33,7 @@ class Blob:
     blocks: list[tuple[str, int]] = field(default_factory=list)
     content_type: str = "application/octet-stream"
     metadata: dict[str, str] = field(default_factory=dict)
+    data: bytes | None = None  # a small blob's bytes, kept
 
 
 class Store:
@@ -84,7 +88,12 @@ async def handle_put(request: web.Request) -> web.StreamResponse:
     store.containers.add(container)
     md5 = request.headers.get("Content-MD5")
     if q.get("comp") == "block":
-        size = await _drain(request)
+        source_range = request.headers.get("x-ms-source-range")
+        if source_range:  # Put Block From URL: no body
+            first, _, last = source_range.split("=", 1)[1].partition("-")
+            size = int(last) - int(first) + 1
+        else:
+            size = await _drain(request)
         store.staged.setdefault((container, name), {})[q["blockid"]] = size
         return web.Response(status=201, headers={"Content-MD5": md5} if md5 else {})
     if q.get("comp") == "blocklist":
@@ -98,8 +107,10 @@ async def handle_put(request: web.Request) -> web.StreamResponse:
         blob.blocks = blocks
         store.blobs[(container, name)] = blob
         return web.Response(status=201, headers={"ETag": blob.etag, "Last-Modified": formatdate(usegmt=True)})
-    size = await _drain(request)  # Put Blob
+    body = await request.read() if (request.content_length or 0) <= KEPT else None  # Put Blob
+    size = len(body) if body is not None else await _drain(request)
     blob = _props(request, size, md5 or request.headers.get("x-ms-blob-content-md5"), store.etag())
+    blob.data = body
     store.blobs[(container, name)] = blob
     return web.Response(status=201, headers={"ETag": blob.etag, "Last-Modified": formatdate(usegmt=True),
                                              **({"Content-MD5": md5} if md5 else {})})
@@ -153,12 +164,16 @@ async def _ranged(request: web.Request, blob: Blob) -> web.StreamResponse:
     if spec:
         headers["Content-Range"] = f"bytes {start}-{end}/{blob.size}"
         if request.headers.get("x-ms-range-get-content-md5") == "true":
-            headers["Content-MD5"] = _zeros_md5(length)
+            headers["Content-MD5"] = _zeros_md5(length) if blob.data is None else \
+                base64.b64encode(hashlib.md5(blob.data[start:start + length]).digest()).decode()
         elif blob.md5:
             headers["x-ms-blob-content-md5"] = blob.md5
     response = web.StreamResponse(status=206 if spec else 200, headers=headers)
     response.content_length = length
     await response.prepare(request)
+    if blob.data is not None:
+        await response.write(blob.data[start:start + length])
+        return response
     while length > 0:
         n = min(length, len(ZEROS))
         await response.write(ZEROS[:n])

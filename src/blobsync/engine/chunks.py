@@ -237,6 +237,16 @@ class ChunkLoop:
         await cancel_all(self._sends)
 
 
+def prior_notes(w: BlockWrite) -> list[str]:
+    """What an incremental write says when it was sent whole: no earlier blob to compare with, or none of its
+    blocks equal (another layout)."""
+    if w.prior_note:
+        return [w.prior_note]
+    if w.prior is not None and not w.prior.copied and len(w.tokens) > 1:
+        return [f"incremental: sent whole: no block equals {w.prior.name!r}'s (another layout)"]
+    return []
+
+
 async def commit_write(ctx: EngineContext, w: BlockWrite, md5: bytes | None) -> PutResult:
     """The write's one commit, with the whole MD5 as its Content-MD5 and the whole blob's CRC64 composed from the
     blocks' (what a download checks in parallel; no second pass), verified after."""

@@ -12,7 +12,7 @@ from blobsync.backends.base import BlockCheck, PutResult
 from blobsync.checksums import choose_check, require_crc64
 from blobsync.engine.blocks import block_ranges
 from blobsync.engine.budget import BlockBuffer
-from blobsync.engine.chunks import BlockWrite, ChunkLoop, check_expected, commit_write
+from blobsync.engine.chunks import BlockWrite, ChunkLoop, check_expected, commit_write, prior_notes
 from blobsync.engine.commit import ForeignParts
 from blobsync.engine.context import EngineContext
 from blobsync.engine.delta import committed_record
@@ -120,7 +120,7 @@ class BlockUploader:
         ctx.journal.remember_commit(ctx.store.container_url, blob, committed_record(
             w.block_size, result.etag, w.size, md5, list(zip(w.tokens, w.lengths(), w.digests, strict=True))))
         copied = w.prior.copied if w.prior is not None else 0
-        notes = [w.prior_note] if w.prior_note else []
+        notes = prior_notes(w)
         if w.delta:
             notes.append(f"delta: {w.delta} bytes of unchanged blocks reused")
         if copied:

@@ -8,7 +8,7 @@ import logging
 from blobsync.backends.base import BlobHeaders, Buffer, Conditions
 from blobsync.checksums import choose_check
 from blobsync.engine.blocks import new_nonce
-from blobsync.engine.chunks import BlockWrite, ChunkLoop, UploadPlan, commit_write
+from blobsync.engine.chunks import BlockWrite, ChunkLoop, UploadPlan, commit_write, prior_notes
 from blobsync.engine.commit import ForeignParts
 from blobsync.engine.context import EngineContext
 from blobsync.engine.digest import md5_of
@@ -147,7 +147,7 @@ class StreamWriter:
             await record_blocks(ctx, w, result.etag)
         copied = w.prior.copied if w.prior is not None else 0
         return FileResult(self.blob, self.blob, w.size, FileStatus.TRANSFERRED, bytes_sent=w.size - w.reused,
-                          reason=w.prior_note, bytes_copied=copied, etag=result.etag, content_md5=whole,
+                          reason="; ".join(prior_notes(w)), bytes_copied=copied, etag=result.etag, content_md5=whole,
                           url=blob_url(ctx.store.container_url, self.blob), version_id=result.version_id)
 
     async def abort(self) -> None:
