@@ -28,10 +28,10 @@ def _blocks() -> list[str]:
 
 
 def test_the_page_has_its_examples() -> None:
-    assert len(_blocks()) == 5
+    assert len(_blocks()) == 6
 
 
-@pytest.mark.parametrize("index", range(5))
+@pytest.mark.parametrize("index", range(6))
 def test_an_example_runs_as_printed(index: int, azurite: Azurite, container: ContainerHandle,
                                     tmp_path: Path) -> None:
     for i in range(6):  # the dataset example's arrays
@@ -61,6 +61,13 @@ def test_an_example_runs_as_printed(index: int, azurite: Azurite, container: Con
         saved = torch.load(io.BytesIO(container.download("run7/ckpt/step-00000400/state.pt")), weights_only=True)
         assert saved["step"] == 400
     elif index == 3:
+        assert "step 3: " in done.stdout and "staged by the service from step 2" in done.stdout
+        assert {"run7/lora/step-00000003/state.pt", "run7/lora/step-00000003/state.pt.blocks"} <= names
+        assert not any(n.startswith("run7/lora/step-00000001") for n in names)
+        assert (tmp_path / "ckpt-local" / "step-00000003" / "state.pt").exists()
+        saved = torch.load(io.BytesIO(container.download("run7/lora/step-00000003/state.pt")), weights_only=True)
+        assert saved["step"] == 3
+    elif index == 4:
         assert "torch.Size([4, 3, 4])" in done.stdout and "6 arrays" in done.stdout
     else:
         saved = torch.load(io.BytesIO(container.download("run7/lightning/ckpts/last.ckpt")), weights_only=False)

@@ -117,7 +117,8 @@ class Checkpoints:
         self._last: concurrent.futures.Future[Any] | None = None  # the async DCP save under way
         self._stager: Any = None  # DCP's stager and caching planner of async saves (made on the first)
         self._planner: Any = None
-        self.resumed: list[concurrent.futures.Future[Saved]] = self._resume_owed()
+        self._owed: dict[int, concurrent.futures.Future[Saved]] = self._resume_owed()
+        self.resumed = list(self._owed.values())  # the uploads a process that died owed, finishing here
 
     def __repr__(self) -> str:
         return f"Checkpoints({strip_query(self.url)!r}, keep={self.keep})"
@@ -233,6 +234,8 @@ class Checkpoints:
         """The step written to the local tier (what training waits for; with `async_`, in one process, only the
         copy to host memory), then uploaded in the background. A local write that fails (a full disk) falls back
         to saving straight to Blob, with a warning."""
+        if step in self._owed:  # the same step saved again: its earlier files are being uploaded
+            concurrent.futures.wait([self._owed.pop(step)])
         if async_ and fmt == "torch":
             return self._background(self._tiered_work, step, to_host(state), fmt)
         try:
@@ -315,17 +318,17 @@ class Checkpoints:
     def _newest_before(self, step: int) -> int | None:
         return max((s for s in self._folders() if s < step), default=None)
 
-    def _resume_owed(self) -> list[concurrent.futures.Future[Saved]]:
+    def _resume_owed(self) -> dict[int, concurrent.futures.Future[Saved]]:
         """Uploads a process killed before they finished (its local files whole, their upload owed): finished now,
         in the background, in order; `close()` waits for them."""
         if self.local is None:
-            return []
-        owed = []
+            return {}
+        owed = {}
         for name in self.local.owed():
             step = step_of(name)
             if step is not None:
                 fmt = "torch" if (self.local.folder(name) / STATE).exists() else "dcp"
-                owed.append(self._background(self._upload_step, step, fmt))
+                owed[step] = self._background(self._upload_step, step, fmt)
         return owed
 
     # --- completing and pruning ----------------------------------------------------------------------------
