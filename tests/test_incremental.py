@@ -17,7 +17,7 @@ from blobsync import Client, TransferConfig
 from blobsync.config import MiB
 from blobsync.engine.prior import SUFFIX
 from conftest import Side
-from support.proxy import FaultProxy
+from support.proxy import FaultProxy, Rule, respond
 
 BLOCK = 4 * MiB
 
@@ -123,3 +123,17 @@ def test_a_folder_upload_compares_each_file_with_its_namesake(source: Side, prox
     assert proxy.stats.bytes_in["put_block"] == BLOCK and len(_copies(proxy)) == 4
     for rel, data in files.items():
         _check(source, f"step-2/{rel}", bytes(data))
+
+
+def test_a_service_that_fails_its_copies_gets_the_blocks_sent(source: Side, proxy: FaultProxy) -> None:
+    data = _data(6, 7)
+    config = TransferConfig(block_size=BLOCK, block_digests=True, max_retries=1)
+    with Client(source.url(proxy.url), config) as client:
+        client.put(bytes(data), "a.bin", config)
+        proxy.add_rule(Rule("put_block_from_url", respond(500, "InternalError")))
+        proxy.reset_stats()
+        result = client.put(bytes(data), "b.bin", TransferConfig(block_size=BLOCK, max_retries=1, blocks_from="a.bin"))
+    assert result.bytes_copied == 0 and result.bytes_sent == len(data)
+    # Each copy in flight tried through its retries, then none more: the earlier blob is given up on.
+    assert len(_copies(proxy)) <= 2 * 6
+    _check(source, "b.bin", bytes(data))

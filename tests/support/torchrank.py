@@ -140,7 +140,7 @@ def main(args: dict[str, Any]) -> dict[str, Any]:
                     w.add_(grad)
                     if step % 10 == 0:
                         saves.append(checkpoints.save(step, {"w": w}, async_=True))
-                done = [f.result(timeout=120) for f in saves]
+                done = [f.result(timeout=120).step for f in saves]
                 state = {"w": torch.zeros(1 << 16)}
                 checkpoints.load(done[-1], state=state)  # rank 0 may not have moved `latest` yet
             return {"ok": done == list(range(0, args.get("steps", 40), 10)) and torch.equal(state["w"], w -

@@ -21,7 +21,7 @@ from blobsync.engine.delta import DeltaBase
 from blobsync.engine.digest import BlockDigests, block_digests, crc64_metadata, new_md5
 from blobsync.engine.prior import PriorBlocks
 from blobsync.engine.tasks import cancel_all, gather_or_cancel, in_thread, raise_first_failure
-from blobsync.errors import BlobsyncError, IntegrityError
+from blobsync.errors import BlobsyncError, IntegrityError, TransientError
 from blobsync.journal import FileRow
 from blobsync.local.files import FileIdentity
 
@@ -172,8 +172,10 @@ class ChunkLoop:
         try:
             await self.ctx.request(lambda: w.writer.stage_from(idx, prior.source, offset, length, check))
         except BlobsyncError as exc:
-            if getattr(exc, "status", None) in (404, 412):
-                prior.broken = True  # the earlier blob went or changed: no use asking for its other blocks
+            if getattr(exc, "status", None) in (404, 412) or isinstance(exc, TransientError):
+                # The earlier blob went or changed, or the service failed a copy through every retry: no use
+                # asking for its other blocks.
+                prior.broken = True
             log.info("%s: block %d sent: the service did not stage it from %r (%s)", w.plan.blob, idx, prior.name,
                      exc.message)
             return False
