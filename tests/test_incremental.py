@@ -81,7 +81,7 @@ def test_a_record_that_lies_costs_a_block_sent_never_a_wrong_byte(source: Side, 
     _check(source, "b.bin", bytes(second))
 
 
-@pytest.mark.parametrize("record", ["missing", "garbage", "blob changed"])
+@pytest.mark.parametrize("record", ["missing", "garbage", "blob changed", "tiny blocks"])
 def test_without_a_usable_record_everything_is_sent_and_the_result_says_why(source: Side, proxy: FaultProxy,
                                                                            tmp_path: Path, record: str) -> None:
     data = _data(3, 4)
@@ -92,6 +92,10 @@ def test_without_a_usable_record_everything_is_sent_and_the_result_says_why(sour
             source.client.upload_blob("a.bin" + SUFFIX, b"{not json" * 1000, overwrite=True)
         elif record == "blob changed":
             source.client.upload_blob("a.bin", bytes(data), overwrite=True)
+        elif record == "tiny blocks":  # a planted record: blocks of 16 bytes, each "equal"
+            planted = json.loads(source.download("a.bin" + SUFFIX))
+            planted.update(block_size=16, xxh3_128="00" * 16 * -(-len(data) // 16))
+            source.client.upload_blob("a.bin" + SUFFIX, json.dumps(planted).encode(), overwrite=True)
         src = tmp_path / "b.bin"
         src.write_bytes(data)
         proxy.reset_stats()

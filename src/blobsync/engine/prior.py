@@ -9,6 +9,7 @@ import logging
 from dataclasses import dataclass, field
 
 from blobsync.backends.base import CopySource
+from blobsync.config import MIN_BLOCK_SIZE
 from blobsync.engine.context import EngineContext
 from blobsync.errors import BlobsyncError
 
@@ -85,6 +86,8 @@ async def find_prior(ctx: EngineContext, name: str, block_size: int | None) -> t
         return None, f"no block digests beside {name!r} ({_why(exc)})"
     if block_size is not None and recorded != block_size:
         return None, f"{name!r} was written in blocks of {recorded} bytes, this write's are {block_size}"
+    if not MIN_BLOCK_SIZE <= recorded <= min(caps.max_part_size, caps.stage_copy_max, ctx.memory.limit):
+        return None, f"{name!r} was written in blocks of {recorded} bytes, which this write cannot take"
     current = await ctx.request(lambda: ctx.store.stat(name))
     if current is None or current.etag != etag:
         return None, f"{name!r} changed since its block digests were written"

@@ -86,10 +86,7 @@ class StreamWriter:
         byte is taken: the write takes its block size, so that the blocks line up."""
         assert self.ctx.config.blocks_from is not None
         prior, note = await find_prior(self.ctx, prior_name(self.ctx.config.blocks_from, None), None)
-        if prior is not None and prior.block_size > self.ctx.memory.limit:
-            note = f"its blocks of {prior.block_size} bytes exceed the memory budget"
-            prior = None
-        elif prior is not None:
+        if prior is not None:
             self.block_size = prior.block_size
         self._prior = (prior, f"incremental: sent whole: {note}" if note else "")
 
