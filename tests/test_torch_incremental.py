@@ -210,3 +210,30 @@ def test_ranks_save_incremental_checkpoints(source: Side, proxy: FaultProxy, tmp
     assert not any(n.startswith("runs/lora/step-00000001/") for n in names)
     assert {"runs/lora/step-00000003/.metadata", "runs/lora/step-00000003/__0_0.distcp",
             "runs/lora/step-00000003/__1_0.distcp"} <= names
+
+
+def test_ranks_killed_during_their_uploads_have_the_next_run_finish_them(source: Side, proxy: FaultProxy,
+                                                                        tmp_path: Path) -> None:
+    from support import ranks
+    from support.azurite import free_port
+    from test_torch_dcp import RANK
+
+    url, local = source.url(proxy.url, "runs/rankkill"), str(tmp_path / "local")
+    args = {"mode": "ckpt-tier-kill", "url": url, "local": local, "block_mib": 1, "world": 2}
+    proxy.hold_after("put_block", random.Random(51).randint(2, 5))  # both ranks' uploads: 4 MiB each
+    port, out = free_port(), tmp_path / "killed"
+    procs = [ranks.start(RANK, args, rank, 2, port, out) for rank in range(2)]
+    try:
+        proxy.wait_for_held(1, timeout=120)
+    finally:
+        for proc in procs:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate(timeout=30)
+    proxy.clear_rules()
+    proxy.release_holds()
+    proxy.wait_idle()
+    with Checkpoints(url, keep=2) as blob_only:
+        assert blob_only.latest() is None  # never a step half uploaded
+    results = _group({**args, "mode": "ckpt-tier-resume"}, 2, tmp_path)
+    assert all(r["ok"] for r in results), results
+    assert [r["owed"] for r in results] == [[1], [1]]

@@ -147,6 +147,27 @@ def main(args: dict[str, Any]) -> dict[str, Any]:
                     float(world) * (args.get("steps", 40) - 1 - done[-1]))}
         if args["mode"] == "ckpt-tiered":  # a LoRA-like run: a frozen sharded base, a small adapter trained
             return _tiered(args, config, mesh)
+        if args["mode"] == "ckpt-tier-kill":  # step 1 to the local tier; the test kills the ranks during its upload
+            from blobsync.torch import Checkpoints
+
+            with Checkpoints(args["url"], keep=2, config=config, local_dir=args["local"]) as checkpoints:
+                checkpoints.save(1, lora_state(1, mesh))
+                print("written", flush=True)
+            return {"ok": False}  # not reached: killed while uploading
+        if args["mode"] == "ckpt-tier-resume":  # only open and close: the uploads the killed ranks owed finish
+            from blobsync.torch import Checkpoints
+
+            with Checkpoints(args["url"], keep=2, config=config, local_dir=args["local"]) as checkpoints:
+                owed = [f.result(timeout=120).step for f in checkpoints.resumed]
+            dist.barrier()
+            state = lora_state(0, mesh)
+            with Checkpoints(args["url"], keep=2, config=config) as blob_only:
+                latest = blob_only.latest()
+                blob_only.load(1, state=state)
+            want = lora_state(1, mesh)
+            same = torch.equal(state["base"].full_tensor(), want["base"].full_tensor()) and \
+                torch.equal(state["adapter"], want["adapter"]) and state["step"] == 1
+            return {"ok": same and latest == 1, "owed": owed}
         if args["mode"] == "save":
             model, optimizer = model_and_optimizer(args["seed"], args["width"], mesh)
             model_sd, optim_sd = get_state_dict(model, optimizer)
