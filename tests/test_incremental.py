@@ -106,8 +106,9 @@ def test_without_a_usable_record_everything_is_sent_and_the_result_says_why(sour
     _check(source, "b.bin", bytes(data))
 
 
-def test_a_folder_upload_compares_each_file_with_its_namesake(source: Side, proxy: FaultProxy,
-                                                             tmp_path: Path) -> None:
+@pytest.mark.parametrize("cluster", [None, "processes:2"])
+def test_a_folder_upload_compares_each_file_with_its_namesake(source: Side, proxy: FaultProxy, tmp_path: Path,
+                                                             cluster: str | None) -> None:
     old, new = tmp_path / "old", tmp_path / "new"
     files = {"x.bin": _data(3, 5), "sub/y.bin": _data(2, 6)}
     for rel, data in files.items():
@@ -122,8 +123,9 @@ def test_a_folder_upload_compares_each_file_with_its_namesake(source: Side, prox
             (new / rel).write_bytes(data)
         proxy.reset_stats()
         later = TransferConfig(block_size=BLOCK, block_digests=True, recursive=True, blocks_from="step-1/")
-        report = client.copy(new, client.url_for("step-2"), later, as_subdir=False)
+        report = client.copy(new, client.url_for("step-2"), later, as_subdir=False, cluster=cluster)
     assert not report.failures
+    assert report.bytes_sent == BLOCK and report.bytes_copied == sum(map(len, files.values())) - BLOCK
     assert proxy.stats.bytes_in["put_block"] == BLOCK and len(_copies(proxy)) == 4
     for rel, data in files.items():
         _check(source, f"step-2/{rel}", bytes(data))

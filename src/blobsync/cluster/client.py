@@ -407,7 +407,7 @@ class ClusterTransfer:
             result = FileResult(f.rel, f.blob, f.size, FileStatus.TRANSFERRED, bytes_sent=sent, reason=outcome.reason,
                                 bytes_delta=outcome.delta, etag=outcome.etag or None,
                                 content_md5=bytes.fromhex(outcome.md5) if outcome.md5 else None,
-                                url=blob_url(ctx.store.container_url, f.blob))
+                                url=blob_url(ctx.store.container_url, f.blob), bytes_copied=outcome.copied)
             if self.upload and not self.source_url:
                 if outcome.commit is not None:
                     ctx.journal.remember_commit(ctx.store.container_url, f.blob, outcome.commit)

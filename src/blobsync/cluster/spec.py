@@ -60,6 +60,7 @@ class FileOutcome:
     etag: str = ""  # transferred: the version written (upload, copy) or read (download)
     md5: str = ""  # transferred: the bytes' MD5 (hex), as the blob's Content-MD5 holds it
     commit: CommittedBlob | None = None  # an upload in blocks: the record the next delta builds on
+    copied: int = 0  # an incremental upload's bytes of unchanged blocks the service staged from an earlier blob
 
 
 @dataclass

@@ -142,7 +142,8 @@ class Relay(BaseSubscriber):
         self.on_done_outcome(FileOutcome(result.rel, not failed, result.bytes_sent, result.reason,
                                          int(result.exit_code), result.status is FileStatus.SKIPPED,
                                          delta=result.bytes_delta, etag=result.etag or "",
-                                         md5=result.content_md5.hex() if result.content_md5 else ""))
+                                         md5=result.content_md5.hex() if result.content_md5 else "",
+                                         copied=result.bytes_copied))
 
     def on_done_outcome(self, outcome: FileOutcome) -> None:
         self.outcomes.append(outcome)
