@@ -153,6 +153,26 @@ def test_both_readers_keep_blocks_read_for_a_seek_back(container: ContainerHandl
     assert blocking == fetched_async == 3  # blocks 11, 0 and 1: block 11 is not fetched twice
 
 
+def test_torch_load_through_the_reader_receives_each_byte_about_once(container: ContainerHandle, proxy: FaultProxy,
+                                                                     tmp_path: Path) -> None:
+    """torch.load reads a block, seeks to the zip's end, then reads the records from the start: the blocks fetched
+    ahead before the seek are kept (never cancelled half sent), and so are the end's, for its last reads."""
+    import torch
+
+    state = {f"t{i}": torch.randn(2 << 20, generator=torch.Generator().manual_seed(i)) for i in range(5)}  # 40 MiB
+    url = f"{proxy.endpoint()}/{container.name}"
+    config = TransferConfig(block_size=4 * MiB, journal_path=tmp_path / "j.db")
+    with blobsync.Client(url, config) as client:
+        with client.open("s.pt", "wb") as out:
+            torch.save(state, out)
+        size = client.stat("s.pt").size
+        proxy.reset_stats()
+        back = torch.load(client.open("s.pt"), weights_only=True)
+    assert all(torch.equal(back[k], v) for k, v in state.items())
+    assert proxy.stats.bytes_out["get_blob"] <= size + 4 * MiB  # one block at most read twice
+    assert not [e for e in proxy.log if e.op == "get_blob" and e.fault == "client_gone"]  # no fetch abandoned
+
+
 def test_the_async_client_opens_blobs_to_read_and_write(container: ContainerHandle, tmp_path: Path) -> None:
     data = os.urandom(5 * MiB + 7)
 

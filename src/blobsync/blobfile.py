@@ -71,11 +71,15 @@ class _ReadAhead(Generic[F]):
             if i not in self._blocks:
                 offset = i * self.block_size
                 self._blocks[i] = self._start(self._fetch(offset, min(self.block_size, self.size - offset)))
-        # Outside the window: a block still coming is cancelled, one here already kept (see the class).
+        # Outside the window a window's worth is kept, here or still coming (see the class): first blocks past it
+        # (a reader that read a file's end comes back to it), then the latest behind it; the rest are dropped.
+        outside = [i for i in self._blocks if i > index + self._ahead] + \
+            [i for i in reversed(self._blocks) if i < index]
         kept = 0
-        for i in reversed([i for i in self._blocks if i < index or i > index + self._ahead]):
+        for i in outside:
             block = self._blocks[i]
-            if block.done() and not block.cancelled() and block.exception() is None and kept < self._ahead + 1:
+            failed = block.cancelled() or (block.done() and block.exception() is not None)
+            if not failed and kept < self._ahead + 1:
                 kept += 1
                 continue
             self._blocks.pop(i).cancel()
