@@ -89,7 +89,10 @@ def test_a_save_of_another_layout_is_sent_whole_and_says_so(source: Side, azurit
 
 
 def test_a_local_tier_returns_at_the_local_write_and_keeps_both_tiers(source: Side, proxy: FaultProxy,
-                                                                     tmp_path: Path) -> None:
+                                                                     tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from blobsync.torch._tier import LocalTier
+
     url = source.url(proxy.url, "runs/tier")
     local = tmp_path / "nvme"
     frozen = torch.randn(4 << 20, generator=torch.Generator().manual_seed(2))  # 16 MiB
@@ -101,6 +104,8 @@ def test_a_local_tier_returns_at_the_local_write_and_keeps_both_tiers(source: Si
         assert checkpoints.latest() == 3 and checkpoints.list() == [2, 3]
         assert sorted(p.name for p in local.iterdir()) == ["step-00000002", "step-00000003"]  # pruned there too
         proxy.reset_stats()
+        # The same as uploaded from here (its size, mtime and the blob's ETag, as recorded): not even hashed.
+        monkeypatch.setattr(LocalTier, "md5", lambda *_: pytest.fail("the local copy was hashed"))
         assert checkpoints.load()["step"] == 3
         assert _reads_of(proxy, "state.pt") == 0  # read from the local copy, which is the same
         (local / "step-00000003" / "state.pt").write_bytes(b"not the same")

@@ -55,17 +55,39 @@ class LocalTier:
         """This rank's local files of the step are whole (durably): their upload is owed."""
         self._mark(folder_name, uploaded=False)
 
-    def uploaded(self, folder_name: str) -> None:
-        self._mark(folder_name, uploaded=True)
+    def uploaded(self, folder_name: str, landed: dict[str, str | None]) -> None:
+        """The rank's upload is done: `landed` names each file uploaded and its blob's ETag, kept with the file's
+        size and mtime (what `same` compares, with no hashing)."""
+        files: dict[str, list[object]] = {}
+        for relative, etag in landed.items():
+            with contextlib.suppress(OSError):
+                st = (self.folder(folder_name) / relative).stat()
+                files[relative] = [st.st_size, st.st_mtime_ns, etag]
+        self._mark(folder_name, uploaded=True, files=files)
 
-    def _mark(self, folder_name: str, *, uploaded: bool) -> None:
+    def same(self, folder_name: str, relative: str, size: int, etag: str | None) -> bool | None:
+        """Whether the local file is the blob of `etag` and `size` as uploaded from this host (None: no rank here
+        recorded it)."""
+        for path in self.folder(folder_name).glob(_STATE.format(rank="*")):
+            recorded = (self._read(path) or {}).get("files")
+            entry = recorded.get(relative) if isinstance(recorded, dict) else None
+            if isinstance(entry, list) and len(entry) == 3:
+                try:
+                    st = (self.folder(folder_name) / relative).stat()
+                except OSError:
+                    return False
+                return entry[:2] == [st.st_size, st.st_mtime_ns] and st.st_size == size and \
+                    _unquoted(entry[2]) == _unquoted(etag)
+        return None
+
+    def _mark(self, folder_name: str, *, uploaded: bool, files: dict[str, list[object]] | None = None) -> None:
         folder = self.folder(folder_name)
         if not uploaded:  # the files first, then the state that vouches for them
             for path in folder.iterdir():
                 if path.is_file():
                     _fsync(path)
         tmp = self._state(folder_name).with_suffix(".tmp")
-        tmp.write_text(json.dumps({"uploaded": uploaded}))
+        tmp.write_text(json.dumps({"uploaded": uploaded, **({"files": files} if files else {})}))
         _fsync(tmp)
         tmp.replace(self._state(folder_name))
         _fsync(folder)
@@ -87,7 +109,7 @@ class LocalTier:
     @staticmethod
     def _read(path: Path) -> dict[str, object] | None:
         try:
-            state = json.loads(path.read_bytes()[:256])
+            state = json.loads(path.read_bytes()[:1 << 20])
         except (OSError, ValueError):
             return None
         return state if isinstance(state, dict) else None
@@ -116,6 +138,11 @@ class LocalTier:
         except OSError:
             return None
         return size, digest.digest()
+
+
+def _unquoted(etag: object) -> str | None:
+    """An ETag as a listing gives it (a response header quotes it)."""
+    return etag.strip('"') if isinstance(etag, str) else None
 
 
 def _fsync(path: Path) -> None:

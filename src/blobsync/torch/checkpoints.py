@@ -295,7 +295,7 @@ class Checkpoints:
         assert self.local is not None
         name, local = folder_of(step), self.local.folder(folder_of(step))
         if step in self._folders() and self._local_copy(step) is not None:  # done, all but saying so (a kill)
-            self.local.uploaded(name)
+            self.local.uploaded(name, {})
             self._complete(step, fmt)
             return Saved(step, local=local)
         base = self._base(self._newest_before(step), fmt)
@@ -303,15 +303,18 @@ class Checkpoints:
         if fmt == "torch":
             report = self.client.copy(local / STATE, self._url(name + STATE),
                                       self._incremental(from_ + STATE if from_ else None), raise_on_error=True)
+            landed: dict[str, str | None] = {STATE: report.written[0].etag if report.written else None}
         else:
             report = self.client.copy(local, self._url(name), self._incremental(from_, recursive=True),
                                       filters=Filters.parse(include_pattern=f"__{_rank()}_*"), as_subdir=False,
                                       raise_on_error=True)
+            landed = {r.rel: r.etag for r in report.written}
             if _rank() == 0:
                 wait_for_ranks(self.client, self._name(name), local / METADATA)
-                self.client.copy(local / METADATA, self._url(name + METADATA), self._incremental(None),
-                                 raise_on_error=True)
-        self.local.uploaded(name)
+                marker = self.client.copy(local / METADATA, self._url(name + METADATA), self._incremental(None),
+                                          raise_on_error=True)
+                landed[METADATA] = marker.written[0].etag if marker.written else None
+        self.local.uploaded(name, landed)
         self._complete(step, fmt)
         return Saved.of(step, report.written, base, local)
 
@@ -419,18 +422,23 @@ class Checkpoints:
 
     def _local_copy(self, step: int) -> Path | None:
         """The local tier's folder of `step` when it holds the same checkpoint as Blob: every blob of the folder
-        there (its block records aside) a local file of the same size and MD5."""
-        if self.local is None or not self.local.whole(folder_of(step)):
+        there (its block records aside) a local file uploaded from here as that version (its size, mtime and the
+        blob's ETag, as the upload recorded them), or else of the same size and MD5."""
+        name = folder_of(step)
+        if self.local is None or not self.local.whole(name):
             return None
-        base = self._base_path() + folder_of(step)
-        for props in self.client.ls(self._name(folder_of(step))):
+        base = self._base_path() + name
+        for props in self.client.ls(self._name(name)):
             relative = props.name[len(base):]
             if relative.endswith(BLOCKS_SUFFIX):
                 continue
-            if props.content_md5 is None or self.local.md5(folder_of(step), relative) != (props.size,
-                                                                                          props.content_md5):
+            same = self.local.same(name, relative, props.size, props.etag)
+            if same is None:  # not recorded here (uploaded by a process that died before saying so): hashed
+                same = props.content_md5 is not None and self.local.md5(name, relative) == (props.size,
+                                                                                             props.content_md5)
+            if not same:
                 return None
-        return self.local.folder(folder_of(step))
+        return self.local.folder(name)
 
     def _find(self, step: int | None) -> int:
         if step is None:
