@@ -242,3 +242,25 @@ def test_ranks_killed_during_their_uploads_have_the_next_run_finish_them(source:
     results = _group({**args, "mode": "ckpt-tier-resume"}, 2, tmp_path)
     assert all(r["ok"] for r in results), results
     assert [r["owed"] for r in results] == [[1], [1]]
+
+
+def test_bad_arguments_get_one_line(source: Side, azurite: Azurite, tmp_path: Path) -> None:
+    from blobsync import TransferConfig
+    from blobsync.errors import UsageError
+    from blobsync.torch import BlobStorageWriter
+
+    url = source.url(azurite.base_url, "runs/bad")
+    (tmp_path / "a-file").write_text("x")
+    cases = [
+        (lambda: Checkpoints(url, incremental="yes"), r"invalid incremental='yes': True or False"),  # type: ignore[arg-type]
+        (lambda: Checkpoints(url, local_dir=7), r"invalid local_dir=7: a local folder path"),  # type: ignore[arg-type]
+        (lambda: Checkpoints(url, local_dir=tmp_path / "a-file" / "sub"), r"local_dir .* cannot be made"),
+        (lambda: BlobStorageWriter(url, base=url), r"base= names the earlier checkpoint .* incremental=True"),
+        (lambda: BlobStorageWriter(url, incremental=True, base="https://other.blob.core.windows.net/cont/x?sv=1&sig=abc"),
+         r"an earlier checkpoint in the same container"),
+        (lambda: TransferConfig(blocks_from="https://acct.blob.core.windows.net/c/x"), r"invalid blocks_from="),
+    ]
+    for make, line in cases:
+        with pytest.raises(UsageError, match=line) as caught:
+            make()
+        assert "\n" not in str(caught.value) and "sig=" not in str(caught.value)
