@@ -108,6 +108,10 @@ def test_a_local_tier_returns_at_the_local_write_and_keeps_both_tiers(source: Si
         monkeypatch.setattr(LocalTier, "md5", lambda *_: pytest.fail("the local copy was hashed"))
         assert checkpoints.load()["step"] == 3
         assert _reads_of(proxy, "state.pt") == 0  # read from the local copy, which is the same
+        monkeypatch.undo()
+        (local / "step-00000003" / ".blobsync-0").write_text('{"uploaded": true}')  # uploaded, nothing recorded
+        assert checkpoints.load()["step"] == 3
+        assert _reads_of(proxy, "state.pt") == 0  # its MD5 is the blob's Content-MD5: still the local copy
         (local / "step-00000003" / "state.pt").write_bytes(b"not the same")
         assert checkpoints.load()["step"] == 3  # not the same any more: read from Blob
         assert _reads_of(proxy, "state.pt") >= 1

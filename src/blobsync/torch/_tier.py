@@ -5,7 +5,6 @@ and whether their upload is done, so that a process killed during an upload has 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -13,11 +12,12 @@ import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
+from blobsync.engine.digest import md5_of_file
 from blobsync.errors import UsageError
+from blobsync.local.platform import full_sync
 
 log = logging.getLogger("blobsync")
 _STATE = ".blobsync-{rank}"
-_STEP = 8 << 20
 
 
 class LocalTier:
@@ -130,14 +130,9 @@ class LocalTier:
         """The size and MD5 of one local file of a step (None: not there)."""
         path = self.folder(folder_name) / relative
         try:
-            with open(path, "rb", buffering=0) as f:
-                digest, size = hashlib.md5(), 0
-                while chunk := f.read(_STEP):
-                    digest.update(chunk)
-                    size += len(chunk)
+            return path.stat().st_size, md5_of_file(path)
         except OSError:
             return None
-        return size, digest.digest()
 
 
 def _unquoted(etag: object) -> str | None:
@@ -148,6 +143,6 @@ def _unquoted(etag: object) -> str | None:
 def _fsync(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
-        os.fsync(fd)
+        full_sync(fd)
     finally:
         os.close(fd)
