@@ -18,7 +18,7 @@ from blobsync.engine.budget import BlockBuffer, Window
 from blobsync.engine.commit import ForeignParts, commit_checked, part_layout
 from blobsync.engine.context import EngineContext
 from blobsync.engine.delta import DeltaBase
-from blobsync.engine.digest import BlockDigests, block_digests, crc64_metadata, new_md5
+from blobsync.engine.digest import BlockDigests, block_digests, crc64_metadata, new_md5, part_digests
 from blobsync.engine.prior import PriorBlocks
 from blobsync.engine.tasks import cancel_all, gather_or_cancel, in_thread, raise_first_failure
 from blobsync.errors import BlobsyncError, IntegrityError, TransientError
@@ -204,9 +204,11 @@ class ChunkLoop:
                     hashed: asyncio.Future[None] | None) -> None:
         ctx, w = self.ctx, self.w
         try:
-            if digest:  # in a thread: an MD5 of a block (the emulator's check) would stall the loop ~10 ms
+            if digest and (w.prior is not None or ctx.config.block_digests):  # an incremental write's blocks
                 check, w.crcs[idx], w.digests[idx] = await in_thread(ctx.io_pool, block_digests, view, None,
                                                                      self.check)
+            elif digest:  # in a thread: an MD5 of a block (the emulator's check) would stall the loop ~10 ms
+                check, w.crcs[idx] = await in_thread(ctx.io_pool, part_digests, view, self.check)
             copied = await self._copied(idx, len(view))
             if not copied:
                 def send() -> Awaitable[None]:
