@@ -289,3 +289,30 @@ def test_a_connection_attempt_nobody_answers_says_what_to_try() -> None:
     assert "cannot connect to acct.blob.core.windows.net" in str(err) and "HTTPS_PROXY" in str(err)
     via = _mapped(aiohttp.ConnectionTimeoutError("x"), "acct.blob.core.windows.net", "http://u:pw@proxy:3128")
     assert "through the proxy http://u@proxy:3128" in str(via) and "pw" not in str(via)
+
+
+def test_a_finished_request_leaves_nothing_for_the_collector() -> None:
+    """A request's task (and with it the answer's body, a listing page of MiBs) is freed when its last reference
+    goes, not at the collector's next full pass: a sync of 10^6 blobs peaked at 900 MiB with such a cycle."""
+    import gc
+    import weakref
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello")
+        await writer.drain()
+        writer.close()
+
+    async def call(client: HttpClient) -> bool:
+        task = asyncio.ensure_future(client.request("GET", "/x", {}))
+        assert (await task).body == b"hello"
+        ref = weakref.ref(task)
+        del task
+        await asyncio.sleep(0)  # the loop's handle that woke this task up holds the request's task until then
+        return ref() is None
+
+    gc.disable()
+    try:
+        assert _run(handler, call)
+    finally:
+        gc.enable()

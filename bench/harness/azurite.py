@@ -91,3 +91,19 @@ class NullServer(Azurite):
     def command(self) -> list[str]:
         script = Path(__file__).resolve().parent / "nullserver.py"
         return [sys.executable, str(script), "--port", str(self.port), *(f"--seed={s}" for s in self.seeds)]
+
+
+class ListServer(Azurite):
+    """bench/harness/listserver.py in Azurite's place: every container holds the same `objects` generated blobs in
+    `folders` folders, each list page answered after `latency_ms` (issue 52's scale measurements)."""
+
+    ready_line = "list server listening"
+
+    def __init__(self, workdir: Path, objects: int, folders: int, latency_ms: float, **kwargs: object) -> None:
+        super().__init__(workdir)
+        self.objects, self.folders, self.latency_ms = objects, folders, latency_ms
+
+    def command(self) -> list[str]:
+        script = Path(__file__).resolve().parent / "listserver.py"
+        return [sys.executable, str(script), "--port", str(self.port), "--objects", str(self.objects),
+                "--folders", str(self.folders), "--latency-ms", str(self.latency_ms)]
