@@ -24,18 +24,24 @@ def is_folder_marker(props: BlobProperties) -> bool:
     stub (metadata hdi_isfolder=true, as AzCopy skips them by default). Never downloaded, never compared."""
     if props.name.endswith("/"):
         return True
-    return any(k.lower() == "hdi_isfolder" and v.lower() == "true" for k, v in props.metadata.items())
+    for key, value in props.metadata.items():  # a loop, not any(): a sync asks of every listed blob
+        if len(key) == 12 and key.lower() == "hdi_isfolder" and value.lower() == "true":
+            return True
+    return False
 
 
 def remote_entry(prefix: str, props: BlobProperties) -> Entry:
     """A listed blob under `prefix` as an index entry: its relative name, size, mtime (the stored one if any)."""
-    stored = props.metadata.get(MTIME_KEY)
+    metadata = props.metadata
+    stored = metadata.get(MTIME_KEY)
     mtime = parse_mtime(stored) if stored else None
     exact = mtime is not None
     if mtime is None:
         mtime = int(props.last_modified.timestamp()) * 1_000_000_000
+    # Most blobs have only the mtime: stored_crc64 looks through the metadata only where there is more.
+    crc64 = stored_crc64(metadata, props.content_md5) if len(metadata) > exact else None
     return Entry(relative_name(prefix, props.name), props.size, mtime, exact, props.content_md5, props.etag, props.name,
-                 tier=props.tier, crc64=stored_crc64(props.metadata, props.content_md5))
+                 0, props.tier, crc64)
 
 
 def as_properties(entry: Entry) -> BlobProperties:

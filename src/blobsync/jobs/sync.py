@@ -6,7 +6,6 @@ import asyncio
 import logging
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from pathlib import Path
 
 from blobsync.engine.context import EngineContext
@@ -223,7 +222,7 @@ class SyncJob:
         if self.spec.upload:
             return dst, await self._local_md5(src)
         # The local file is the destination: its MD5 stands in for the missing stored one.
-        return replace(dst, md5=await self._local_md5(dst)), src.md5
+        return dst._replace(md5=await self._local_md5(dst)), src.md5
 
     def _local_path(self, entry: Entry) -> Path:
         """Where a local entry's file is (its name differs from `rel` when the service spells it otherwise)."""

@@ -191,7 +191,7 @@ _BLOB = re.compile(
 _PAIRS = re.compile(rf"<({_TAG}) ?(?:/>|>([^<]*)</\1>)")
 _NEXT_MARKER = re.compile(r"</Blobs>(?:<NextMarker>([^<]*)</NextMarker>|<NextMarker ?/>)?</EnumerationResults>")
 _ENTITY = re.compile(r"&(?:#x([0-9A-Fa-f]+)|#([0-9]+)|(amp|lt|gt|quot|apos));")
-_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")  # characters XML 1.0 cannot hold
+_CONTROLS = bytes([*range(0x09), 0x0B, 0x0C, *range(0x0E, 0x20)])  # the C0 controls XML 1.0 cannot hold
 _OTHER_AMP = re.compile(r"&(?!(?:#x[0-9A-Fa-f]+|#[0-9]+|amp|lt|gt|quot|apos);)")
 _NAMED = {"amp": "&", "lt": "<", "gt": ">", "quot": '"', "apos": "'"}
 
@@ -225,7 +225,21 @@ def _scan_blob(chunk: str) -> BlobProperties:
      ) = m.groups()
     if after and "<Metadata" in after:
         raise _Unsure  # metadata out of its place
-    text = _text if "&" in chunk else str
+    if "&" in chunk:  # entities to resolve: each value through _text
+        return _scanned(name, modified, etag, length, ctype, has_ctype, md5, btype, has_btype, tier, has_tier, meta,
+                        _text)
+    # The common case, values as they stand (a sync reads one blob of each side per object: this is its hot path).
+    size = int(length) if length and length.isascii() and length.isdigit() and len(length) < 19 else \
+        parse_length(length or None, name, listed=True)
+    return BlobProperties(name, size, etag or "", _listed_date(modified or None), md5_header(md5) if md5 else None,
+                          ctype or "" if has_ctype is not None else None,
+                          dict(_PAIRS.findall(meta)) if meta else {},
+                          btype or "" if has_btype is not None else None, tier or "" if has_tier is not None else None)
+
+
+def _scanned(name: str, modified: str | None, etag: str | None, length: str | None, ctype: str | None,
+             has_ctype: str | None, md5: str | None, btype: str | None, has_btype: str | None, tier: str | None,
+             has_tier: str | None, meta: str | None, text: Callable[[str], str]) -> BlobProperties:
     return BlobProperties(
         name=text(name),
         size=parse_length(text(length) if length else None, text(name), listed=True),
@@ -239,12 +253,20 @@ def _scan_blob(chunk: str) -> BlobProperties:
     )
 
 
+def _not_xml(body: bytes) -> bool:
+    """Whether the page holds a character XML 1.0 cannot (a C0 control, U+FFFE, U+FFFF): checked on the bytes, as
+    a regex over the text cost ~1.7 µs a blob, a fifth of the scan."""
+    return (len(body.translate(None, _CONTROLS)) != len(body)
+            or (not body.isascii() and (b"\xef\xbf\xbe" in body or b"\xef\xbf\xbf" in body)))
+
+
 def _scan_listing(body: bytes) -> tuple[list[BlobProperties], str]:
+    if b"\r" in body or b"<!" in body or _not_xml(body):
+        raise _Unsure
     text = body.decode("utf-8-sig").rstrip()
     end = text.rfind("</Blobs>")
     tail = _NEXT_MARKER.fullmatch(text, end) if end >= 0 else None
-    if (tail is None or "\r" in text or "<!" in text or ("&" in text and _OTHER_AMP.search(text))
-            or _NOT_XML.search(text)):
+    if tail is None or ("&" in text and _OTHER_AMP.search(text)):
         raise _Unsure
     chunks = text[:end].split("<Blob>")
     return [_scan_blob(chunk) for chunk in itertools.islice(chunks, 1, None)], _text(tail.group(1) or "")
