@@ -8,6 +8,7 @@ from pathlib import Path
 from blobsync.config import MiB
 from conftest import ContainerHandle
 from support.cli import random_file, run
+from support.proxy import FaultProxy, Rule, stall
 
 
 def _json_lines(stdout: str) -> list[dict[str, object]]:
@@ -119,3 +120,22 @@ def test_live_progress_redraws_one_line_on_a_terminal(container: ContainerHandle
     assert b"files 0/1" in screen or b"files 1/1" in screen
     assert out.startswith("Job ") and "1 uploaded" in out
     assert container.download("a.bin") == data
+
+
+def test_a_sync_reports_its_enumeration_as_it_lists(container: ContainerHandle, tmp_path: Path, azurite_env: str,
+                                                    proxy: FaultProxy) -> None:
+    """Before anything moves, a sync of millions spends minutes listing: progress says how far each side got."""
+    src = tmp_path / "src"
+    for i in range(30):
+        random_file(src / f"d{i % 3}" / f"f{i}.bin", 10, seed=i)
+    assert run(["sync", str(src), container.url, "--journal", str(tmp_path / "j.db")]).returncode == 0
+    proxy.add_rule(Rule("list_blobs", stall(0.4)))  # each listing page takes 0.4 s
+    done = run(["sync", str(src), f"{proxy.endpoint()}/{container.name}", "--journal", str(tmp_path / "j.db"),
+                "--output-type", "json", "--progress-interval", "0.1"])
+    assert done.returncode == 0, done.stderr
+    progress = [r for r in _json_lines(done.stdout) if r["type"] == "progress"]
+    listing = [r for r in progress if r["listing"]]
+    assert listing, progress
+    assert all(r["listed_source"] == 30 for r in listing[-1:])  # the local walk is done long before the listing
+    seen = [int(str(r["listed_destination"])) for r in listing]
+    assert seen == sorted(seen) and 0 < seen[-1] <= 30  # it grows as the pages come

@@ -330,7 +330,8 @@ def test_a_job_for_a_cluster_lists_its_destination_one_prefix_at_a_time(tmp_path
 
     report = asyncio.run(down())
     assert report.ok and runner.files == len(files)
-    assert box.faults.calls["list_level"] == 1 and box.faults.calls["list_page"] == 1  # the top, then sub/
+    # Fanned out: each level of run/, run/sub/ and run/sub/deep/ (fewer folders than listings in flight).
+    assert box.faults.calls["list_level"] == 3 and "list_page" not in box.faults.calls
     for rel, data in files.items():
         assert (tmp_path / "down" / rel).read_bytes() == data
 

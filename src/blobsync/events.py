@@ -75,6 +75,10 @@ class Progress:
     throttled: int = 0  # throttling answers so far
     started: float = field(default_factory=time.monotonic)
     subscribers: Sequence[Subscriber] = ()
+    # A sync's enumeration: objects listed (or walked) so far on each side, and whether it is still going.
+    listed_src: int = 0
+    listed_dst: int = 0
+    listing: bool = False
 
     def queued(self, rel: str, blob: str, size: int, *, counted: bool = False) -> None:
         """A file is about to be transferred (`counted`: its size is in the totals already)."""
@@ -83,6 +87,13 @@ class Progress:
             self.bytes_total += size
         if self.subscribers:
             self._tell("on_queued", QueuedFile(rel, blob, size))
+
+    def listed(self, side: str, count: int) -> None:
+        """`count` more objects of one side ('src' or 'dst') were listed (or walked) during enumeration."""
+        if side == "src":
+            self.listed_src += count
+        else:
+            self.listed_dst += count
 
     def on_wire(self, nbytes: int) -> None:
         """The HTTP client wrote (or read) `nbytes` of a body: the rate is true before a block is acknowledged."""

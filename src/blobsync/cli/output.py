@@ -34,7 +34,17 @@ def _eta(p: Progress, rate: float) -> int | None:
     return None
 
 
+def listing_line(p: Progress) -> str:
+    """A sync's enumeration, before any transfer: what each side listed so far, and how fast."""
+    elapsed = max(time.monotonic() - p.started, 1e-6)
+    listed = p.listed_src + p.listed_dst
+    return (f"comparing: {p.listed_src:,} at the source, {p.listed_dst:,} at the destination listed "
+            f"({listed / elapsed:,.0f} objects/s)")
+
+
 def progress_line(p: Progress) -> str:
+    if p.listing and not p.files_total:
+        return listing_line(p)
     rate = _rate(p)
     pct = 100.0 * p.bytes_done / p.bytes_total if p.bytes_total else 100.0
     eta = _eta(p, rate)
@@ -69,6 +79,7 @@ def progress_record(p: Progress) -> dict[str, object]:
         "files_done": p.files_done, "files_total": p.files_total, "files_skipped": p.files_skipped,
         "files_failed": p.files_failed, "files_deleted": p.files_deleted,
         "concurrency": p.concurrency, "retries": p.retries, "throttled": p.throttled,
+        "listing": p.listing, "listed_source": p.listed_src, "listed_destination": p.listed_dst,
     }
 
 
@@ -124,7 +135,7 @@ class ProgressDisplay:
         elif self.tty:
             self.stream.write("\r\x1b[K" + progress_line(self.progress))
             self.stream.flush()
-        elif self.progress.files_total or self.progress.files_done:
+        elif self.progress.files_total or self.progress.files_done or self.progress.listing:
             self.stream.write(progress_line(self.progress).strip() + "\n")
             self.stream.flush()
 

@@ -12,9 +12,10 @@ _BATCH = 5000
 _BATCHES_IN_HAND = 4  # memory stays bounded on huge trees: the walk waits for the loop to store batches
 
 
-async def index_in_thread(index: SyncIndex, side: str, entries: Callable[[], Iterator[Entry]]) -> None:
+async def index_in_thread(index: SyncIndex, side: str, entries: Callable[[], Iterator[Entry]],
+                          seen: Callable[[int], None] = lambda count: None) -> None:
     """Run `entries()` in a worker thread and insert its batches into `index` on the loop's thread (SQLite
-    connections stay on one thread). Errors of the walk itself surface here."""
+    connections stay on one thread), telling `seen` of each. Errors of the walk itself surface here."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[list[Entry] | None] = asyncio.Queue()
     stop = threading.Event()
@@ -39,6 +40,7 @@ async def index_in_thread(index: SyncIndex, side: str, entries: Callable[[], Ite
     try:
         while (batch := await queue.get()) is not None:
             index.add(side, batch)
+            seen(len(batch))
             slots.release()
     finally:
         stop.set()

@@ -54,16 +54,17 @@ def as_properties(entry: Entry) -> BlobProperties:
                           tier=entry.tier)
 
 
-LISTINGS_IN_FLIGHT = 16  # prefixes listed at once when a listing goes one prefix per task
-LEVEL_FANOUT = 64  # top-level folders listed side by side; more, and one listing of everything is fewer requests
+LISTINGS_IN_FLIGHT = 16  # prefixes listed at once when a listing fans out (rclone lists 16 folders at once too)
+FANOUT_MAX = 5000  # folders found at one level beyond which the level is listed flat (a request per folder then
+#                    costs more than a page of 5,000 of them: 10^5 folders of 10 blobs are 20 pages flat)
 
 
 class RemoteLister:
     """Lists what is under a root prefix into one side of a scratch index, page by page (memory stays flat
-    however many objects): all at once, or one top-level prefix per task where the store lists levels."""
+    however many objects): all at once, or fanned out a folder per task where the store lists levels."""
 
     def __init__(self, store: Store, request: Requester, root: str, index: SyncIndex, side: str, filters: Filters,
-                 when: Callable[[BlobProperties, Entry], float]) -> None:
+                 when: Callable[[BlobProperties, Entry], float], seen: Callable[[int], None] | None = None) -> None:
         self.store = store
         self.request = request
         self.root = root  # entries are named relative to it
@@ -71,7 +72,16 @@ class RemoteLister:
         self.side = side
         self.filters = filters
         self.when = when  # the time the filters' --include-after/before compare
+        self.seen = seen or (lambda count: None)  # told of each page's objects, for progress during enumeration
         self.listed = 0  # objects seen (folder markers aside), whether the filters took them or not
+        self._told = 0  # of them, how many `seen` was told of
+
+    async def listing(self) -> None:
+        """Every object under the root, fanned out where the store lists levels, else one listing."""
+        if self.store.capabilities.lists_levels:
+            await self.fan_out()
+        else:
+            await self.under(self.root)
 
     async def under(self, prefix: str, expected: Callable[[], int | None] | None = None) -> None:
         """Every object under `prefix`; batches of 1,000 leave little to insert after the last page. Each page is
@@ -80,31 +90,62 @@ class RemoteLister:
         async for props in self.store.list_objects(prefix, expected=expected, request=self.request):
             self._take(props, batch)
             if len(batch) >= 1000:
-                self.index.add(self.side, batch)
+                self._add(batch)
                 batch = []
-        self.index.add(self.side, batch)
+        self._add(batch)
 
-    async def by_level(self) -> None:
-        """The top level, then every prefix below it that the filters can match in, many at once: a serial
-        listing of 10^8 objects is 20,000 round trips, hours."""
-        await for_each(await self._top_level(), self.under, LISTINGS_IN_FLIGHT)
+    async def fan_out(self) -> None:
+        """Every object under the root, up to LISTINGS_IN_FLIGHT listings at once: levels are listed with a
+        delimiter (their blobs go into the index as they come) until there are enough folders to keep that many
+        listings busy, then each folder is listed flat. A serial listing of 10^8 objects is 20,000 round trips,
+        hours; excluded folders (--exclude-path, a non-recursive sync) are never listed."""
+        frontier = [self.root]
+        while frontier:
+            if len(frontier) >= LISTINGS_IN_FLIGHT:
+                await for_each(frontier, self.under, LISTINGS_IN_FLIGHT)
+                return
+            frontier = await self._levels(frontier)
 
-    async def _top_level(self) -> list[str]:
-        """The objects at the top of the root into the index; the prefixes one level down the filters may enter."""
+    async def _levels(self, prefixes: list[str]) -> list[str]:
+        """One level of each prefix, side by side; the folders found below them."""
+        found: list[str] = []
+
+        async def level(prefix: str) -> None:
+            found.extend(await self._level(prefix))
+
+        await for_each(prefixes, level, LISTINGS_IN_FLIGHT)
+        return found
+
+    async def _level(self, prefix: str) -> list[str]:
+        """The blobs directly under `prefix` into the index; the folders one level down the filters may enter.
+        A level of more than FANOUT_MAX folders is listed flat instead (what it already put in is put again: the
+        index keeps one entry per name)."""
         prefixes: list[str] = []
         marker = ""
-        markers = Markers(f"list blobs under {self.root or '/'!r}")
+        markers = Markers(f"list blobs under {prefix or '/'!r}")
+        taken = 0
         while True:
-            objects, below, marker = await self.request(functools.partial(self.store.list_level, self.root,
-                                                                          marker))
+            objects, below, marker = await self.request(functools.partial(self.store.list_level, prefix, marker))
             markers.next(marker)
             batch: list[Entry] = []
+            before = self.listed
             for props in objects:
                 self._take(props, batch)
-            self.index.add(self.side, batch)
+            taken += self.listed - before
+            self._add(batch)
             prefixes += [p for p in below if self.filters.enters(p[len(self.root):].rstrip("/"))]
+            if len(prefixes) > FANOUT_MAX:
+                self.listed -= taken  # counted again by the flat listing
+                await self.under(prefix)
+                return []
             if not marker:
                 return prefixes
+
+    def _add(self, batch: list[Entry]) -> None:
+        self.index.add(self.side, batch)
+        if self.listed > self._told:
+            self.seen(self.listed - self._told)
+            self._told = self.listed
 
     def _take(self, props: BlobProperties, batch: list[Entry]) -> None:
         if is_folder_marker(props):

@@ -8,11 +8,12 @@ import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from blobsync.backends.base import Store
 from blobsync.engine.context import EngineContext
 from blobsync.engine.delete import Doomed
 from blobsync.engine.digest import md5_of_file
 from blobsync.engine.enumerate import index_in_thread
-from blobsync.engine.listing import LEVEL_FANOUT, RemoteLister
+from blobsync.engine.listing import FANOUT_MAX, RemoteLister
 from blobsync.errors import BlobsyncError, ExitCode, UsageError
 from blobsync.jobs.compare import MTIME_WINDOWS, CompareMode, decide
 from blobsync.jobs.ops import FileOp, OpKind
@@ -105,34 +106,41 @@ class SyncJob:
 
     async def _index_local(self, index: SyncIndex, side: str) -> None:
         """Walk the local tree in a worker thread while the listing waits on the service."""
-        await index_in_thread(index, side, self._local_entries)
+        await index_in_thread(index, side, self._local_entries, lambda count: self.runner.progress.listed(side, count))
         self.local_count = index.count(side)
 
     async def _index_remote(self, index: SyncIndex, side: str) -> None:
-        """List the remote side into the index; a job on a cluster lists one top-level prefix per task."""
-        lister = RemoteLister(self.store, self.runner.requests, self._prefix, index, side, self.spec.filters,
-                              lambda props, entry: entry.mtime_ns / 1e9)
-        if self.store.capabilities.lists_levels and (self.runner.cluster is not None or self._few_folders()):
-            await lister.by_level()
+        """List the remote side into the index, fanned out by folder unless the local root (whose layout the
+        remote side, a sync's other half, most likely shares) is flat or has more folders than fanning out pays
+        for: then one listing, its last page sized by the local count."""
+        lister = self._lister(self.store, self._prefix, index, side)
+        if self.store.capabilities.lists_levels and self._folders():
+            await lister.fan_out()
         else:
-            # The local count predicts the remote one (a sync makes them match): the store then keeps the last
-            # page small.
             await lister.under(self._prefix, lambda: self.local_count)
 
-    def _few_folders(self) -> bool:
-        """Whether the local root holds a few folders (and the remote side, a sync's other half, likely the same):
-        then the remote is listed a folder per task, side by side, which the service serves faster than one
-        listing (a no-op sync of 10,000 files in 20 folders: 1.09 -> 0.90 s). The top level is listed with a
-        delimiter first, so a folder only the remote has is listed too. A flat root, or many folders, is one
-        listing: a request per folder would cost more than pages of 5,000."""
+    def _lister(self, store: Store, prefix: str, index: SyncIndex, side: str) -> RemoteLister:
+        return RemoteLister(store, self.runner.requests, prefix, index, side, self.spec.filters,
+                            lambda props, entry: entry.mtime_ns / 1e9,
+                            lambda count: self.runner.progress.listed(side, count))
+
+    def _folders(self) -> bool:
+        """Whether the remote side is worth fanning out: the local root holds folders, but not more than a level
+        fans out to (a request per folder would then cost more than pages of 5,000), or it says nothing (it is
+        empty, or not there yet: a first sync down)."""
         if self.spec.local is None:
-            return False
+            return True
+        files = folders = 0
         try:
             with os.scandir(self.spec.local) as entries:
-                folders = sum(1 for e in entries if e.is_dir(follow_symlinks=False))
+                for e in entries:
+                    if e.is_dir(follow_symlinks=False):
+                        folders += 1
+                    else:
+                        files += 1
         except OSError:
-            return False
-        return 0 < folders <= LEVEL_FANOUT
+            return True
+        return folders <= FANOUT_MAX and (folders > 0 or files == 0)
 
     # --- the run --------------------------------------------------------------------------------------------
 
@@ -168,6 +176,13 @@ class SyncJob:
 
     async def _enumerate(self, index: SyncIndex) -> None:
         """Both sides into the index: the local walk runs in a thread while the listing waits on the service."""
+        self.runner.progress.listing = True
+        try:
+            await self._both(index)
+        finally:
+            self.runner.progress.listing = False
+
+    async def _both(self, index: SyncIndex) -> None:
         local_side, remote_side = ("src", "dst") if self.spec.upload else ("dst", "src")
         local = asyncio.create_task(self._index_local(index, local_side))
         try:

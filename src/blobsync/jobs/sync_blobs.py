@@ -9,7 +9,6 @@ from pathlib import Path
 
 from blobsync.backends.base import Store
 from blobsync.engine.context import EngineContext
-from blobsync.engine.listing import RemoteLister
 from blobsync.jobs.ops import FileOp, OpKind
 from blobsync.jobs.runner import WorkItem, batches
 from blobsync.jobs.spec import SyncSpec
@@ -43,12 +42,11 @@ class BlobSyncJob(SyncJob):
     def _sides(self) -> tuple[str, str]:
         return self.source_loc.display, self.spec.remote.display
 
-    async def _enumerate(self, index: SyncIndex) -> None:
+    async def _both(self, index: SyncIndex) -> None:
         """Both listings at once, each page a request on the job's one request path."""
         prefix = folder_prefix(self.source_loc.path)
-        source = RemoteLister(self.source, self.runner.requests, prefix, index, "src", self.spec.filters,
-                              lambda props, entry: entry.mtime_ns / 1e9)
-        listing = asyncio.create_task(source.under(prefix))
+        source = self._lister(self.source, prefix, index, "src")
+        listing = asyncio.create_task(source.listing())
         try:
             await self._index_remote(index, "dst")
         finally:

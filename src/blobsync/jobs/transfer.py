@@ -91,7 +91,7 @@ class Direction:
         """Where a dry run says the file would go."""
         return name
 
-    async def _listed(self, store: Store, by_level: bool = False) -> SyncIndex:
+    async def _listed(self, store: Store) -> SyncIndex:
         """Every blob under the source prefix into the scratch index."""
         index = self.job.index()
         source: Location = self.spec.source  # type: ignore[assignment]
@@ -99,7 +99,7 @@ class Direction:
         filters = self.spec.filters
         lister = RemoteLister(store, self.job.runner.requests, prefix, index, "src", filters,
                               lambda props, entry: props.last_modified.timestamp())
-        await (lister.by_level() if by_level else lister.under(prefix))
+        await lister.listing()
         if not lister.listed and prefix and filters.top is None and self.job.runner.job is None:
             # A folder URL with nothing under it is most likely a typo; AzCopy fails too. (A wildcard that
             # matches nothing, or filters that take nothing, are a successful empty copy.)
@@ -176,9 +176,7 @@ class Download(Direction):
                 os.close(made)
         if spec.dest.exists() and not spec.dest.is_dir():
             raise UsageError(f"destination {str(spec.dest)!r} is a file: -r needs a folder")
-        # A job on a cluster lists one prefix per task.
-        by_level = self.job.runner.cluster is not None and self.ctx.store.capabilities.lists_levels
-        return Listing(spec.dest, index=await self._listed(self.ctx.store, by_level))
+        return Listing(spec.dest, index=await self._listed(self.ctx.store))
 
     def done(self, row: FileRow, e: Entry, root: Path) -> bool:
         if row.state is not FileState.COMMITTED or row.etag != e.etag:
