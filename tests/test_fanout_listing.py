@@ -110,9 +110,10 @@ def test_a_fanned_out_listing_gives_what_a_flat_one_gives(store_url: str, limits
 
 def test_an_excluded_folder_is_never_listed(store_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(listing, "LISTINGS_IN_FLIGHT", 2)
-    filters = Filters.parse(exclude_path="skip/;a/b/c")
+    filters = Filters.parse(exclude_path="skip/;a/b/c;dbl/")
     prefixes: list[str] = []
     fanned = _listed(store_url, "fan", filters, prefixes)
     assert fanned == _listed(store_url, "flat", filters)
     assert {rel for rel, *_ in fanned} >= {"skipped-not.bin", "a/b", "a/bc"}
-    assert not any(p.startswith((ROOT + "skip/", ROOT + "a/b/c")) for p in prefixes), prefixes
+    assert not any(p.startswith((ROOT + "skip/", ROOT + "a/b/c", ROOT + "dbl/")) for p in prefixes), prefixes
+    assert not any(rel.startswith("dbl/") for rel, *_ in fanned)

@@ -133,7 +133,7 @@ class RemoteLister:
                 self._take(props, batch)
             taken += self.listed - before
             self._add(batch)
-            prefixes += [p for p in below if self.filters.enters(p[len(self.root):].rstrip("/"))]
+            prefixes += [p for p in below if self.filters.enters(p[len(self.root):-1])]  # less its one "/"
             if len(prefixes) > FANOUT_MAX:
                 self.listed -= taken  # counted again by the flat listing
                 await self.under(prefix)
