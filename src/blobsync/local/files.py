@@ -43,9 +43,13 @@ def clamp_ns(ns: int) -> int:
 
 @dataclass(frozen=True)
 class SourceFile:
-    path: Path  # absolute
+    where: str  # absolute path (a Path is made only when asked for: a walk of 10^6 files spent 2 µs a file on it)
     rel: str  # relative path with '/' between folders
     identity: FileIdentity
+
+    @property
+    def path(self) -> Path:
+        return Path(self.where)
 
     @property
     def blob_rel(self) -> str:
@@ -140,32 +144,32 @@ def walk(root: Path, *, follow_symlinks: bool = False, enters: Callable[[str], b
 def _visit(entry: os.DirEntry[str], folder: _Folder, follow_symlinks: bool
            ) -> SourceFile | SkippedEntry | _Folder | None:
     rel = f"{folder.rel}{entry.name}"
-    path = Path(entry.path)
     try:
         rel.encode("utf-8")
     except UnicodeEncodeError:
-        return SkippedEntry(path, printable(rel), "the name is not valid UTF-8, so it cannot be a blob name: "
-                            "rename it (e.g. with convmv)")
+        return SkippedEntry(Path(entry.path), printable(rel), "the name is not valid UTF-8, so it cannot be a blob "
+                            "name: rename it (e.g. with convmv)")
     try:
         if entry.is_symlink() and not follow_symlinks:
-            return SkippedEntry(path, rel, "symbolic link skipped (use --follow-symlinks)", failed=False)
+            return SkippedEntry(Path(entry.path), rel, "symbolic link skipped (use --follow-symlinks)",
+                                failed=False)
         if entry.is_dir(follow_symlinks=follow_symlinks):
             st = entry.stat(follow_symlinks=follow_symlinks)
             key = (st.st_dev, st.st_ino)
             if folder.is_below(key):
-                target = os.readlink(path) if entry.is_symlink() else entry.name
-                return SkippedEntry(path, rel, f"symbolic link to {printable(target)!r} makes a loop (it leads "
-                                    "back to a folder above it): not followed", failed=False)
-            return _Folder(path, rel + "/", key, folder)
+                target = os.readlink(entry.path) if entry.is_symlink() else entry.name
+                return SkippedEntry(Path(entry.path), rel, f"symbolic link to {printable(target)!r} makes a loop (it "
+                                    "leads back to a folder above it): not followed", failed=False)
+            return _Folder(Path(entry.path), rel + "/", key, folder)
         st = entry.stat(follow_symlinks=follow_symlinks)
     except OSError as exc:
-        return SkippedEntry(path, printable(rel), _os_error_text(exc))
+        return SkippedEntry(Path(entry.path), printable(rel), _os_error_text(exc))
     if not stat.S_ISREG(st.st_mode):
-        return SkippedEntry(path, printable(rel), "not a regular file")
+        return SkippedEntry(Path(entry.path), printable(rel), "not a regular file")
     if "\\" in entry.name and _twin(folder, rel):
-        return SkippedEntry(path, printable(rel), f"{blob_rel(rel)!r} exists too, and both would be the same blob "
-                            "(Azure stores '\\' in a blob name as '/'): rename one of them")
-    return SourceFile(path, rel, FileIdentity.of(st))
+        return SkippedEntry(Path(entry.path), printable(rel), f"{blob_rel(rel)!r} exists too, and both would be the "
+                            "same blob (Azure stores '\\' in a blob name as '/'): rename one of them")
+    return SourceFile(entry.path, rel, FileIdentity.of(st))
 
 
 def _twin(folder: _Folder, rel: str) -> bool:
