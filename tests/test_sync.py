@@ -221,7 +221,7 @@ def test_unlistable_source_folder_stops_deletes(container: ContainerHandle, tmp_
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     # Root reads every folder, so the unreadable folder is injected where the walk reports it.
     import blobsync
-    import blobsync.jobs.sync as sync_job
+    import blobsync.local.walker as sync_job
     from blobsync.local.files import SkippedEntry
 
     src = tmp_path / "src"
@@ -234,6 +234,7 @@ def test_unlistable_source_folder_stops_deletes(container: ContainerHandle, tmp_
         yield from real_walk(root, **kwargs)
 
     monkeypatch.setattr(sync_job, "walk", walk_with_a_locked_folder)
+    monkeypatch.setenv("BLOBSYNC_WALK_PROCESS", "0")  # the walk in this process, where the patch is
     config = blobsync.TransferConfig(journal_path=tmp_path / "j.db")
     report = blobsync.sync(src, container.url, config, delete=blobsync.DeleteMode.TRUE, env={})
     assert "could not be enumerated completely" in report.deletes_refused

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 from collections.abc import Callable, Iterator
@@ -21,8 +22,9 @@ from blobsync.jobs.runner import JobRunner, RemoteRunner, WorkItem, batches
 from blobsync.jobs.spec import SyncSpec
 from blobsync.journal import FileRow, JobKind
 from blobsync.journal.index import Entry, SyncIndex
-from blobsync.local.files import SkippedEntry, SourceFile, local_rel, walk, warm_if_cold
+from blobsync.local.files import SkippedEntry, warm_if_cold
 from blobsync.local.folding import Folding, NameClaims, probe
+from blobsync.local.walker import in_process, index_in_process, tree_entries
 from blobsync.naming import folder_prefix
 from blobsync.options import DeleteMode as DeleteMode
 from blobsync.report import DRY_RUN, NO_JOB, Action, FileResult, FileStatus, Report
@@ -74,39 +76,39 @@ class SyncJob:
 
     # --- enumeration ----------------------------------------------------------------------------------
 
-    def _local_entries(self) -> Iterator[Entry]:
-        spec = self.spec
+    def _check_local(self) -> bool:
+        """Whether the local side is there to walk (a missing target of a sync down is an empty side)."""
         if not self.local.exists():
-            if spec.upload:
+            if self.spec.upload:
                 raise UsageError(f"source folder {str(self.local)!r} does not exist")
-            return
+            return False
         if not self.local.is_dir():
             raise UsageError(f"{str(self.local)!r} is not a folder: sync works on folders (use cp for one file)")
-        # Folders nothing could match in are not listed (--recursive=false lists one folder). One whose name has
-        # a backslash is, since its files are compared under names with '/' there.
-        enters = spec.filters.enters if spec.filters.active else (lambda rel: True)
-        for item in walk(self.local, follow_symlinks=self.config.follow_symlinks,
-                         enters=lambda rel: "\\" in rel or enters(rel)):
-            if isinstance(item, SkippedEntry):
-                if not spec.filters.matches(item.rel):
-                    continue
-                if item.failed:
-                    self.complete = False  # an unreadable folder: its files may exist; never delete for them
-                self.problems.append(FileResult(item.rel, "", 0,
-                                                FileStatus.FAILED if item.failed else FileStatus.SKIPPED,
-                                                reason=item.reason,
-                                                exit_code=ExitCode.PARTIAL if item.failed else ExitCode.OK))
-                continue
-            f: SourceFile = item
-            # A source file is compared under the name the service will give it; a local target under its own.
-            rel = f.blob_rel if spec.upload else local_rel(f.rel)
-            if spec.filters.matches(rel, f.identity.mtime_ns / 1e9):
-                yield Entry(rel, f.identity.size, f.identity.mtime_ns, True, inode=f.identity.inode,
-                            name=f.rel if rel != f.rel else None)
+        return True
+
+    def _local_entries(self) -> Iterator[Entry]:
+        if self._check_local():
+            yield from tree_entries(self.local, self.spec.filters, follow_symlinks=self.config.follow_symlinks,
+                                    upload=self.spec.upload, skipped=self._skipped)
+
+    def _skipped(self, item: SkippedEntry) -> None:
+        if item.failed:
+            self.complete = False  # an unreadable folder: its files may exist; never delete for them
+        self.problems.append(FileResult(item.rel, "", 0, FileStatus.FAILED if item.failed else FileStatus.SKIPPED,
+                                        reason=item.reason,
+                                        exit_code=ExitCode.PARTIAL if item.failed else ExitCode.OK))
 
     async def _index_local(self, index: SyncIndex, side: str) -> None:
-        """Walk the local tree in a worker thread while the listing waits on the service."""
-        await index_in_thread(index, side, self._local_entries, lambda count: self.runner.progress.listed(side, count))
+        """Walk the local tree while the listing waits on the service: in a worker thread, or for a large tree in
+        a process of its own (the walk and the listing's parsing then run on two cores)."""
+        seen = functools.partial(self.runner.progress.listed, side)
+        if self._check_local() and in_process(self.local):
+            for item in await index_in_process(index, side, self.local, self.spec.filters,
+                                               follow_symlinks=self.config.follow_symlinks, upload=self.spec.upload,
+                                               seen=seen):
+                self._skipped(item)
+        else:
+            await index_in_thread(index, side, self._local_entries, seen)
         self.local_count = index.count(side)
 
     async def _index_remote(self, index: SyncIndex, side: str) -> None:

@@ -80,6 +80,22 @@ class SyncIndex:
             self.db.execute("commit")
         return len(rows)
 
+    def adopt(self, side: str, path: Path) -> int:
+        """Take one side's entries from another index's file (a walk's process wrote it), then delete that file;
+        returns how many. One statement in SQLite, sorted as the table is: no row passes through Python."""
+        assert side in ("src", "dst")
+        try:
+            self.db.execute("attach database ? as walked", (str(path),))
+            try:
+                self.db.execute("begin")
+                self.db.execute(f"insert or replace into main.{side} select * from walked.{side}")
+                self.db.execute("commit")
+            finally:
+                self.db.execute("detach database walked")
+        finally:
+            path.unlink(missing_ok=True)
+        return self.count(side)
+
     def pairs(self, *, skip_same_size: bool = False, newer_than: tuple[int, int] | None = None
               ) -> Iterator[tuple[Entry, Entry | None]]:
         """Every source entry with the destination entry of the same path, if any, in path order.
