@@ -14,6 +14,9 @@ def main() -> None:
     from blobsync.local.platform import tune_malloc
 
     tune_malloc()
+    from blobsync.local.walker import own_process
+
+    own_process()
     from blobsync.backends import trust_store
 
     trust_store.defer()

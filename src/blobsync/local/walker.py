@@ -6,24 +6,34 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import multiprocessing
 import os
 import signal
 from collections.abc import Callable, Iterator
-from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from blobsync.errors import SourceError
 from blobsync.filters import Filters
 from blobsync.journal.index import Entry, SyncIndex
 from blobsync.local.files import SkippedEntry, SourceFile, local_rel, walk
 
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+
 # A tree this large at its top (folders, or files) is walked in a process of its own: starting one costs ~0.2 s
 # of CPU, which a walk of 10^5 files repays and a walk of 10^4 does not.
 PROCESS_FOLDERS = 64
 PROCESS_FILES = 20_000
 _WALK_PROCESS = "BLOBSYNC_WALK_PROCESS"  # 1: always, 0: never (tests; a host where spawning fails)
+# Only the command (a process of blobsync's own) starts one unasked: a library call leaves its host alone, and a
+# host script without a __main__ guard would be run again by the new process (multiprocessing's spawn imports it).
+_OWN_PROCESS = False
+
+
+def own_process() -> None:
+    """Let this process walk large trees in a process of their own (the `blobsync` command's entry point)."""
+    global _OWN_PROCESS
+    _OWN_PROCESS = True
 
 
 def tree_entries(root: Path, filters: Filters, *, follow_symlinks: bool, upload: bool,
@@ -46,11 +56,12 @@ def tree_entries(root: Path, filters: Filters, *, follow_symlinks: bool, upload:
 
 
 def in_process(root: Path, env: dict[str, str] | os._Environ[str] = os.environ) -> bool:
-    """Whether to walk `root` in a process of its own: a large tree, on a machine with a core to spare."""
+    """Whether to walk `root` in a process of its own: a large tree, on a machine with a core to spare, in the
+    command's process (or wherever BLOBSYNC_WALK_PROCESS=1 asks for it)."""
     forced = env.get(_WALK_PROCESS, "").strip()
     if forced in ("0", "1"):
         return forced == "1"
-    if (os.cpu_count() or 1) < 2:
+    if not _OWN_PROCESS or (os.cpu_count() or 1) < 2:
         return False
     folders = files = 0
     try:
@@ -72,6 +83,8 @@ async def index_in_process(index: SyncIndex, side: str, root: Path, filters: Fil
     """Walk `root` in a process of its own into a scratch index file, then take its entries into `index`;
     `seen` is told how many were walked as it goes. Returns the entries skipped. The process is killed if this
     is cancelled, and dies with this process where the platform allows."""
+    import multiprocessing  # loaded by the walks that need it, not by every command's start
+
     ctx = multiprocessing.get_context("spawn")  # never fork a process with an event loop and threads
     here, there = ctx.Pipe(duplex=False)
     count = ctx.Value("q", 0, lock=False)
