@@ -94,11 +94,12 @@ def _spy(store: Store, prefixes: list[str]) -> None:
     store.list_level = list_level  # type: ignore[method-assign]
 
 
-@pytest.mark.parametrize("limits", [(16, 5000), (2, 5000), (2, 3)], ids=["wide", "deep", "too-wide-goes-flat"])
+@pytest.mark.parametrize("limits", [(4, 5000), (1000, 5000), (1000, 3)], ids=["wide", "deep", "too-wide-goes-flat"])
 def test_a_fanned_out_listing_gives_what_a_flat_one_gives(store_url: str, limits: tuple[int, int],
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    in_flight, fanout_max = limits
-    monkeypatch.setattr(listing, "LISTINGS_IN_FLIGHT", in_flight)
+    descend_below, fanout_max = limits
+    monkeypatch.setattr(listing, "DESCEND_BELOW", descend_below)
+    monkeypatch.setattr(listing, "LISTINGS_IN_FLIGHT", 3)
     monkeypatch.setattr(listing, "FANOUT_MAX", fanout_max)
     flat = _listed(store_url, "flat", Filters())
     prefixes: list[str] = []
@@ -109,7 +110,7 @@ def test_a_fanned_out_listing_gives_what_a_flat_one_gives(store_url: str, limits
 
 
 def test_an_excluded_folder_is_never_listed(store_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(listing, "LISTINGS_IN_FLIGHT", 2)
+    monkeypatch.setattr(listing, "DESCEND_BELOW", 1000)  # every level with a delimiter, down to the leaves
     filters = Filters.parse(exclude_path="skip/;a/b/c;dbl/")
     prefixes: list[str] = []
     fanned = _listed(store_url, "fan", filters, prefixes)

@@ -55,6 +55,9 @@ def as_properties(entry: Entry) -> BlobProperties:
 
 
 LISTINGS_IN_FLIGHT = 16  # prefixes listed at once when a listing fans out (rclone lists 16 folders at once too)
+DESCEND_BELOW = 4  # a level is listed with a delimiter only while fewer folders than this are known: a delimiter
+#                    listing of a folder costs the service a scan of all below it (Azurite: as much as listing it
+#                    flat), so 4 folders listed flat side by side beat listing each level again
 FANOUT_MAX = 5000  # folders found at one level beyond which the level is listed flat (a request per folder then
 #                    costs more than a page of 5,000 of them: 10^5 folders of 10 blobs are 20 pages flat)
 
@@ -96,12 +99,12 @@ class RemoteLister:
 
     async def fan_out(self) -> None:
         """Every object under the root, up to LISTINGS_IN_FLIGHT listings at once: levels are listed with a
-        delimiter (their blobs go into the index as they come) until there are enough folders to keep that many
-        listings busy, then each folder is listed flat. A serial listing of 10^8 objects is 20,000 round trips,
+        delimiter (their blobs go into the index as they come) until a few folders are known (DESCEND_BELOW),
+        then each folder is listed flat. A serial listing of 10^8 objects is 20,000 round trips,
         hours; excluded folders (--exclude-path, a non-recursive sync) are never listed."""
         frontier = [self.root]
         while frontier:
-            if len(frontier) >= LISTINGS_IN_FLIGHT:
+            if len(frontier) >= DESCEND_BELOW:
                 await for_each(frontier, self.under, LISTINGS_IN_FLIGHT)
                 return
             frontier = await self._levels(frontier)
