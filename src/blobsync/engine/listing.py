@@ -102,12 +102,20 @@ class RemoteLister:
         delimiter (their blobs go into the index as they come) until a few folders are known (DESCEND_BELOW),
         then each folder is listed flat. A serial listing of 10^8 objects is 20,000 round trips,
         hours; excluded folders (--exclude-path, a non-recursive sync) are never listed."""
-        frontier = [self.root]
+        frontier, flat = [self.root], []
         while frontier:
-            if len(frontier) >= DESCEND_BELOW:
-                await for_each(frontier, self.under, LISTINGS_IN_FLIGHT)
-                return
-            frontier = await self._levels(frontier)
+            if len(frontier) >= DESCEND_BELOW:  # enough to list flat, but for folders holding an excluded one
+                flat += [p for p in frontier if not self._excludes_below(p)]
+                frontier = [p for p in frontier if self._excludes_below(p)]
+            if frontier:
+                frontier = await self._levels(frontier)
+        await for_each(flat, self.under, LISTINGS_IN_FLIGHT)
+
+    def _excludes_below(self, prefix: str) -> bool:
+        """Whether an --exclude-path lies below `prefix`: its levels are then listed one by one, so that the
+        excluded folder is never listed."""
+        rel = prefix[len(self.root):]
+        return any(p.startswith(rel) and len(p) > len(rel) for p in self.filters.exclude_paths)
 
     async def _levels(self, prefixes: list[str]) -> list[str]:
         """One level of each prefix, side by side; the folders found below them."""
