@@ -93,12 +93,13 @@ def test_which_trees_are_walked_in_a_process(tmp_path: Path, monkeypatch: pytest
     assert not in_process(tmp_path / "wide", {"BLOBSYNC_WALK_PROCESS": "0"})
 
 
+@pytest.mark.parametrize("workers", [[], ["--processes", "2"]], ids=["plain", "processes"])
 def test_a_sync_walked_in_a_process_moves_the_right_bytes_both_ways(container: ContainerHandle, tmp_path: Path,
-                                                                    azurite_env: str) -> None:
+                                                                    azurite_env: str, workers: list[str]) -> None:
     src = tmp_path / "src"
     files = {f"d{i % 3}/f{i}.bin": random_file(src / f"d{i % 3}" / f"f{i}.bin", 100 + i, seed=i) for i in range(12)}
     env = {"BLOBSYNC_WALK_PROCESS": "1"}
-    journal = ["--journal", str(tmp_path / "j.db")]
+    journal = ["--journal", str(tmp_path / "j.db"), *workers]
     up = run(["sync", str(src), container.url, *journal], env=env)
     assert up.returncode == 0, up.stderr
     assert {name: container.download(name) for name in container.blob_names()} == files
