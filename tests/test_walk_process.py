@@ -79,6 +79,7 @@ def test_a_cancelled_walk_leaves_no_process(tmp_path: Path) -> None:
 
     asyncio.run(go())
     assert multiprocessing.active_children() == []
+    assert list((tmp_path / "scratch").iterdir()) == []  # nor its index file
 
 
 def test_which_trees_are_walked_in_a_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -44,12 +44,16 @@ def _entry(row: tuple[object, ...], offset: int = 0) -> Entry | None:
 class SyncIndex:
     """Source and destination entries of one sync run, in a temporary database deleted on close."""
 
-    def __init__(self, folder: Path | None = None) -> None:
-        if folder is not None:
-            folder.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(prefix="blobsync-index-", suffix=".db", dir=folder)
-        os.close(fd)
-        self.path = Path(name)
+    def __init__(self, folder: Path | None = None, *, path: Path | None = None) -> None:
+        """A new index file in `folder`, or at `path` (an empty file its caller made and will delete)."""
+        if path is None:
+            if folder is not None:
+                folder.mkdir(parents=True, exist_ok=True)
+            fd, made = tempfile.mkstemp(prefix="blobsync-index-", suffix=".db", dir=folder)
+            os.close(fd)
+            path = Path(made)
+        name = str(path)
+        self.path = path
         self.db = sqlite3.connect(name, isolation_level=None)
         self.db.execute("PRAGMA journal_mode=OFF")
         self.db.execute("PRAGMA synchronous=OFF")

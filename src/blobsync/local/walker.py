@@ -84,12 +84,27 @@ async def index_in_process(index: SyncIndex, side: str, root: Path, filters: Fil
     `seen` is told how many were walked as it goes. Returns the entries skipped. The process is killed if this
     is cancelled, and dies with this process where the platform allows."""
     import multiprocessing  # loaded by the walks that need it, not by every command's start
+    import tempfile
 
     ctx = multiprocessing.get_context("spawn")  # never fork a process with an event loop and threads
+    # The walk's index file is made and removed here: a walk killed halfway (a Ctrl-C) cannot leave it behind.
+    fd, made = tempfile.mkstemp(prefix="blobsync-walk-", suffix=".db", dir=index.path.parent)
+    os.close(fd)
+    try:
+        skipped = await _run_child(ctx, root, made, side, filters, follow_symlinks, upload, seen)
+        index.adopt(side, Path(made))
+        return skipped
+    finally:
+        Path(made).unlink(missing_ok=True)
+
+
+async def _run_child(ctx: Any, root: Path, made: str, side: str, filters: Filters, follow_symlinks: bool,
+                     upload: bool, seen: Callable[[int], None]) -> list[SkippedEntry]:
+    """The walk's process, from its start to its answer; killed if this is cancelled."""
     here, there = ctx.Pipe(duplex=False)
     count = ctx.Value("q", 0, lock=False)
     proc = ctx.Process(target=_walk_child, name="blobsync-walk", daemon=True,
-                       args=(there, str(index.path.parent), side, str(root), filters, follow_symlinks, upload, count))
+                       args=(there, made, side, str(root), filters, follow_symlinks, upload, count))
     proc.start()
     there.close()
     loop = asyncio.get_running_loop()
@@ -111,9 +126,7 @@ async def index_in_process(index: SyncIndex, side: str, root: Path, filters: Fil
         here.close()
     if status != "ok":
         raise SourceError(f"cannot walk {str(root)!r}: {payload}")
-    path, skipped = payload
-    index.adopt(side, Path(path))
-    return list(skipped)
+    return list(payload)
 
 
 def _receive(conn: Connection) -> tuple[str, Any]:
@@ -123,13 +136,13 @@ def _receive(conn: Connection) -> tuple[str, Any]:
         return "error", "the walk's process ended without an answer"
 
 
-def _walk_child(conn: Connection, folder: str, side: str, root: str, filters: Filters, follow_symlinks: bool,
+def _walk_child(conn: Connection, made: str, side: str, root: str, filters: Filters, follow_symlinks: bool,
                 upload: bool, count: Any) -> None:
-    """The walk's process: entries into a scratch index file of its own, its path and what was skipped back."""
+    """The walk's process: entries into the index file its parent made, what was skipped back."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops it (a Ctrl-C reaches the whole group)
     _die_with_parent()
     skipped: list[SkippedEntry] = []
-    index = SyncIndex(Path(folder))
+    index = SyncIndex(path=Path(made))
     try:
         batch: list[Entry] = []
         for entry in tree_entries(Path(root), filters, follow_symlinks=follow_symlinks, upload=upload,
@@ -140,9 +153,9 @@ def _walk_child(conn: Connection, folder: str, side: str, root: str, filters: Fi
                 batch = []
         count.value += index.add(side, batch)
         index.db.close()
-        conn.send(("ok", (str(index.path), skipped)))
+        conn.send(("ok", skipped))
     except Exception as exc:  # sent as text: the parent raises it as this walk's failure
-        index.close()
+        index.db.close()
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
     finally:
         conn.close()
