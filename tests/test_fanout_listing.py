@@ -18,6 +18,7 @@ from blobsync.backends.registry import open_store
 from blobsync.config import TransferConfig
 from blobsync.engine import listing
 from blobsync.engine.listing import RemoteLister
+from blobsync.errors import ServiceError
 from blobsync.filters import Filters
 from blobsync.journal.index import SyncIndex
 
@@ -120,3 +121,30 @@ def test_an_excluded_folder_is_never_listed(store_url: str) -> None:
     # Nor is any folder holding an excluded one listed flat (that would list the excluded one too).
     assert not any(x.startswith(p.removeprefix("flat:")) for p in prefixes if p.startswith("flat:") for x in excluded)
     assert not any(rel.startswith("dbl/") for rel, *_ in fanned)
+
+
+@pytest.mark.parametrize("answer", ["data/", "elsewhere/", "data/x"], ids=["itself", "outside", "no-slash"])
+def test_a_folder_the_service_lists_outside_the_one_asked_for_stops_the_listing(answer: str) -> None:
+    """A buggy or hostile service answering a level with the folder itself would have the fan-out list it again
+    forever; one outside it, list what was not asked for. Either is a one-line error, never a loop."""
+    name = f"fan-{uuid.uuid4().hex[:12]}"
+    memory.container(name)
+
+    async def run() -> None:
+        store: Store = open_store(f"memory://{name}", TransferConfig(), os.environ)
+        index = SyncIndex()
+
+        async def list_level(prefix: str = "", marker: str = "") -> Any:
+            return [], [answer], ""
+
+        store.list_level = list_level  # type: ignore[method-assign]
+        try:
+            lister = RemoteLister(store, direct, ROOT, index, "src", Filters(), lambda props, entry: 0.0)
+            with pytest.raises(ServiceError, match="not below"):
+                await asyncio.wait_for(lister.fan_out(), 10)
+        finally:
+            index.close()
+            await store.close()
+            memory.drop(name)
+
+    asyncio.run(run())

@@ -13,10 +13,11 @@ from blobsync.config import CRC64_METADATA
 from blobsync.engine.digest import crc64_text, stored_crc64
 from blobsync.engine.mtime import MTIME_KEY, format_mtime, parse_mtime
 from blobsync.engine.tasks import for_each
-from blobsync.errors import BlobNotFoundError, UsageError
+from blobsync.errors import BlobNotFoundError, ServiceError, UsageError
 from blobsync.filters import Filters
 from blobsync.journal.index import Entry, SyncIndex
 from blobsync.naming import folder_prefix, relative_name
+from blobsync.redact import printable
 
 
 def is_folder_marker(props: BlobProperties) -> bool:
@@ -144,7 +145,7 @@ class RemoteLister:
                 self._take(props, batch)
             taken += self.listed - before
             self._add(batch)
-            prefixes += [p for p in below if self.filters.enters(p[len(self.root):-1])]  # less its one "/"
+            prefixes += [p for p in _below(prefix, below) if self.filters.enters(p[len(self.root):-1])]
             if len(prefixes) > FANOUT_MAX:
                 self.listed -= taken  # counted again by the flat listing
                 await self.under(prefix)
@@ -165,6 +166,19 @@ class RemoteLister:
         entry = remote_entry(self.root, props)
         if self.filters.matches(entry.rel, self.when(props, entry)):
             batch.append(entry)
+
+
+MAX_NAME = 1024  # Azure's longest blob name: no folder of a real listing is longer
+
+
+def _below(prefix: str, found: list[str]) -> list[str]:
+    """The folders a level listing of `prefix` found, each checked to lie below it: a service answering a folder
+    outside it, or `prefix` itself, would have the fan-out list elsewhere, or forever."""
+    for p in found:
+        if not (p.startswith(prefix) and len(prefix) < len(p) <= MAX_NAME and p.endswith("/")):
+            raise ServiceError(f"the service listed a folder {printable(p[:200])!r} that is not below "
+                               f"{printable(prefix)!r}; the listing is not to be trusted", code="InvalidListing")
+    return found
 
 
 async def blobs_at(store: Store, path: str, request: Requester) -> AsyncIterator[tuple[str, BlobProperties]]:
