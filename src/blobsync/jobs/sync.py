@@ -87,9 +87,8 @@ class SyncJob:
         return True
 
     def _local_entries(self) -> Iterator[Entry]:
-        if self._check_local():
-            yield from tree_entries(self.local, self.spec.filters, follow_symlinks=self.config.follow_symlinks,
-                                    upload=self.spec.upload, skipped=self._skipped)
+        return tree_entries(self.local, self.spec.filters, follow_symlinks=self.config.follow_symlinks,
+                            upload=self.spec.upload, skipped=self._skipped)
 
     def _skipped(self, item: SkippedEntry) -> None:
         if item.failed:
@@ -102,7 +101,9 @@ class SyncJob:
         """Walk the local tree while the listing waits on the service: in a worker thread, or for a large tree in
         a process of its own (the walk and the listing's parsing then run on two cores)."""
         seen = functools.partial(self.runner.progress.listed, side)
-        if self._check_local() and in_process(self.local):
+        if not self._check_local():
+            pass  # an empty side
+        elif in_process(self.local):
             for item in await index_in_process(index, side, self.local, self.spec.filters,
                                                follow_symlinks=self.config.follow_symlinks, upload=self.spec.upload,
                                                seen=seen):
