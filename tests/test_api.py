@@ -214,3 +214,32 @@ def test_listing_pages_ahead_and_stopping_early_leaves_nothing_running(container
     assert [p.name for p in blobsync.list_blobs(container.url + "/d")] == names
     report = blobsync.remove(container.url + "/d", recursive=True)
     assert report.files_deleted == 7 and container.blob_names() == []
+
+
+def test_a_module_call_opens_a_client_of_its_own_and_closes_it(container: ContainerHandle, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """blobsync.copy is Client.copy on a Client opened for the one call (issue 49, point 3): the call's Progress
+    sees its bytes on the wire, its journal is the config's, and the Client is closed when the call returns."""
+    from blobsync.client import AsyncClient
+
+    opened: list[AsyncClient] = []
+    real = AsyncClient.copy
+
+    async def spy(self: AsyncClient, *args: object, **kwargs: object) -> blobsync.Report:
+        opened.append(self)
+        return await real(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(AsyncClient, "copy", spy)
+    data = random_file(tmp_path / "one.bin", 3 * MiB + 7, seed=49)
+    progress = blobsync.Progress()
+    report = blobsync.copy(tmp_path / "one.bin", container.url + "/one.bin", _config(tmp_path), progress=progress)
+
+    assert report.ok and len(opened) == 1
+    client = opened[0]
+    assert client.progress is progress and progress.bytes_moving >= len(data)
+    assert client._session is not None and client._session.closed
+    assert (tmp_path / "j.db").exists()
+    assert container.download("one.bin") == data
+    with pytest.raises(TypeError):  # a wrong argument fails as a call of the function would, before any Client
+        blobsync.copy(tmp_path / "one.bin", container.url + "/one.bin", bogus=1)  # type: ignore[call-arg]
+    assert len(opened) == 1

@@ -188,14 +188,17 @@ def test_every_chunked_write_of_bytes_runs_one_chunk_loop() -> None:
     assert _modules_naming(r"\bChunkLoop\(") == ["engine/staging.py", "engine/streaming.py"]
 
 
-def test_a_module_function_and_its_client_method_run_one_implementation() -> None:
-    """`blobsync.copy(...)` and `Client.copy(...)` (sync, watch, remove, resume) are one function, `api.*_on(session,
-    ...)`: the module function runs it on a session of its own, the Client on its session; nothing else differs
-    between the two (issue 49, point 3)."""
-    from blobsync import aio, api
+def test_a_module_function_opens_a_client_and_calls_it() -> None:
+    """`Client.copy(...)` (sync, watch, remove, resume) is the implementation, `calls.*_on(session, ...)` run on the
+    Client's session; `blobsync.copy(...)` opens a Client for the one call and calls that method, as httpx's module
+    functions do (issue 49, point 3). The module layer imports the Client, never the reverse."""
+    from blobsync import aio, calls
     from blobsync.client import AsyncClient
 
     for name in ("copy", "sync", "watch", "remove", "resume"):
-        one = getattr(api, f"{name}_on")
-        assert getattr(aio, name).__wrapped__ is one, name
+        one = getattr(calls, f"{name}_on")
         assert getattr(AsyncClient, name).__wrapped__ is one, name
+        assert getattr(aio, name).__wrapped__ is one, name
+        assert "_for_call" in getattr(aio, name).__code__.co_names, name
+    assert not [n for n in _imports(SRC / "client.py") if n.startswith("blobsync.api")]
+    assert not [n for n in _imports(SRC / "calls.py") if n.startswith(("blobsync.api", "blobsync.client"))]

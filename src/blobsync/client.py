@@ -11,10 +11,10 @@ import time
 import weakref
 from collections.abc import AsyncIterable, Callable, Coroutine, Generator, Iterable, Mapping, Sequence
 from pathlib import PurePosixPath
-from typing import Any, Concatenate, ParamSpec, TypeGuard, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeGuard, TypeVar, overload
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from blobsync import api, arguments
+from blobsync import arguments, calls
 from blobsync.backends.base import NO_CONDITIONS, BlobProperties, Buffer, Conditions, Location, Markers
 from blobsync.backends.registry import is_remote, parse_location
 from blobsync.blobfile import AsyncBlobReader, AsyncBlobWriter, BlobReader, BlobWriter, check_mode
@@ -25,7 +25,6 @@ from blobsync.engine.digest import Digest, digest_of, md5_of, new_md5, verify_re
 from blobsync.engine.fetching import MemorySink, RangeFetch, read_checked, read_whole
 from blobsync.engine.session import Session
 from blobsync.engine.sources import BufferSource, Data, source_of
-from blobsync.engine.streaming import StreamWriter
 from blobsync.engine.tasks import in_thread
 from blobsync.errors import BlobNotFoundError, BlobsyncError, UnpinnedReadError, UsageError
 from blobsync.events import Progress
@@ -35,13 +34,16 @@ from blobsync.local.files import FileIdentity
 from blobsync.redact import strip_query
 from blobsync.report import FileResult
 
+if TYPE_CHECKING:  # loaded by the first stream written: a command's sync, run through a Client, never needs it
+    from blobsync.engine.streaming import StreamWriter
+
 P = ParamSpec("P")
 T = TypeVar("T")
 FIRST_READ = 256 * 1024  # a get's first request reads this much: a blob up to it is one round trip
 INLINE_MD5 = 1 << 20  # hashed on the loop up to this size: cheaper than the hand-off to a thread and back
 
 
-def _bound(fn: Callable[Concatenate[Session | None, P], Coroutine[Any, Any, T]]
+def _bound(fn: Callable[Concatenate[Session, P], Coroutine[Any, Any, T]]
            ) -> Callable[Concatenate[AsyncClient, P], Coroutine[Any, Any, T]]:
     """A module call made a method: the same arguments, run on the Client's session (passed, not ambient)."""
 
@@ -68,16 +70,29 @@ class AsyncClient:
         self._parts = urlsplit(self.url)
         if not is_remote(self.url):  # the schemes of every store the backend registry knows
             raise UsageError(f"invalid url {strip_query(self.url)!r}: a blob account or container URL")
-        self.config = api._config(config)
+        self.config = calls.config_of(config)
         self.env = arguments.env(env)
         self._session: Session | None = None
+        self._journal: Callable[[], Journal] | None = None  # None: the journal opened with the session
         self.progress = Progress()  # bytes on the wire, all calls together
+
+    @classmethod
+    def _for_call(cls, config: TransferConfig, env: Mapping[str, str], progress: Progress | None,
+                  journal: Callable[[], Journal]) -> AsyncClient:
+        """The Client a module function opens for its one call (blobsync.api): no home URL (a call names its
+        URLs, and a copy two of them), the call's Progress for the bytes on the wire, and the journal opened only
+        if the call needs it (ls and rm never create its folder)."""
+        client = cls.__new__(cls)
+        client.url, client.credential, client._parts = "", None, urlsplit("")
+        client.config, client.env, client._session, client._journal = config, env, None, journal
+        client.progress = progress or Progress()
+        return client
 
     def _open(self) -> Session:
         if self._session is None or self._session.closed:
-            journal = Journal(self.config.journal_path or default_journal_path(self.env))
+            journal = self._journal or Journal(self.config.journal_path or default_journal_path(self.env))
             self._session = Session(self.config, self.env, journal, wire_progress=self.progress,
-                                    credential=self.credential, home=self.url)
+                                    credential=self.credential, home=self.url or None)
         return self._session
 
     async def __aenter__(self) -> AsyncClient:
@@ -101,11 +116,11 @@ class AsyncClient:
         path = self._parts.path.rstrip("/") + "/" + quote(name.lstrip("/"), safe="/~")
         return urlunsplit(self._parts._replace(path=path))
 
-    copy = _bound(api.copy_on)
-    sync = _bound(api.sync_on)
-    watch = _bound(api.watch_on)
-    remove = _bound(api.remove_on)
-    resume = _bound(api.resume_on)
+    copy = _bound(calls.copy_on)
+    sync = _bound(calls.sync_on)
+    watch = _bound(calls.watch_on)
+    remove = _bound(calls.remove_on)
+    resume = _bound(calls.resume_on)
 
     async def ls(self, prefix: str = "") -> list[BlobProperties]:
         """Every blob under `prefix` (a folder, or a blob name), relative to the client's URL."""
@@ -133,7 +148,7 @@ class AsyncClient:
         Large data goes in blocks under the memory budget, each with its check; the whole MD5 is stored as the
         Content-MD5 and verified after the one commit. Returns the record of what landed (ETag, MD5, size); a
         failure raises and leaves nothing committed."""
-        session, config = self._open(), api._config(config or self.config)
+        session, config = self._open(), calls.config_of(config or self.config)
         loc = parse_location(self.url_for(name))
         if not loc.path or loc.path.endswith("/"):
             raise UsageError(f"put needs a blob name, not {name!r}")
@@ -185,6 +200,7 @@ class AsyncClient:
 
     def stream_writer(self, location: str | Location, config: TransferConfig | None = None) -> StreamWriter:
         """A writer of one blob whose length is not known up front (see engine/streaming.py)."""
+        from blobsync.engine.streaming import StreamWriter
         from blobsync.engine.upload import upload_headers
 
         config = config or self.config

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from blobsync import api
+from blobsync import api, calls
 from blobsync.backends.base import BlobProperties
 from blobsync.cli.azcopy import AzCommand, azcopy_flags
 from blobsync.cli.common import (
@@ -123,7 +123,7 @@ def rm(url: str, recursive: bool, filters: Filters, dry_run: bool, list_of_files
             click.echo(f"would remove {printable(action.path)} ({human_bytes(action.size)})")
 
     def call(progress: Progress) -> Report:
-        remove = api.on_session(api.remove_on, run_session())
+        remove = api.on_session(calls.remove_on, run_session())
         return remove(url, config, recursive=recursive, filters=filters, dry_run=dry_run,
                       list_of_files=list_of_files, progress=progress, on_action=on_action)
 

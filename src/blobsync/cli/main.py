@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from blobsync import api
+from blobsync import api, calls
 from blobsync._version import __version__
 from blobsync.cli.azcopy import AzCommand, azcopy_flags
 from blobsync.cli.bench import bench
@@ -156,7 +156,7 @@ def cp(source: str, destination: str, as_subdir: bool, dry_run: bool, filters: F
         raise UsageError("--overwrite prompt needs a terminal to ask on: use true, false or ifSourceNewer")
     json_out = start_output("cp", out, source=source, destination=destination, dry_run=dry_run)
     on_action = _echo_action(out, json_out, dry_run)
-    copy = api.on_session(api.copy_on, run_session())
+    copy = api.on_session(calls.copy_on, run_session())
     run_command(lambda progress: copy(source, destination, config, progress=progress, filters=filters,
                                   as_subdir=as_subdir, dry_run=dry_run, on_action=on_action,
                                   confirm_overwrite=_ask_overwrite if prompt else None, cluster=address,
@@ -228,7 +228,7 @@ def sync(source: str, destination: str, recursive: bool, filters: Filters, compa
                              default=False, err=True)
 
     def call(progress: Progress) -> Report:
-        sync = api.on_session(api.sync_on, run_session())
+        sync = api.on_session(calls.sync_on, run_session())
         return sync(source, destination, config, filters=filters, compare=compare, delete=delete,
                     max_delete=limit, dry_run=dry_run, progress=progress, on_action=on_action,
                     confirm=confirm, cluster=address)
@@ -342,7 +342,7 @@ def jobs_resume(job_id: str, sas: str | None, journal_path: Path | None, out: Ou
         return
     json_out = start_output("jobs resume", out, job=job_id)
     prompt = sys.stdin.isatty()
-    resume = api.on_session(api.resume_on, run_session())
+    resume = api.on_session(calls.resume_on, run_session())
     run_command(lambda progress: resume(job_id, sas=sas, journal_path=journal_path, progress=progress,
                                     confirm_overwrite=_ask_overwrite if prompt else None),
             out, json_out=json_out)
