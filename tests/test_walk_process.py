@@ -13,7 +13,7 @@ import pytest
 
 from blobsync.filters import Filters
 from blobsync.journal.index import SyncIndex
-from blobsync.local import walker
+from blobsync.local import child
 from blobsync.local.files import SkippedEntry
 from blobsync.local.walker import in_process, index_in_process, tree_entries
 from conftest import ContainerHandle
@@ -87,7 +87,7 @@ def test_which_trees_are_walked_in_a_process(tmp_path: Path, monkeypatch: pytest
     for i in range(70):
         (tmp_path / "wide" / f"d{i}").mkdir(parents=True)
     assert not in_process(tmp_path / "wide", {})  # a library call: the host's process is left alone
-    monkeypatch.setattr(walker, "_OWN_PROCESS", True)  # as the command's entry point sets it
+    monkeypatch.setattr(child, "_OWN_PROCESS", True)  # as the command's entry point sets it
     assert not in_process(tmp_path / "small", {})
     assert in_process(tmp_path / "wide", {}) == ((os.cpu_count() or 1) >= 2)
     assert in_process(tmp_path / "small", {"BLOBSYNC_WALK_PROCESS": "1"})

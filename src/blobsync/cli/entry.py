@@ -14,7 +14,7 @@ def main() -> None:
     from blobsync.local.platform import tune_malloc
 
     tune_malloc()
-    from blobsync.local.walker import own_process
+    from blobsync.local.child import own_process
 
     own_process()
     from blobsync.backends import trust_store
