@@ -167,3 +167,20 @@ def test_percent_encoded_names_are_decoded() -> None:
                  blob("plain%41")])
     blobs, _ = _parse_listing(body)
     assert [b.name for b in blobs] == ["bad\uffffname%.bin", "plain%41"]  # only the flagged name is decoded
+
+
+def test_a_listed_blob_is_the_dataclass_own_with_every_field() -> None:
+    """listed_blob skips the frozen dataclass's __init__ (a listing's hot path): what it makes must equal what the
+    dataclass makes, field for field, whatever fields BlobProperties gains."""
+    import dataclasses
+    from datetime import UTC, datetime
+
+    from blobsync.backends.base import BlobProperties, listed_blob
+
+    args = ("a/b.bin", 7, "0x8D1", datetime(2025, 1, 1, tzinfo=UTC), b"\x01" * 16, "text/plain", {"mtime": "x"},
+            "BlockBlob", "Hot")
+    made, own = listed_blob(*args), BlobProperties(*args)
+    assert made == own and repr(made) == repr(own) and hash(made.name) == hash(own.name)
+    assert set(vars(made)) == {f.name for f in dataclasses.fields(BlobProperties)}
+    assert dataclasses.replace(made, size=8).size == 8
+    assert made.properties == {} and made.properties is not listed_blob(*args).properties

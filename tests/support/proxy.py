@@ -267,7 +267,8 @@ def _moved(headers: CIMultiDict[str], action: Action | None) -> None:
 # --------------------------------------------------------------------------------------------------
 @dataclass(eq=False)
 class Rule:
-    """Apply ``action`` to requests matching ``op`` (None: any) and ``blob`` (substring of the blob name).
+    """Apply ``action`` to requests matching ``op`` (None: any) and ``blob`` (substring of the blob name; of a
+    listing's prefix for ``list_blobs``).
 
     Occurrences are counted per rule over *matching* requests, 1-based, whether or not an earlier rule
     fired. Selectors combine with AND; with none given the rule fires on every match:
@@ -391,6 +392,11 @@ class _Req:
     fault: str | None = None
     gated: bool = False
     recorded: bool = False
+
+    @property
+    def selected(self) -> str | None:
+        """What a rule's ``blob`` is matched against: the blob name, or a listing's prefix."""
+        return self.query.get("prefix", "") if self.op == "list_blobs" else self.blob
 
 
 def classify(method: str, raw_path: str, headers: CIMultiDictProxy[str] | CIMultiDict[str]) -> _Req:
@@ -735,7 +741,7 @@ class FaultProxy:
         with self._lock:
             for rule in self._rules:
                 if isinstance(rule.action, StallBody):
-                    action = rule._decide(req.op, req.blob)
+                    action = rule._decide(req.op, req.selected)
                     if isinstance(action, StallBody):
                         return action
         return None
@@ -771,7 +777,7 @@ class FaultProxy:
             for rule in self._rules:
                 if isinstance(rule.action, StallBody):
                     continue
-                action = rule._decide(req.op, req.blob)
+                action = rule._decide(req.op, req.selected)
                 if action is not None:
                     self._stats.faults[req.op] += 1
                     return action

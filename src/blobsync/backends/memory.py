@@ -193,7 +193,7 @@ class MemoryStore:
     capabilities = Capabilities(range_md5_max=RANGE_MD5_MAX, spans=True, batch_delete_max=256, keeps_parts=True,
                                 lists_levels=True, part_checks=(BlockCheck.CRC64, BlockCheck.MD5),
                                 copy_max=256 * 1024 * 1024, stage_copy_max=4000 * 1024 * 1024, copy_sources=True,
-                                tags=True, tiers=_TIERS, properties=_PROPERTIES)
+                                tags=True, tiers=_TIERS, properties=_PROPERTIES, this_process=True)
     page_size = 5000
 
     def __init__(self, location: MemoryLocation) -> None:

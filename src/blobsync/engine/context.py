@@ -53,6 +53,14 @@ class RequestPath:
 
         return await self.retrier.call(limited)
 
+    def met_elsewhere(self, retries: int, throttled: int) -> None:
+        """Retries and throttling answers a process of this job's own met on its behalf (a listing's process):
+        counted as this path's, in the report and the progress display."""
+        self.retrier.retries += retries
+        self.progress.retries += retries
+        self.limiter.throttled += throttled
+        self.progress.throttled = self.limiter.throttled
+
 
 def job_retrier(config: TransferConfig, progress: Progress) -> Retrier:
     """The retry policy of one job, counting its retries in `progress`."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 
 from blobsync.backends.base import BlobProperties, Markers, Requester, Store
@@ -55,6 +55,11 @@ def as_properties(entry: Entry) -> BlobProperties:
                           tier=entry.tier)
 
 
+def entry_time(props: BlobProperties, entry: Entry) -> float:
+    """The time a listed blob's filters compare (--include-after/before): its stored mtime, else Last-Modified."""
+    return entry.mtime_ns / 1e9
+
+
 LISTINGS_IN_FLIGHT = 16  # prefixes listed at once when a listing fans out (rclone lists 16 folders at once too)
 DESCEND_BELOW = 4  # a level is listed with a delimiter only while fewer folders than this are known: a delimiter
 #                    listing of a folder costs the service a scan of all below it (Azurite: as much as listing it
@@ -80,10 +85,10 @@ class RemoteLister:
         self.listed = 0  # objects seen (folder markers aside), whether the filters took them or not
         self._told = 0  # of them, how many `seen` was told of
 
-    async def listing(self) -> None:
+    async def listing(self, flat_in: Callable[[RemoteLister, list[str]], Awaitable[None]] | None = None) -> None:
         """Every object under the root, fanned out where the store lists levels, else one listing."""
         if self.store.capabilities.lists_levels:
-            await self.fan_out()
+            await self.fan_out(flat_in)
         else:
             await self.under(self.root)
 
@@ -98,11 +103,12 @@ class RemoteLister:
                 batch = []
         self._add(batch)
 
-    async def fan_out(self) -> None:
+    async def fan_out(self, flat_in: Callable[[RemoteLister, list[str]], Awaitable[None]] | None = None) -> None:
         """Every object under the root, up to LISTINGS_IN_FLIGHT listings at once: levels are listed with a
         delimiter (their blobs go into the index as they come) until a few folders are known (DESCEND_BELOW),
-        then each folder is listed flat. A serial listing of 10^8 objects is 20,000 round trips,
-        hours; excluded folders (--exclude-path, a non-recursive sync) are never listed."""
+        then each folder is listed flat (by `flat_in`, if given: a process of its own). A serial listing of 10^8
+        objects is 20,000 round trips, hours; excluded folders (--exclude-path, a non-recursive sync) are never
+        listed."""
         frontier, flat = [self.root], []
         while frontier:
             if len(frontier) >= DESCEND_BELOW:  # enough to list flat, but for folders holding an excluded one
@@ -110,7 +116,10 @@ class RemoteLister:
                 frontier = [p for p in frontier if self._excludes_below(p)]
             if frontier:
                 frontier = await self._levels(frontier)
-        await for_each(flat, self.under, LISTINGS_IN_FLIGHT)
+        if flat and flat_in is not None:
+            await flat_in(self, flat)
+        else:
+            await for_each(flat, self.under, LISTINGS_IN_FLIGHT)
 
     def _excludes_below(self, prefix: str) -> bool:
         """Whether an --exclude-path lies below `prefix`: its levels are then listed one by one, so that the

@@ -70,11 +70,13 @@ async def run_job(spec: JobSpec, session: Session, config: TransferConfig, *, pr
         return await PutJob(spec, session.context(spec.dest, config, progress=progress)).run()
     prompt = OverwritePrompt(hooks.confirm_overwrite) if hooks.confirm_overwrite is not None else None
     if isinstance(spec, SyncSpec) and spec.source is not None:
+        from blobsync.engine.list_process import flat_lister
         from blobsync.jobs.sync_blobs import BlobSyncJob
 
         ctx = session.context(spec.remote, config, progress=progress)
         return await BlobSyncJob(spec, ctx, session.store(spec.source), on_action=hooks.on_action,
-                                 confirm=hooks.confirm_delete).run()
+                                 confirm=hooks.confirm_delete,
+                                 source_apart=flat_lister(session, spec.source, ctx.config)).run()
     if isinstance(spec, SyncSpec):
         from blobsync.jobs.sync import SyncJob
 

@@ -14,7 +14,7 @@ from blobsync.engine.context import EngineContext
 from blobsync.engine.delete import Doomed
 from blobsync.engine.digest import md5_of_file
 from blobsync.engine.enumerate import index_in_thread
-from blobsync.engine.listing import FANOUT_MAX, RemoteLister
+from blobsync.engine.listing import FANOUT_MAX, RemoteLister, entry_time
 from blobsync.errors import BlobsyncError, ExitCode, UsageError
 from blobsync.jobs.compare import MTIME_WINDOWS, CompareMode, decide
 from blobsync.jobs.ops import FileOp, OpKind
@@ -123,8 +123,7 @@ class SyncJob:
             await lister.under(self._prefix, lambda: self.local_count)
 
     def _lister(self, store: Store, prefix: str, index: SyncIndex, side: str) -> RemoteLister:
-        return RemoteLister(store, self.runner.requests, prefix, index, side, self.spec.filters,
-                            lambda props, entry: entry.mtime_ns / 1e9,
+        return RemoteLister(store, self.runner.requests, prefix, index, side, self.spec.filters, entry_time,
                             lambda count: self.runner.progress.listed(side, count))
 
     def _folders(self) -> bool:

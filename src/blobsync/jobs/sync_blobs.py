@@ -9,6 +9,7 @@ from pathlib import Path
 
 from blobsync.backends.base import Store
 from blobsync.engine.context import EngineContext
+from blobsync.engine.list_process import FlatLister
 from blobsync.jobs.ops import FileOp, OpKind
 from blobsync.jobs.runner import WorkItem, batches
 from blobsync.jobs.spec import SyncSpec
@@ -25,11 +26,12 @@ class BlobSyncJob(SyncJob):
 
     def __init__(self, spec: SyncSpec, ctx: EngineContext, source: Store, *,
                  on_action: Callable[[Action], None] | None = None,
-                 confirm: Callable[[int], bool] | None = None) -> None:
+                 confirm: Callable[[int], bool] | None = None, source_apart: FlatLister | None = None) -> None:
         assert spec.source is not None and spec.upload
         super().__init__(spec, ctx, on_action=on_action, confirm=confirm)
         self.source_loc = spec.source
         self.source = source
+        self.source_apart = source_apart  # the source's folders listed by a process of its own, if given
 
     @staticmethod
     def job_kind(spec: SyncSpec) -> JobKind:
@@ -46,7 +48,7 @@ class BlobSyncJob(SyncJob):
         """Both listings at once, each page a request on the job's one request path."""
         prefix = folder_prefix(self.source_loc.path)
         source = self._lister(self.source, prefix, index, "src")
-        listing = asyncio.create_task(source.listing())
+        listing = asyncio.create_task(source.listing(self.source_apart))
         try:
             await self._index_remote(index, "dst")
         finally:

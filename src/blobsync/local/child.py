@@ -90,7 +90,15 @@ def _receive(conn: Connection) -> tuple[str, Any]:
 
 def child_started() -> None:
     """What a child does first: a Ctrl-C reaches the whole process group, and the parent stops it; it dies with
-    its parent where the platform allows."""
+    its parent where the platform allows; its collector and allocator are tuned as the command's own (cli.main:
+    a listing or a walk makes objects by the million that die young, and takes page bodies of megabytes)."""
+    import gc
+
+    from blobsync.local.platform import tune_malloc
+
+    gc.freeze()
+    gc.set_threshold(20_000, 20, 20)
+    tune_malloc()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     with contextlib.suppress(Exception):
         import ctypes

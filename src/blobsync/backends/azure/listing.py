@@ -4,7 +4,6 @@ should be falls back, or fails that one blob with a ServiceError; never the proc
 
 from __future__ import annotations
 
-import base64
 import binascii
 import itertools
 import re
@@ -14,7 +13,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
 from blobsync.backends.answers import parse_xml
-from blobsync.backends.base import INVALID_LENGTH, BlobProperties
+from blobsync.backends.base import INVALID_LENGTH, BlobProperties, listed_blob
 from blobsync.errors import ServiceError
 from blobsync.redact import printable
 
@@ -54,8 +53,8 @@ def md5_header(value: str | None) -> bytes | None:
     """A Content-MD5 header's digest; None if absent or not 16 bytes of base64 (never a crash)."""
     if not value:
         return None
-    try:
-        digest = base64.b64decode(value, validate=True)
+    try:  # binascii's own strict decoder: base64.b64decode's checks around it cost twice its work, once per blob
+        digest = binascii.a2b_base64(value, strict_mode=True)
     except (binascii.Error, ValueError):
         return None
     return digest if len(digest) == 16 else None
@@ -231,10 +230,9 @@ def _scan_blob(chunk: str) -> BlobProperties:
     # The common case, values as they stand (a sync reads one blob of each side per object: this is its hot path).
     size = int(length) if length and length.isascii() and length.isdigit() and len(length) < 19 else \
         parse_length(length or None, name, listed=True)
-    return BlobProperties(name, size, etag or "", _listed_date(modified or None), md5_header(md5) if md5 else None,
-                          ctype or "" if has_ctype is not None else None,
-                          dict(_PAIRS.findall(meta)) if meta else {},
-                          btype or "" if has_btype is not None else None, tier or "" if has_tier is not None else None)
+    return listed_blob(name, size, etag or "", _listed_date(modified or None), md5_header(md5) if md5 else None,
+                       ctype or "" if has_ctype is not None else None, dict(_PAIRS.findall(meta)) if meta else {},
+                       btype or "" if has_btype is not None else None, tier or "" if has_tier is not None else None)
 
 
 def _scanned(name: str, modified: str | None, etag: str | None, length: str | None, ctype: str | None,
