@@ -16,7 +16,7 @@ import pytest
 import blobsync
 from blobsync.backends.registry import parse_location
 from blobsync.config import TransferConfig
-from blobsync.engine import list_process
+from blobsync.engine import list_process, listing
 from blobsync.engine.session import Session
 from blobsync.errors import AuthError
 from blobsync.journal import Journal
@@ -129,3 +129,28 @@ def test_never_where_the_process_could_not_keep_a_promise(source: Side, tmp_path
                 await session.close()
 
     asyncio.run(check())
+
+
+def test_a_level_too_wide_to_fan_out_is_listed_flat_by_the_process(source: Side, dest: Side, proxy: FaultProxy,
+                                                                  tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    files = _fill(source)
+    monkeypatch.setattr(listing, "FANOUT_MAX", 3)  # the source's top has more folders: listed flat, over there
+    handed = _spy(monkeypatch)
+    report = _sync(source, dest, proxy.url, tmp_path)
+    assert report.ok and report.files_transferred == len(files)
+    assert handed == [["data/"]]
+    assert {name: dest.download(f"mirror/{name}") for name in files} == files
+
+
+def test_where_no_process_starts_the_source_is_listed_here(source: Side, dest: Side, proxy: FaultProxy,
+                                                          tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    files = _fill(source)
+
+    def refused(self: object) -> None:
+        raise OSError(38, "Function not implemented")  # as a sandbox without shared memory answers
+
+    monkeypatch.setattr(multiprocessing.context.SpawnProcess, "start", refused)
+    report = _sync(source, dest, proxy.url, tmp_path)
+    assert report.ok and report.files_transferred == len(files)
+    assert {name: dest.download(f"mirror/{name}") for name in files} == files

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+import blobsync
+from blobsync.config import TransferConfig
 from blobsync.filters import Filters
 from blobsync.journal.index import SyncIndex
 from blobsync.local import child
@@ -113,3 +115,18 @@ def test_a_sync_walked_in_a_process_moves_the_right_bytes_both_ways(container: C
     os.utime(down / "d0" / "f0.bin", (0, 0))
     assert run(["sync", container.url, str(down), *journal], env=env).returncode == 0
     assert (down / "d0" / "f0.bin").read_bytes() == files["d0/f0.bin"]
+
+
+def test_where_no_process_starts_the_tree_is_walked_here(container: ContainerHandle, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    src = tmp_path / "src"
+    files = {f"d{i % 3}/f{i}.bin": random_file(src / f"d{i % 3}" / f"f{i}.bin", 50 + i, seed=i) for i in range(6)}
+
+    def refused(self: object) -> None:
+        raise OSError(38, "Function not implemented")  # as a sandbox without shared memory answers
+
+    monkeypatch.setattr(multiprocessing.context.SpawnProcess, "start", refused)
+    monkeypatch.setenv("BLOBSYNC_WALK_PROCESS", "1")
+    report = blobsync.sync(src, container.url, TransferConfig(journal_path=tmp_path / "j.db"))
+    assert report.ok and report.files_transferred == len(files)
+    assert {name: container.download(name) for name in container.blob_names()} == files

@@ -20,7 +20,7 @@ from blobsync.events import Progress
 from blobsync.filters import Filters
 from blobsync.journal import Journal
 from blobsync.journal.index import SyncIndex
-from blobsync.local.child import child_started, may_spawn, run_child, scratch_file
+from blobsync.local.child import ChildUnavailable, child_started, may_spawn, run_child, scratch_file
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -40,7 +40,10 @@ def flat_lister(session: Session, loc: Location, config: TransferConfig) -> Flat
         return None
 
     async def in_child(lister: RemoteLister, prefixes: list[str]) -> None:
-        await list_in_process(lister, prefixes, loc, config, session.env)
+        try:
+            await list_in_process(lister, prefixes, loc, config, session.env)
+        except ChildUnavailable:  # a host where no process starts: listed here, as without one
+            await for_each(prefixes, lister.under, LISTINGS_IN_FLIGHT)
 
     return in_child
 

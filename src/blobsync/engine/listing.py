@@ -115,7 +115,8 @@ class RemoteLister:
                 flat += [p for p in frontier if not self._excludes_below(p)]
                 frontier = [p for p in frontier if self._excludes_below(p)]
             if frontier:
-                frontier = await self._levels(frontier)
+                frontier, too_wide = await self._levels(frontier)
+                flat += too_wide
         if flat and flat_in is not None:
             await flat_in(self, flat)
         else:
@@ -127,20 +128,26 @@ class RemoteLister:
         rel = prefix[len(self.root):]
         return any(p.startswith(rel) and len(p) > len(rel) for p in self.filters.exclude_paths)
 
-    async def _levels(self, prefixes: list[str]) -> list[str]:
-        """One level of each prefix, side by side; the folders found below them."""
+    async def _levels(self, prefixes: list[str]) -> tuple[list[str], list[str]]:
+        """One level of each prefix, side by side: the folders found below them, and the prefixes whose level was
+        too wide to fan out (to be listed flat)."""
         found: list[str] = []
+        too_wide: list[str] = []
 
         async def level(prefix: str) -> None:
-            found.extend(await self._level(prefix))
+            below = await self._level(prefix)
+            if below is None:
+                too_wide.append(prefix)
+            else:
+                found.extend(below)
 
         await for_each(prefixes, level, LISTINGS_IN_FLIGHT)
-        return found
+        return found, too_wide
 
-    async def _level(self, prefix: str) -> list[str]:
-        """The blobs directly under `prefix` into the index; the folders one level down the filters may enter.
-        A level of more than FANOUT_MAX folders is listed flat instead (what it already put in is put again: the
-        index keeps one entry per name)."""
+    async def _level(self, prefix: str) -> list[str] | None:
+        """The blobs directly under `prefix` into the index; the folders one level down the filters may enter, or
+        None where there are more than FANOUT_MAX of them: `prefix` is then to be listed flat (what its level put
+        in already is put again: the index keeps one entry per name)."""
         prefixes: list[str] = []
         marker = ""
         markers = Markers(f"list blobs under {prefix or '/'!r}")
@@ -157,8 +164,7 @@ class RemoteLister:
             prefixes += [p for p in _below(prefix, below) if self.filters.enters(p[len(self.root):-1])]
             if len(prefixes) > FANOUT_MAX:
                 self.listed -= taken  # counted again by the flat listing
-                await self.under(prefix)
-                return []
+                return None
             if not marker:
                 return prefixes
 

@@ -22,6 +22,7 @@ from blobsync.jobs.runner import JobRunner, RemoteRunner, WorkItem, batches
 from blobsync.jobs.spec import SyncSpec
 from blobsync.journal import FileRow, JobKind
 from blobsync.journal.index import Entry, SyncIndex
+from blobsync.local.child import ChildUnavailable
 from blobsync.local.files import SkippedEntry, warm_if_cold
 from blobsync.local.folding import Folding, NameClaims, probe
 from blobsync.local.walker import in_process, index_in_process, tree_entries
@@ -104,10 +105,15 @@ class SyncJob:
         if not self._check_local():
             pass  # an empty side
         elif in_process(self.local):
-            for item in await index_in_process(index, side, self.local, self.spec.filters,
-                                               follow_symlinks=self.config.follow_symlinks, upload=self.spec.upload,
-                                               seen=seen):
-                self._skipped(item)
+            try:
+                skipped = await index_in_process(index, side, self.local, self.spec.filters,
+                                                 follow_symlinks=self.config.follow_symlinks, upload=self.spec.upload,
+                                                 seen=seen)
+            except ChildUnavailable:  # a host where no process starts: walked here, as without one
+                await index_in_thread(index, side, self._local_entries, seen)
+            else:
+                for item in skipped:
+                    self._skipped(item)
         else:
             await index_in_thread(index, side, self._local_entries, seen)
         self.local_count = index.count(side)

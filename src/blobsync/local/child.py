@@ -21,6 +21,10 @@ if TYPE_CHECKING:
 _OWN_PROCESS = False
 
 
+class ChildUnavailable(OSError):
+    """No process could be started here (no shared memory, no pipes, a sandbox): the caller does the work itself."""
+
+
 def own_process() -> None:
     """Let this process hand large walks and listings to processes of their own (the command's entry point)."""
     global _OWN_PROCESS
@@ -54,14 +58,18 @@ async def scratch_file(folder: Path, prefix: str) -> AsyncIterator[Path]:
 async def run_child(target: Callable[..., None], args: tuple[Any, ...], name: str,
                     seen: Callable[[int], None]) -> tuple[str, Any]:
     """`target(conn, count, *args)` in a spawned process, from its start to its answer ('ok' or 'error', and what
-    it sent); `seen` is told of what it counted as it goes. Killed if this is cancelled."""
+    it sent); `seen` is told of what it counted as it goes. Killed if this is cancelled; ChildUnavailable where no
+    process can be started."""
     import multiprocessing  # loaded by the runs that need it, not by every command's start
 
     ctx = multiprocessing.get_context("spawn")  # never fork a process with an event loop and threads
-    here, there = ctx.Pipe(duplex=False)
-    count = ctx.Value("q", 0, lock=False)
-    proc = ctx.Process(target=target, name=name, daemon=True, args=(there, count, *args))
-    proc.start()
+    try:
+        here, there = ctx.Pipe(duplex=False)
+        count = ctx.Value("q", 0, lock=False)
+        proc = ctx.Process(target=target, name=name, daemon=True, args=(there, count, *args))
+        proc.start()
+    except OSError as exc:
+        raise ChildUnavailable(f"cannot start a process: {exc}") from exc
     there.close()
     loop = asyncio.get_running_loop()
     try:
