@@ -285,6 +285,22 @@ async def a_level_lists_its_objects_and_the_prefixes_below(store: Store, read_ba
 
 
 @case
+async def a_listing_starts_at_any_name_and_goes_on_from_its_marker(store: Store, read_back: ReadBack) -> None:
+    if not store.capabilities.lists_from:
+        pytest.skip("this store lists from no name")
+    names = ["r/a", "r/b&c", "r/b/x", "r/bb", "r/c é", "r/d", "rr"]
+    for name in names:
+        await store.put(name, b"x", HEADERS)
+    page, marker = await store.list_range("r/", "r/b&c", "", 2)  # inclusive of the name it starts at
+    assert [p.name for p in page] == ["r/b&c", "r/b/x"] and marker
+    rest, marker = await store.list_range("r/", "r/b&c", marker)
+    assert [p.name for p in rest] == ["r/bb", "r/c é", "r/d"] and marker == ""
+    first, _ = await store.list_range("r/", "r/bc", "", 1)  # a name that is none: the first one after it
+    assert [p.name for p in first] == ["r/c é"]
+    assert (await store.list_range("r/", "r/e"))[0] == []
+
+
+@case
 async def deletes_say_what_they_did(store: Store, read_back: ReadBack) -> None:
     v = await store.put("del.bin", b"x", HEADERS)
     with pytest.raises(ConflictError):

@@ -16,7 +16,7 @@ from blobsync.backends import memory
 from blobsync.backends.base import BlobHeaders, Store, direct
 from blobsync.backends.registry import open_store
 from blobsync.config import TransferConfig
-from blobsync.engine import listing
+from blobsync.engine import listing, name_ranges
 from blobsync.engine.listing import RemoteLister
 from blobsync.errors import ServiceError
 from blobsync.filters import Filters
@@ -81,7 +81,7 @@ def _listed(url: str, how: str, filters: Filters, prefixes: list[str] | None = N
 
 def _spy(store: Store, prefixes: list[str]) -> None:
     """Record the prefix of every listing request."""
-    flat, level = store.list_objects, store.list_level
+    flat, level, ranged = store.list_objects, store.list_level, store.list_range
 
     def list_objects(prefix: str = "", **kwargs: Any) -> Any:
         prefixes.append("flat:" + prefix)
@@ -91,8 +91,13 @@ def _spy(store: Store, prefixes: list[str]) -> None:
         prefixes.append(prefix)
         return await level(prefix, marker)
 
+    async def list_range(prefix: str, start: str, marker: str = "", size: int | None = None) -> Any:
+        prefixes.append("flat:" + prefix)
+        return await ranged(prefix, start, marker, size)
+
     store.list_objects = list_objects  # type: ignore[method-assign]
     store.list_level = list_level  # type: ignore[method-assign]
+    store.list_range = list_range  # type: ignore[method-assign]
 
 
 @pytest.mark.parametrize("limits", [(4, 5000), (1000, 5000), (1000, 3)], ids=["wide", "deep", "too-wide-goes-flat"])
@@ -148,3 +153,111 @@ def test_a_folder_the_service_lists_outside_the_one_asked_for_stops_the_listing(
             memory.drop(name)
 
     asyncio.run(run())
+
+
+# A flat namespace (no folders under ROOT's 'flat/'): counters, then names that part from them early and late, and
+# every awkward character the suite knows, listed in pages of 7 so that a split has something to split.
+FLAT = [f"obj-{i:06d}.bin" for i in range(300)] + [n.replace("/", "_") for n in NAMES if "\\" not in n] + [
+    "obj-000299.bin.more", "zz-last", "Zebra", "~tilde", "9-nine", "ü-umlaut", "🙂-late"]
+
+
+@pytest.fixture(params=["memory", "azurite"])
+def flat_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    names = [ROOT + "flat/" + n for n in FLAT] + [ROOT + "flat", ROOT + "flatter/x"]
+    if request.param == "memory":
+        name = f"rng-{uuid.uuid4().hex[:12]}"
+        memory.container(name)
+
+        async def fill() -> None:
+            store = open_store(f"memory://{name}", TransferConfig(), os.environ)
+            try:
+                for blob in names:
+                    await store.put(blob, blob.encode(), BlobHeaders("application/octet-stream", None, {}))
+            finally:
+                await store.close()
+
+        asyncio.run(fill())
+        yield f"memory://{name}"
+        memory.drop(name)
+        return
+    container = request.getfixturevalue("container")
+    for blob in names:
+        container.client.upload_blob(blob, blob.encode())
+    yield container.url
+
+
+def _ranged(url: str, ranges: int, probe: Any = None, pages: Any = None
+            ) -> tuple[list[tuple[Any, ...]], list[str]]:
+    """The listing of ROOT + 'flat/' in up to `ranges` ranges (`probe` and `pages` wrap the store's list_range and
+    list_objects), and the name each range started at."""
+    started: list[str] = []
+
+    async def run() -> list[tuple[Any, ...]]:
+        store: Store = open_store(url, TransferConfig(), os.environ)
+        store.page_size = 7  # type: ignore[attr-defined]
+        if probe:
+            store.list_range = probe(store.list_range)  # type: ignore[method-assign]
+        real = pages(store.list_objects) if pages else store.list_objects
+
+        def list_objects(prefix: str = "", **kwargs: Any) -> Any:
+            started.append(kwargs.get("start", ""))
+            return real(prefix, **kwargs)
+
+        store.list_objects = list_objects  # type: ignore[method-assign]
+        index = SyncIndex()
+        try:
+            lister = RemoteLister(store, direct, ROOT, index, "src", Filters(), lambda props, entry: 0.0)
+            await lister.under(ROOT + "flat/", ranges=ranges)
+            return [(e.rel, e.size, e.etag, e.md5, e.name) for e in index.entries("src")]
+        finally:
+            index.close()
+            await store.close()
+
+    return asyncio.run(run()), started
+
+
+@pytest.fixture(autouse=True)
+def _split_soon(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(name_ranges, "SPLIT_AFTER", 7)  # a range tries to split after a page of 7
+
+
+def test_a_long_flat_listing_split_by_name_gives_what_one_listing_gives(flat_url: str) -> None:
+    one, _ = _ranged(flat_url, 1)
+    split, started = _ranged(flat_url, 8)
+    assert split == one
+    assert sorted(rel for rel, *_ in one) == sorted("flat/" + n for n in FLAT)
+    assert started[0] == "" and 4 <= len(started) <= 8 and len(set(started)) == len(started)  # ranges, split
+
+
+def test_a_range_that_never_meets_its_end_goes_on_and_misses_nothing(flat_url: str) -> None:
+    """A service ordering names otherwise than the probes assumed (or a blob deleted meanwhile): the range before
+    it never sees the name it ends at, lists on to the end, and the index keeps one entry per name."""
+    one, _ = _ranged(flat_url, 1)
+    starts: set[str] = set()
+
+    def pages(real: Any) -> Any:
+        def list_objects(prefix: str = "", **kwargs: Any) -> Any:
+            own = kwargs.get("start", "")
+            starts.add(own)
+
+            async def each() -> Any:
+                async for props in real(prefix, **kwargs):
+                    if props.name not in starts or props.name == own:
+                        yield props  # a range never meets the name another one starts at
+            return each()
+        return list_objects
+
+    split, started = _ranged(flat_url, 8, pages=pages)
+    assert len(started) > 1 and split == one
+
+
+def test_a_service_that_takes_no_start_lists_in_one_range(flat_url: str) -> None:
+    def probe(real: Any) -> Any:
+        async def list_range(prefix: str, start: str, marker: str = "", size: int | None = None) -> Any:
+            raise ServiceError("the value for one of the HTTP headers is not in the correct format",
+                               status=400, code="InvalidHeaderValue")
+        return list_range
+
+    one, _ = _ranged(flat_url, 1)
+    split, started = _ranged(flat_url, 8, probe)
+    assert split == one and started == [""]

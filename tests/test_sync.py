@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -292,9 +293,10 @@ def test_sync_asks_for_the_next_page_before_parsing_this_one(container: Containe
     requested: list[str] = []
     list_body, parse = AzureContainerStore._list_body, azure_listing.parse_listing
 
-    async def spy_list_body(self: AzureContainerStore, prefix: str, marker: str, size: int | None = None) -> bytes:
+    async def spy_list_body(self: AzureContainerStore, prefix: str, marker: str, size: int | None = None,
+                            **kwargs: Any) -> bytes:
         requested.append(marker)
-        return await list_body(self, prefix, marker, size)
+        return await list_body(self, prefix, marker, size, **kwargs)
 
     requested_at_parse: list[int] = []
 
@@ -328,9 +330,10 @@ def test_listing_keeps_the_expected_last_page_small(container: ContainerHandle, 
     sizes: list[int | None] = []
     list_body = AzureContainerStore._list_body
 
-    async def spy(self: AzureContainerStore, prefix: str, marker: str, size: int | None = None) -> bytes:
+    async def spy(self: AzureContainerStore, prefix: str, marker: str, size: int | None = None,
+                  **kwargs: Any) -> bytes:
         sizes.append(size)
-        return await list_body(self, prefix, marker, size)
+        return await list_body(self, prefix, marker, size, **kwargs)
 
     monkeypatch.setattr(AzureContainerStore, "_list_body", spy)
 

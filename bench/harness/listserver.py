@@ -111,7 +111,9 @@ def _unmarker(marker: str) -> str:
 def listing(ns: Namespace, container: str, query: dict[str, str]) -> str:
     prefix, delimiter = query.get("prefix", ""), query.get("delimiter", "")
     size = min(PAGE_MAX, int(query.get("maxresults", PAGE_MAX)))
-    blobs, prefixes, after = page(ns, prefix, delimiter, _unmarker(query.get("marker", "")), size)
+    # startFrom (service version 2026-02-06) names where a listing starts, inclusive; a marker, where it goes on.
+    start = max(_unmarker(query.get("marker", "")), query.get("startFrom", ""))
+    blobs, prefixes, after = page(ns, prefix, delimiter, start, size)
     items = [blob_xml(ns, k) for k in blobs] + [f"<BlobPrefix><Name>{escape(p)}</Name></BlobPrefix>"
                                                  for p in prefixes]
     if prefixes and blobs:

@@ -109,7 +109,7 @@ class ToyStore:
             dict(meta["metadata"]))
 
     def list_objects(self, prefix: str = "", *, expected: Callable[[], int | None] | None = None,
-                     request: Requester = direct) -> AsyncIterator[BlobProperties]:
+                     request: Requester = direct, start: str = "") -> AsyncIterator[BlobProperties]:
         async def pages() -> AsyncIterator[BlobProperties]:
             marker = ""
             while True:

@@ -149,6 +149,7 @@ class Capabilities:
     keeps_parts: bool = False  # a commit may name parts of the current version (delta uploads)
     lists_levels: bool = False  # list_level: one level at a time (a huge listing then runs one prefix per task)
     this_process: bool = False  # its objects live in this process (memory://): no other process reaches them
+    lists_from: bool = False  # list_range: a listing may start at any name (a long one is then split by name)
     part_checks: tuple[BlockCheck, ...] = ()  # checks stage() verifies on arrival, the store's preferred first
     copy_max: int = 0  # the largest object copy_from() copies from another store's URL in one request (0: none)
     stage_copy_max: int = 0  # the largest part a writer's stage_from() stages from a URL (0: none)
@@ -290,9 +291,10 @@ class Store(Protocol):
     async def stat(self, name: str) -> BlobProperties | None: ...
 
     def list_objects(self, prefix: str = "", *, expected: Callable[[], int | None] | None = None,
-                     request: Requester = direct) -> AsyncIterator[BlobProperties]:
-        """Every object under `prefix`, page by page, each page one `request`; `expected()` may predict the
-        count (a sync's local file count) so that the store can shape its last page."""
+                     request: Requester = direct, start: str = "") -> AsyncIterator[BlobProperties]:
+        """Every object under `prefix` (named `start` or after it, where capabilities.lists_from), page by page,
+        each page one `request`; `expected()` may predict the count (a sync's local file count) so that the store
+        can shape its last page."""
         ...
 
     async def list_page(self, prefix: str = "", marker: str = "") -> tuple[list[BlobProperties], str]:
@@ -302,6 +304,12 @@ class Store(Protocol):
     async def list_level(self, prefix: str = "", marker: str = "") -> tuple[list[BlobProperties], list[str], str]:
         """One page of one level under `prefix` ('/' as the delimiter): its objects, the prefixes one level down
         (each ending in '/'), and the next page's marker. Offered where capabilities.lists_levels."""
+        ...
+
+    async def list_range(self, prefix: str, start: str, marker: str = "", size: int | None = None
+                         ) -> tuple[list[BlobProperties], str]:
+        """One page of objects under `prefix` named `start` or after it (in the store's order), from `marker` on
+        (up to `size`), and the next page's marker. Offered where capabilities.lists_from."""
         ...
 
     async def read_into(self, name: str, offset: int, buf: memoryview, if_match: str | None = None, *,

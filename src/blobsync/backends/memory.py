@@ -193,7 +193,8 @@ class MemoryStore:
     capabilities = Capabilities(range_md5_max=RANGE_MD5_MAX, spans=True, batch_delete_max=256, keeps_parts=True,
                                 lists_levels=True, part_checks=(BlockCheck.CRC64, BlockCheck.MD5),
                                 copy_max=256 * 1024 * 1024, stage_copy_max=4000 * 1024 * 1024, copy_sources=True,
-                                tags=True, tiers=_TIERS, properties=_PROPERTIES, this_process=True)
+                                tags=True, tiers=_TIERS, properties=_PROPERTIES, this_process=True,
+                                lists_from=True)
     page_size = 5000
 
     def __init__(self, location: MemoryLocation) -> None:
@@ -239,7 +240,9 @@ class MemoryStore:
         return _props(name, obj) if obj is not None else None
 
     def list_objects(self, prefix: str = "", *, expected: Callable[[], int | None] | None = None,
-                     request: Requester = direct) -> AsyncIterator[BlobProperties]:
+                     request: Requester = direct, start: str = "") -> AsyncIterator[BlobProperties]:
+        if start:
+            return each_object(lambda prefix, marker: self.list_range(prefix, start, marker), prefix, request)
         return each_object(self.list_page, prefix, request)
 
     async def list_page(self, prefix: str = "", marker: str = "") -> tuple[list[BlobProperties], str]:
@@ -247,6 +250,15 @@ class MemoryStore:
         names = sorted(n for n in box.objects if n.startswith(prefix) and n > unquote(marker))
         page = names[:self.page_size]
         more = len(names) > self.page_size
+        box.faults.take("list_page", None, after=True)
+        return [_props(n, box.objects[n]) for n in page], quote(page[-1]) if more else ""
+
+    async def list_range(self, prefix: str, start: str, marker: str = "", size: int | None = None
+                         ) -> tuple[list[BlobProperties], str]:
+        box = await self._enter("list_page")
+        names = sorted(n for n in box.objects if n.startswith(prefix) and n >= start and n > unquote(marker))
+        page = names[:size or self.page_size]
+        more = len(names) > len(page)
         box.faults.take("list_page", None, after=True)
         return [_props(n, box.objects[n]) for n in page], quote(page[-1]) if more else ""
 

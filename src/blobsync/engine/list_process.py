@@ -12,9 +12,8 @@ from typing import TYPE_CHECKING, Any
 from blobsync.backends.base import Location
 from blobsync.config import TransferConfig
 from blobsync.engine.context import RequestPath
-from blobsync.engine.listing import LISTINGS_IN_FLIGHT, RemoteLister, entry_time
+from blobsync.engine.listing import RemoteLister, entry_time
 from blobsync.engine.session import Session
-from blobsync.engine.tasks import for_each
 from blobsync.errors import BlobsyncError, ServiceError
 from blobsync.events import Progress
 from blobsync.filters import Filters
@@ -43,7 +42,7 @@ def flat_lister(session: Session, loc: Location, config: TransferConfig) -> Flat
         try:
             await list_in_process(lister, prefixes, loc, config, session.env)
         except ChildUnavailable:  # a host where no process starts: listed here, as without one
-            await for_each(prefixes, lister.under, LISTINGS_IN_FLIGHT)
+            await lister.flat(prefixes)
 
     return in_child
 
@@ -96,7 +95,7 @@ async def _list_flat(index: SyncIndex, side: str, loc: Location, config: Transfe
     try:
         lister = RemoteLister(session.store(loc), session.requests(config, progress), root, index, side, filters,
                               entry_time, seen)
-        await for_each(prefixes, lister.under, LISTINGS_IN_FLIGHT)
+        await lister.flat(prefixes)
     finally:
         await session.close()
     return progress.retries, progress.throttled

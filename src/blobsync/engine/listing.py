@@ -12,6 +12,7 @@ from blobsync.backends.base import BlobProperties, Markers, Requester, Store
 from blobsync.config import CRC64_METADATA
 from blobsync.engine.digest import crc64_text, stored_crc64
 from blobsync.engine.mtime import MTIME_KEY, format_mtime, parse_mtime
+from blobsync.engine.name_ranges import budget, list_in_ranges
 from blobsync.engine.tasks import for_each
 from blobsync.errors import BlobNotFoundError, ServiceError, UsageError
 from blobsync.filters import Filters
@@ -92,16 +93,20 @@ class RemoteLister:
         else:
             await self.under(self.root)
 
-    async def under(self, prefix: str, expected: Callable[[], int | None] | None = None) -> None:
+    async def under(self, prefix: str, expected: Callable[[], int | None] | None = None, *, ranges: int = 1) -> None:
         """Every object under `prefix`; batches of 1,000 leave little to insert after the last page. Each page is
-        retried on its own; one that keeps failing stops the listing (and with it any delete)."""
+        retried on its own; one that keeps failing stops the listing (and with it any delete). Where the store
+        lists from any name, a listing longer than a page is split by name into up to `ranges` listings."""
+        if ranges > 1 and self.store.capabilities.lists_from:
+            await list_in_ranges(self, prefix, ranges, expected)
+            return
         batch: list[Entry] = []
         async for props in self.store.list_objects(prefix, expected=expected, request=self.request):
-            self._take(props, batch)
+            self.take(props, batch)
             if len(batch) >= 1000:
-                self._add(batch)
+                self.add(batch)
                 batch = []
-        self._add(batch)
+        self.add(batch)
 
     async def fan_out(self, flat_in: Callable[[RemoteLister, list[str]], Awaitable[None]] | None = None) -> None:
         """Every object under the root, up to LISTINGS_IN_FLIGHT listings at once: levels are listed with a
@@ -120,7 +125,13 @@ class RemoteLister:
         if flat and flat_in is not None:
             await flat_in(self, flat)
         else:
-            await for_each(flat, self.under, LISTINGS_IN_FLIGHT)
+            await self.flat(flat)
+
+    async def flat(self, prefixes: list[str]) -> None:
+        """Every object under each of `prefixes`, LISTINGS_IN_FLIGHT listings at once: each prefix listed flat,
+        split by name where there are fewer prefixes than that."""
+        ranges = budget(len(prefixes), LISTINGS_IN_FLIGHT)
+        await for_each(prefixes, functools.partial(self.under, ranges=ranges), LISTINGS_IN_FLIGHT)
 
     def _excludes_below(self, prefix: str) -> bool:
         """Whether an --exclude-path lies below `prefix`: its levels are then listed one by one, so that the
@@ -146,8 +157,9 @@ class RemoteLister:
 
     async def _level(self, prefix: str) -> list[str] | None:
         """The blobs directly under `prefix` into the index; the folders one level down the filters may enter, or
-        None where there are more than FANOUT_MAX of them: `prefix` is then to be listed flat (what its level put
-        in already is put again: the index keeps one entry per name)."""
+        None where there are more than FANOUT_MAX of them, or more than a page where the store lists from any name
+        (then split by name): `prefix` is then to be listed flat (what its level put in already is put again: the
+        index keeps one entry per name)."""
         prefixes: list[str] = []
         marker = ""
         markers = Markers(f"list blobs under {prefix or '/'!r}")
@@ -158,23 +170,23 @@ class RemoteLister:
             batch: list[Entry] = []
             before = self.listed
             for props in objects:
-                self._take(props, batch)
+                self.take(props, batch)
             taken += self.listed - before
-            self._add(batch)
+            self.add(batch)
             prefixes += [p for p in _below(prefix, below) if self.filters.enters(p[len(self.root):-1])]
-            if len(prefixes) > FANOUT_MAX:
+            if len(prefixes) > FANOUT_MAX or (marker and self.store.capabilities.lists_from):
                 self.listed -= taken  # counted again by the flat listing
                 return None
             if not marker:
                 return prefixes
 
-    def _add(self, batch: list[Entry]) -> None:
+    def add(self, batch: list[Entry]) -> None:
         self.index.add(self.side, batch)
         if self.listed > self._told:
             self.seen(self.listed - self._told)
             self._told = self.listed
 
-    def _take(self, props: BlobProperties, batch: list[Entry]) -> None:
+    def take(self, props: BlobProperties, batch: list[Entry]) -> None:
         if is_folder_marker(props):
             return
         self.listed += 1

@@ -15,6 +15,7 @@ from blobsync.engine.delete import Doomed
 from blobsync.engine.digest import md5_of_file
 from blobsync.engine.enumerate import index_in_thread
 from blobsync.engine.listing import FANOUT_MAX, RemoteLister, entry_time
+from blobsync.engine.name_ranges import RANGES_MAX
 from blobsync.errors import BlobsyncError, ExitCode, UsageError
 from blobsync.jobs.compare import MTIME_WINDOWS, CompareMode, decide
 from blobsync.jobs.ops import FileOp, OpKind
@@ -126,7 +127,7 @@ class SyncJob:
         if self.store.capabilities.lists_levels and self._folders():
             await lister.fan_out()
         else:
-            await lister.under(self._prefix, lambda: self.local_count)
+            await lister.under(self._prefix, lambda: self.local_count, ranges=RANGES_MAX)
 
     def _lister(self, store: Store, prefix: str, index: SyncIndex, side: str) -> RemoteLister:
         return RemoteLister(store, self.runner.requests, prefix, index, side, self.spec.filters, entry_time,

@@ -70,6 +70,7 @@ from blobsync.redact import redact
 log = logging.getLogger("blobsync.http")
 
 API_VERSION = "2023-11-03"
+START_FROM_VERSION = "2026-02-06"  # the first service version whose List Blobs takes startFrom
 _USER_AGENT = f"blobsync/{__version__}"
 # Blob properties (BlobHeaders.properties) as the headers Put Blob and Put Block List take.
 _PROPERTY_HEADERS = {
@@ -168,7 +169,8 @@ class AzureContainerStore:
     page_size = 5000  # blobs per List Blobs page: the service's maximum
     capabilities = Capabilities(max_parts=rules.MAX_BLOCKS, max_part_size=rules.MAX_BLOCK_SIZE,
                                 range_md5_max=RANGE_MD5_MAX, spans=True, batch_delete_max=BATCH_MAX,
-                                keeps_parts=True, lists_levels=True, part_checks=(BlockCheck.CRC64, BlockCheck.MD5),
+                                keeps_parts=True, lists_levels=True, lists_from=True,
+                                part_checks=(BlockCheck.CRC64, BlockCheck.MD5),
                                 copy_max=rules.MAX_COPY_SIZE, stage_copy_max=rules.MAX_BLOCK_SIZE, copy_sources=True,
                                 tags=True, tiers=rules.TIERS, properties=rules.BLOB_PROPERTIES,
                                 metadata_name=rules.is_metadata_name, write_rules=rules.check_writes)
@@ -235,7 +237,7 @@ class AzureContainerStore:
         """The request target (path and query, SAS included) and the request with its signed headers."""
         path = self._base_path if name is None else f"{self._base_path}/{quote(name, safe='/~')}"
         headers["x-ms-date"] = self._dates.now()
-        headers["x-ms-version"] = API_VERSION
+        headers.setdefault("x-ms-version", API_VERSION)  # a request may need a later one (startFrom)
         headers["User-Agent"] = _USER_AGENT
         if body is not None:
             headers["Content-Length"] = str(len(body))
@@ -551,7 +553,7 @@ class AzureContainerStore:
             raise IntegrityError(f"{what}: the source's bytes differ from the check sent") from None
 
     async def list_objects(self, prefix: str = "", *, expected: Callable[[], int | None] | None = None,
-                           request: Requester = direct) -> AsyncIterator[BlobProperties]:
+                           request: Requester = direct, start: str = "") -> AsyncIterator[BlobProperties]:
         """Every blob under `prefix`, with properties and metadata, one page (up to 5,000) at a time.
 
         The next page is requested as soon as this page's marker is known, before this page is parsed: the
@@ -572,7 +574,7 @@ class AzureContainerStore:
                     return left - left // _LAST_PAGE_PART
             return self.page_size
 
-        ahead = asyncio.ensure_future(self._page(request, prefix, "", next_size()))
+        ahead = asyncio.ensure_future(self._page(request, prefix, "", next_size(), start))
         markers = Markers(f"list blobs under {prefix or '/'!r}")
         try:
             while True:
@@ -580,7 +582,7 @@ class AzureContainerStore:
                 listed += body.count(b"<Blob>")
                 guess = next_marker_guess(body)
                 if guess:
-                    ahead = asyncio.ensure_future(self._page(request, prefix, guess, next_size()))
+                    ahead = asyncio.ensure_future(self._page(request, prefix, guess, next_size(), start))
                     # A task runs only once the loop gets control, and parsing (and the consumer of this page)
                     # never gives it: without this yield the request left only after the page was consumed.
                     await asyncio.sleep(0)
@@ -588,7 +590,7 @@ class AzureContainerStore:
                 markers.next(marker)
                 if marker != guess:  # an escaping the quick scan got wrong: ask again, properly
                     ahead.cancel()
-                    ahead = asyncio.ensure_future(self._page(request, prefix, marker, self.page_size))
+                    ahead = asyncio.ensure_future(self._page(request, prefix, marker, self.page_size, start))
                 for props in page:
                     yield props
                 if not marker:
@@ -598,8 +600,8 @@ class AzureContainerStore:
                 ahead.cancel()
                 await asyncio.wait([ahead])
 
-    async def _page(self, request: Requester, prefix: str, marker: str, size: int) -> bytes:
-        return await request(lambda: self._list_body(prefix, marker, size))
+    async def _page(self, request: Requester, prefix: str, marker: str, size: int, start: str = "") -> bytes:
+        return await request(lambda: self._list_body(prefix, marker, size, start=start))
 
     async def list_page(self, prefix: str = "", marker: str = "") -> tuple[list[BlobProperties], str]:
         """One List Blobs request: up to 5,000 blobs from `marker` on, and the marker of the next page ('')."""
@@ -610,7 +612,14 @@ class AzureContainerStore:
         down (each ending in '/'), and the next page's marker."""
         return parse_level(await self._list_body(prefix, marker, delimiter="/"))
 
-    async def _list_body(self, prefix: str, marker: str, size: int | None = None, delimiter: str = "") -> bytes:
+    async def list_range(self, prefix: str, start: str, marker: str = "", size: int | None = None
+                         ) -> tuple[list[BlobProperties], str]:
+        """One List Blobs page of the blobs under `prefix` named `start` or after it (startFrom, inclusive), from
+        `marker` on, and the next page's marker."""
+        return parse_listing(await self._list_body(prefix, marker, size, start=start))
+
+    async def _list_body(self, prefix: str, marker: str, size: int | None = None, delimiter: str = "",
+                         start: str = "") -> bytes:
         query = [("restype", "container"), ("comp", "list"), ("include", "metadata"),
                  ("maxresults", str(size or self.page_size))]
         if prefix:
@@ -619,7 +628,12 @@ class AzureContainerStore:
             query.append(("delimiter", delimiter))
         if marker:
             query.append(("marker", marker))
-        _, _, body = await self._call("GET", None, query, {}, None, f"list blobs in {self._loc.container}", (200,))
+        headers = {}
+        if start:
+            query.append(("startFrom", start))
+            headers["x-ms-version"] = START_FROM_VERSION
+        _, _, body = await self._call("GET", None, query, headers, None, f"list blobs in {self._loc.container}",
+                                      (200,))
         return body
 
     async def get_block_list(self, name: str, which: str = "all") -> Parts:

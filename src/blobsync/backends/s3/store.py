@@ -205,11 +205,17 @@ class S3Store:
                                p.blob_type) for p in page], token
 
     def list_objects(self, prefix: str = "", *, expected: Callable[[], int | None] | None = None,
-                     request: Requester = direct) -> AsyncIterator[BlobProperties]:
+                     request: Requester = direct, start: str = "") -> AsyncIterator[BlobProperties]:
+        if start:
+            raise UsageError("listing from a name is not offered for s3:// (capabilities.lists_from is False)")
         return each_object(self.list_page, prefix, request)
 
     async def list_level(self, prefix: str = "", marker: str = "") -> tuple[list[BlobProperties], list[str], str]:
         raise UsageError("listing one level is not offered for s3:// (capabilities.lists_levels is False)")
+
+    async def list_range(self, prefix: str, start: str, marker: str = "", size: int | None = None
+                         ) -> tuple[list[BlobProperties], str]:
+        raise UsageError("listing from a name is not offered for s3:// (capabilities.lists_from is False)")
 
     async def read_into(self, name: str, offset: int, buf: memoryview, if_match: str | None = None, *,
                         range_md5: bool = False) -> BlobProperties:
