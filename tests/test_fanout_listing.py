@@ -115,7 +115,13 @@ def test_a_fanned_out_listing_gives_what_a_flat_one_gives(store_url: str, limits
     assert len(prefixes) > 1  # it did fan out
 
 
-def test_an_excluded_folder_is_never_listed(store_url: str) -> None:
+@pytest.mark.parametrize("page", [5000, 3], ids=["short-levels", "long-levels"])
+def test_an_excluded_folder_is_never_listed(store_url: str, page: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not even where a level is longer than a page, which is otherwise listed flat (and split by name)."""
+    from blobsync.backends.azure.store import AzureContainerStore
+
+    monkeypatch.setattr(AzureContainerStore, "page_size", page)
+    monkeypatch.setattr(memory.MemoryStore, "page_size", page)
     filters = Filters.parse(exclude_path="skip/;a/b/c;dbl/")
     prefixes: list[str] = []
     fanned = _listed(store_url, "fan", filters, prefixes)

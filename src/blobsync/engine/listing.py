@@ -158,8 +158,8 @@ class RemoteLister:
     async def _level(self, prefix: str) -> list[str] | None:
         """The blobs directly under `prefix` into the index; the folders one level down the filters may enter, or
         None where there are more than FANOUT_MAX of them, or more than a page where the store lists from any name
-        (then split by name): `prefix` is then to be listed flat (what its level put in already is put again: the
-        index keeps one entry per name)."""
+        (then split by name), and no excluded folder lies below: `prefix` is then to be listed flat (what its level
+        put in already is put again: the index keeps one entry per name)."""
         prefixes: list[str] = []
         marker = ""
         markers = Markers(f"list blobs under {prefix or '/'!r}")
@@ -174,7 +174,8 @@ class RemoteLister:
             taken += self.listed - before
             self.add(batch)
             prefixes += [p for p in _below(prefix, below) if self.filters.enters(p[len(self.root):-1])]
-            if len(prefixes) > FANOUT_MAX or (marker and self.store.capabilities.lists_from):
+            wide = len(prefixes) > FANOUT_MAX or (marker and self.store.capabilities.lists_from)
+            if wide and not self._excludes_below(prefix):  # a flat listing would list the excluded folder
                 self.listed -= taken  # counted again by the flat listing
                 return None
             if not marker:
