@@ -1,6 +1,6 @@
 """A synthetic Blob service for scale (issue 52): every container holds the same N generated blobs, computed from
 their position and never stored, so 10^7 objects cost the server no memory. It answers List Blobs (prefix,
-delimiter, marker, maxresults; each page after a fixed latency, the same for every tool), HEAD and GET of a
+delimiter, marker, startFrom, maxresults; each page after a fixed latency, the same for every tool), HEAD and GET of a
 generated blob (zeros), and takes writes and deletes without keeping bytes. No auth is checked.
 
 Names are `d00042/obj-000042123.bin`: `--folders` folders of equal share, sorted as the service sorts (zero-padded,
