@@ -5,6 +5,7 @@ excluded folders never listed."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import uuid
 from collections.abc import Iterator
@@ -267,3 +268,50 @@ def test_a_service_that_takes_no_start_lists_in_one_range(flat_url: str) -> None
     one, _ = _ranged(flat_url, 1)
     split, started = _ranged(flat_url, 8, probe)
     assert split == one and started == [""]
+
+
+@pytest.mark.parametrize("how", ["flat", "fan"])
+def test_a_blob_the_service_lists_outside_the_root_stops_the_listing(how: str) -> None:
+    """Its name cut by the root's length would be another file's (a hostile service could rename entries that way):
+    a one-line error, and nothing of the listing is used."""
+    name = f"out-{uuid.uuid4().hex[:12]}"
+    memory.container(name)
+
+    async def run() -> None:
+        store: Store = open_store(f"memory://{name}", TransferConfig(), os.environ)
+        for blob in (ROOT + "a.bin", ROOT + "b/c.bin"):
+            await store.put(blob, b"x", BlobHeaders("application/octet-stream", None, {}))
+        page, level, objects = store.list_page, store.list_level, store.list_objects
+        outside = (await store.stat(ROOT + "a.bin"))
+        assert outside is not None
+        stranger = dataclasses.replace(outside, name="dat/evil.bin")
+
+        async def list_page(prefix: str = "", marker: str = "") -> Any:
+            found, more = await page(prefix, marker)
+            return [*found, stranger], more
+
+        async def list_level(prefix: str = "", marker: str = "") -> Any:
+            found, below, more = await level(prefix, marker)
+            return [*found, stranger], below, more
+
+        def list_objects(prefix: str = "", **kwargs: Any) -> Any:
+            async def each() -> Any:
+                async for props in objects(prefix, **kwargs):
+                    yield props
+                yield stranger
+            return each()
+
+        store.list_page = list_page  # type: ignore[method-assign]
+        store.list_level = list_level  # type: ignore[method-assign]
+        store.list_objects = list_objects  # type: ignore[method-assign]
+        index = SyncIndex()
+        try:
+            lister = RemoteLister(store, direct, ROOT, index, "src", Filters(), lambda props, entry: 0.0)
+            with pytest.raises(ServiceError, match="not under"):
+                await (lister.under(ROOT) if how == "flat" else lister.fan_out())
+        finally:
+            index.close()
+            await store.close()
+            memory.drop(name)
+
+    asyncio.run(run())

@@ -188,6 +188,11 @@ class RemoteLister:
             self._told = self.listed
 
     def take(self, props: BlobProperties, batch: list[Entry]) -> None:
+        """A listed object into `batch` if the filters take it; one outside the root (a service answering what was
+        not asked for) stops the listing: its name cut by the root's length would be another file's."""
+        if not props.name.startswith(self.root):
+            raise ServiceError(f"the service listed {printable(props.name[:200])!r}, which is not under "
+                               f"{printable(self.root)!r}; the listing is not to be trusted", code="InvalidListing")
         if is_folder_marker(props):
             return
         self.listed += 1
