@@ -1,6 +1,6 @@
-"""A long flat listing split by name, where the store can start a listing at any name (Azure's startFrom): after its
-first page, probes find names further on, and the ranges between them are listed side by side, each ending at the
-name the next one starts with. No name is missed: each range but the last ends only on meeting a name the service
+"""A long flat listing split by name, where the store can start a listing at any name (Azure's startFrom): after
+SPLIT_AFTER objects, probes find names further on, and the ranges between them are listed side by side, each ending
+at the name the next one starts with. No name is missed: each range but the last ends only on meeting a name the service
 listed, and a range that never meets it (that blob deleted meanwhile, or a service ordering names otherwise) goes on
 to the end, listing names twice into an index that keeps one entry per name."""
 
@@ -161,8 +161,15 @@ async def _probe(lister: RemoteLister, prefix: str, starts: list[str]) -> list[t
     def first(start: str) -> Coroutine[Any, Any, tuple[list[BlobProperties], str]]:
         return lister.request(functools.partial(lister.store.list_range, prefix, start, "", 1))
 
-    pages = await asyncio.gather(*(first(s) for s in starts))
-    return [(s, page[0].name if page else None) for s, (page, _) in zip(starts, pages, strict=True)]
+    # Every probe waited for, the first failure raised after: none is left running behind a failed one.
+    answers = await asyncio.gather(*(first(s) for s in starts), return_exceptions=True)
+    names: list[tuple[str, str | None]] = []
+    for start, answer in zip(starts, answers, strict=True):
+        if isinstance(answer, BaseException):
+            raise answer
+        page, _ = answer
+        names.append((start, page[0].name if page else None))
+    return names
 
 
 def budget(prefixes: int, in_flight: int) -> int:
