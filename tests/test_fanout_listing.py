@@ -36,12 +36,11 @@ NAMES = [
 ]
 
 
-@pytest.fixture(params=["memory", "azurite"])
-def store_url(request: pytest.FixtureRequest) -> Iterator[str]:
-    """The URL of a container holding NAMES under ROOT (and one blob outside it), written independently."""
-    names = [ROOT + n for n in NAMES] + ["data-not-under-root.bin", "data"]
+def _holding(request: pytest.FixtureRequest, names: list[str], tag: str) -> Iterator[str]:
+    """The URL of a container (in memory or on Azurite, by the fixture's param) holding `names`, each blob's bytes
+    its name, written independently of the listing under test."""
     if request.param == "memory":
-        name = f"fan-{uuid.uuid4().hex[:12]}"
+        name = f"{tag}-{uuid.uuid4().hex[:12]}"
         memory.container(name)
         url = f"memory://{name}"
 
@@ -58,9 +57,15 @@ def store_url(request: pytest.FixtureRequest) -> Iterator[str]:
         memory.drop(name)
         return
     container = request.getfixturevalue("container")
-    for name in names:
-        container.client.upload_blob(name, name.encode())
+    for blob in names:
+        container.client.upload_blob(blob, blob.encode())
     yield container.url
+
+
+@pytest.fixture(params=["memory", "azurite"])
+def store_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The URL of a container holding NAMES under ROOT (and one blob outside it)."""
+    yield from _holding(request, [ROOT + n for n in NAMES] + ["data-not-under-root.bin", "data"], "fan")
 
 
 def _listed(url: str, how: str, filters: Filters, prefixes: list[str] | None = None) -> list[tuple[Any, ...]]:
@@ -170,27 +175,7 @@ FLAT = [f"obj-{i:06d}.bin" for i in range(300)] + [n.replace("/", "_") for n in 
 
 @pytest.fixture(params=["memory", "azurite"])
 def flat_url(request: pytest.FixtureRequest) -> Iterator[str]:
-    names = [ROOT + "flat/" + n for n in FLAT] + [ROOT + "flat", ROOT + "flatter/x"]
-    if request.param == "memory":
-        name = f"rng-{uuid.uuid4().hex[:12]}"
-        memory.container(name)
-
-        async def fill() -> None:
-            store = open_store(f"memory://{name}", TransferConfig(), os.environ)
-            try:
-                for blob in names:
-                    await store.put(blob, blob.encode(), BlobHeaders("application/octet-stream", None, {}))
-            finally:
-                await store.close()
-
-        asyncio.run(fill())
-        yield f"memory://{name}"
-        memory.drop(name)
-        return
-    container = request.getfixturevalue("container")
-    for blob in names:
-        container.client.upload_blob(blob, blob.encode())
-    yield container.url
+    yield from _holding(request, [ROOT + "flat/" + n for n in FLAT] + [ROOT + "flat", ROOT + "flatter/x"], "rng")
 
 
 def _ranged(url: str, ranges: int, probe: Any = None, pages: Any = None
