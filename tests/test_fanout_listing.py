@@ -300,3 +300,20 @@ def test_a_blob_the_service_lists_outside_the_root_stops_the_listing(how: str) -
             memory.drop(name)
 
     asyncio.run(run())
+
+
+def test_a_range_that_fails_fails_the_listing_as_its_own_error(flat_url: str) -> None:
+    """A page of a later range failing (past its retries) stops every range and raises that error itself, never an
+    ExceptionGroup, and never a listing that looks complete: a sync then deletes nothing and exits non-zero."""
+    def pages(real: Any) -> Any:
+        def list_objects(prefix: str = "", **kwargs: Any) -> Any:
+            async def each() -> Any:
+                async for props in real(prefix, **kwargs):
+                    yield props
+                if kwargs.get("start"):
+                    raise ServiceError("list blobs: HTTP 503 ServerBusy", status=503, code="ServerBusy")
+            return each()
+        return list_objects
+
+    with pytest.raises(ServiceError, match="ServerBusy"):
+        _ranged(flat_url, 8, pages=pages)
