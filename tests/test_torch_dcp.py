@@ -116,6 +116,41 @@ def test_saved_by_four_ranks_loaded_by_two_and_consolidated_in_one(source: Side,
         assert json.loads(f.metadata()["extra.step"]) == whole["extra"]["step"]
 
 
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_ranks_saving_without_collectives_each_keep_their_own_state(source: Side, azurite: Azurite,
+                                                                     tmp_path: Path) -> None:
+    """`dcp.save(..., use_collectives=False)`: each rank plans alone, so each names its own blobs and metadata, as
+    DCP's FileSystemWriter does; before, every rank wrote `__0_0.distcp` and `.metadata` over the others' and the
+    load gave rank 1 rank 0's state, with no error."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemReader
+
+    from blobsync.errors import UsageError
+    from blobsync.torch import BlobStorageWriter, consolidate
+    from support.torchrank import rank_state
+
+    url = source.url(azurite.base_url, "per-rank/step-1")
+    assert _group({"mode": "rank-local", "url": url}, 2, tmp_path) == [{"ok": True}] * 2
+    names = sorted(b.name.rsplit("/", 1)[1] for b in source.client.list_blobs(name_starts_with="per-rank/step-1/"))
+    assert names == ["__0.metadata", "__0_0.distcp", "__1.metadata", "__1_0.distcp"]
+    # Downloaded by the SDK, DCP's stock reader loads it (rank 0's, as it reads with no process group).
+    for name in names:
+        (tmp_path / name).write_bytes(source.download(f"per-rank/step-1/{name}"))
+    stock = {"w": torch.zeros(4096), "extra": {"rank": -1}}
+    dcp.load(stock, storage_reader=FileSystemReader(tmp_path), no_dist=True)
+    assert torch.equal(stock["w"], rank_state(0)["w"]) and stock["extra"] == {"rank": 0}
+    # One process: no state is the whole one, so consolidate asks whose; rank 1's is rank 1's.
+    with pytest.raises(UsageError, match=r"use_collectives=False.*rank=N"):
+        consolidate(url)
+    one = consolidate(url, rank=1)
+    assert torch.equal(one["w"], rank_state(1)["w"]) and one["extra"] == {"rank": 1}
+    # A save with collectives into the folder leaves no rank's metadata a loader would fall back to.
+    dcp.save({"w": torch.ones(8)}, storage_writer=BlobStorageWriter(url), no_dist=True)
+    names = sorted(b.name.rsplit("/", 1)[1] for b in source.client.list_blobs(name_starts_with="per-rank/step-1/"))
+    assert names == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    assert torch.equal(consolidate(url)["w"], torch.ones(8))
+
+
 @pytest.mark.parametrize("kind", ["thread", "process"])
 def test_async_save_returns_before_the_upload_and_resolves_once_committed(kind: str, source: Side, azurite: Azurite,
                                                                              tmp_path: Path) -> None:

@@ -199,3 +199,7 @@ def test_consolidate_refuses_bad_input_with_one_line(source: Side, azurite: Azur
         with pytest.raises(UsageError, match="invalid dest=") as caught:
             consolidate(source.url(azurite.base_url, "nothing/here"), bad)  # type: ignore[arg-type]
         assert "\n" not in str(caught.value)
+    for rank in (-1, True, "0"):
+        with pytest.raises(UsageError, match="invalid rank=") as caught:
+            consolidate(source.url(azurite.base_url, "nothing/here"), rank=rank)  # type: ignore[arg-type]
+        assert "\n" not in str(caught.value)

@@ -107,6 +107,23 @@ def _tiered(args: dict[str, Any], config: Any, mesh: Any) -> dict[str, Any]:
     return {"ok": same, "saved": saved}
 
 
+def rank_state(rank: int) -> dict[str, Any]:
+    """What rank `rank` holds in a save without collectives: the same keys on every rank, its own values."""
+    return {"w": torch.full((4096,), float(rank + 1)), "extra": {"rank": rank}}
+
+
+def _rank_local(args: dict[str, Any], config: Any) -> dict[str, Any]:
+    from blobsync.torch import BlobStorageReader, BlobStorageWriter
+
+    rank = args["rank"]
+    dcp.save(rank_state(rank), storage_writer=BlobStorageWriter(args["url"], config=config), use_collectives=False)
+    dist.barrier()  # every rank's part is there before any loads
+    state = {"w": torch.zeros(4096), "extra": {"rank": -1}}
+    dcp.load(state, storage_reader=BlobStorageReader(args["url"], config=config))
+    want = rank_state(rank)
+    return {"ok": torch.equal(state["w"], want["w"]) and state["extra"] == want["extra"]}
+
+
 def main(args: dict[str, Any]) -> dict[str, Any]:
     from blobsync import TransferConfig
     from blobsync.config import MiB
@@ -168,6 +185,8 @@ def main(args: dict[str, Any]) -> dict[str, Any]:
             same = torch.equal(state["base"].full_tensor(), want["base"].full_tensor()) and \
                 torch.equal(state["adapter"], want["adapter"]) and state["step"] == 1
             return {"ok": same and latest == 1, "owed": owed}
+        if args["mode"] == "rank-local":  # each rank saves and loads a state of its own, with no collectives
+            return _rank_local(args, config)
         if args["mode"] == "save":
             model, optimizer = model_and_optimizer(args["seed"], args["width"], mesh)
             model_sd, optim_sd = get_state_dict(model, optimizer)

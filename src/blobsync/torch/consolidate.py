@@ -20,19 +20,25 @@ from blobsync.torch.dcp import BlobStorageReader
 
 def consolidate(url: str | os.PathLike[str], dest: str | os.PathLike[str] | None = None, *,
                 client: Client | None = None, config: TransferConfig | None = None, credential: object = None,
-                weights_only: bool = True) -> dict[str, Any]:
+                weights_only: bool = True, rank: int | None = None) -> dict[str, Any]:
     """The whole state dict of the DCP checkpoint at the folder `url` (blobsync's, or DCP FileSystemWriter's
     uploaded), read in this process with no process group; with `dest` (a local path or a blob URL) also written
     as one `torch.save` file, or as safetensors where `dest` ends in `.safetensors` (flat names, `a.b.c`; values
     that are not tensors as JSON in its metadata; needs the safetensors package). `weights_only` as
-    BlobStorageReader's."""
+    BlobStorageReader's. A checkpoint saved with `use_collectives=False` holds one state per rank: `rank` says
+    whose."""
     from torch.distributed.checkpoint import default_planner
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
     target = _destination(dest)
-    reader = BlobStorageReader(url, client=client, config=config, credential=credential, weights_only=weights_only)
+    reader = BlobStorageReader(url, client=client, config=config, credential=credential, weights_only=weights_only,
+                               rank=rank)
     state: dict[str, Any] = {}
-    try:  # DCP's own way to a whole state (its dcp_to_torch_save): tensors made from the metadata, then loaded
+    try:
+        if reader.per_rank and rank is None:
+            raise UsageError(f"{reader.folder.display} was saved with use_collectives=False: each rank's state is its "
+                             "own, none is the whole; pass rank=N for rank N's")
+        # DCP's own way to a whole state (its dcp_to_torch_save): tensors made from the metadata, then loaded.
         _load_state_dict(state, storage_reader=reader, planner=_empty_planner(default_planner), no_dist=True)
     finally:
         reader.close()

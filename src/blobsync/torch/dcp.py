@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pickle
+import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ from blobsync.torch._unpickle import load_metadata
 
 __all__ = ["BlobStorageReader", "BlobStorageWriter", "IncompleteCheckpointError"]
 METADATA = ".metadata"
+_RANK_METADATA = re.compile(r"__\d+\.metadata")  # a rank's own, from a save without collectives
 
 
 class IncompleteCheckpointError(BlobNotFoundError):
@@ -137,6 +139,7 @@ class BlobStorageWriter(StorageWriter):
         self.thread_count = thread_count
         self.save_id = uuid.uuid4().hex
         self.is_coordinator = False
+        self.rank_local: int | None = None  # this rank's number in a save without collectives
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         self.folder.reset(checkpoint_id)
@@ -144,22 +147,44 @@ class BlobStorageWriter(StorageWriter):
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         self.is_coordinator = is_coordinator
-        if not is_coordinator:
+        rank = kwargs.get("rank")
+        # `dcp.save(..., use_collectives=False)`: each rank plans, writes and finishes alone, so each names its own
+        # blobs `__<rank>_<n>.distcp` and its own `__<rank>.metadata`, as FileSystemWriter does.
+        self.rank_local = rank if not kwargs.get("use_collectives", True) and isinstance(rank, int) else None
+        if self.rank_local is None and not is_coordinator:
             return
-        # The old `.metadata` goes before any rank writes: a save killed half-way must not leave a complete-looking
+        # The old metadata goes before any rank writes: a save killed half-way must not leave a complete-looking
         # checkpoint over blobs half rewritten. (The other ranks write only after the coordinator's plan.)
-        client, name = self.folder.client, self.folder.name(METADATA)
-        if not self.overwrite and _exists(client, name):
+        client, own = self.folder.client, self.folder.name(self._metadata_name())
+        if not self.overwrite and _exists(client, own):
             raise UsageError(f"{self.folder.display} holds a complete checkpoint already (overwrite=False)")
-        client.delete(name)
+        for relative in self._stale_metadata():
+            client.delete(self.folder.name(relative))
+
+    def _metadata_name(self) -> str:
+        return METADATA if self.rank_local is None else f"__{self.rank_local}{METADATA}"
+
+    def _stale_metadata(self) -> list[str]:
+        """The metadata this save makes stale: its own, and the other mode's (a loader prefers `.metadata` and
+        falls back to `__<rank>.metadata`, so either one left would describe blobs this save rewrites)."""
+        if self.rank_local is not None:
+            return [self._metadata_name(), METADATA]
+        blobs, _ = self.folder.client.ls_level(self.folder.name(""))
+        names = (blob.name.rsplit("/", 1)[-1] for blob in blobs)
+        return [METADATA, *sorted(n for n in names if _RANK_METADATA.fullmatch(n))]
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
-        return plan
+        from torch.distributed.checkpoint.filesystem import _StoragePrefix
+
+        if self.rank_local is None:
+            return plan
+        return dataclasses.replace(plan, storage_data=_StoragePrefix(f"__{self.rank_local}_"))
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
         from torch.distributed.checkpoint.filesystem import _StoragePrefix
 
-        return [dataclasses.replace(plan, storage_data=_StoragePrefix(f"__{i}_")) for i, plan in enumerate(plans)]
+        return [plan if plan.storage_data is not None else
+                dataclasses.replace(plan, storage_data=_StoragePrefix(f"__{i}_")) for i, plan in enumerate(plans)]
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         folder = self.folder
@@ -177,7 +202,7 @@ class BlobStorageWriter(StorageWriter):
             folder.close()
             raise
         self.written = [w.result for w in opened if w.result is not None]
-        if not self.is_coordinator:  # its part is done: the coordinator goes on to `finish`
+        if self.rank_local is None and not self.is_coordinator:  # its part is done: the coordinator finishes
             folder.close()
         done: Future[list[WriteResult]] = Future()
         done.set_result(results)
@@ -200,7 +225,7 @@ class BlobStorageWriter(StorageWriter):
         metadata.storage_meta = metadata.storage_meta or self.storage_meta()
         # Last, and in one request: a reader sees the checkpoint whole or not at all.
         try:
-            self.folder.client.put(pickle.dumps(metadata), self.folder.name(METADATA),
+            self.folder.client.put(pickle.dumps(metadata), self.folder.name(self._metadata_name()),
                                    dataclasses.replace(self.folder.client.aio.config, overwrite=Overwrite.TRUE))
         finally:
             self.folder.close()
@@ -226,19 +251,40 @@ class BlobStorageReader(StorageReader):
     torch.load's weights_only does not build; `weights_only=False` lifts that for a folder you trust."""
 
     def __init__(self, url: str | os.PathLike[str], *, client: Client | None = None,
-                 config: TransferConfig | None = None, credential: object = None, weights_only: bool = True) -> None:
+                 config: TransferConfig | None = None, credential: object = None, weights_only: bool = True,
+                 rank: int | None = None) -> None:
         super().__init__()
+        if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
+            raise UsageError(f"invalid rank={rank!r}: the rank whose own state to read (0 or more), of a checkpoint "
+                             "saved with use_collectives=False")
         self.weights_only = bool(weights_only)
+        self.rank = rank
         self.folder = _Folder(url, client, config, credential)
         self.storage: dict[MetadataIndex, Any] = {}
         self.load_id = uuid.uuid4().hex
-        self._version = ""  # the ETag of the `.metadata` read
-        self._pinned: dict[str, str | None] = {}  # each data blob's version, as it was under that `.metadata`
-        self._metadata: Metadata | None = self._read_metadata()  # a bad folder is one line here, before DCP starts
+        self._read = ""  # the metadata blob read, and its ETag
+        self._version = ""
+        self._pinned: dict[str, str | None] = {}  # each data blob's version, as it was under that metadata
+        self._metadata: Metadata | None = self._first_metadata()  # a bad folder is one line here, before DCP starts
 
-    def _incomplete(self) -> IncompleteCheckpointError:
+    def _first_metadata(self) -> Metadata | None:
+        """The checkpoint's `.metadata`; None where only ranks' own are there (a save without collectives: which
+        one is read is known when DCP asks)."""
+        try:
+            return self._read_metadata(self.rank)
+        except IncompleteCheckpointError:
+            if self.rank is None and _exists(self.folder.client, self.folder.name(f"__0{METADATA}")):
+                return None
+            raise
+
+    @property
+    def per_rank(self) -> bool:
+        """Whether the folder holds ranks' own metadata and no `.metadata` (a save without collectives)."""
+        return self._read != METADATA
+
+    def _incomplete(self, name: str = METADATA) -> IncompleteCheckpointError:
         return IncompleteCheckpointError(
-            f"no complete checkpoint at {self.folder.display}: its {METADATA} is missing (a save that did not "
+            f"no complete checkpoint at {self.folder.display}: its {name} is missing (a save that did not "
             "finish leaves none)", status=404, code="BlobNotFound",
             hint="load an earlier checkpoint, or save this one again")
 
@@ -249,31 +295,35 @@ class BlobStorageReader(StorageReader):
         self.load_id = uuid.uuid4().hex
         self._pinned = {}
         if changed:
-            self._metadata = None
+            self._metadata = self._first_metadata()
 
-    def read_metadata(self) -> Metadata:  # no rank-local metadata: DCP then asks for the global one only
-        metadata, self._metadata = self._metadata or self._read_metadata(), None
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        """The checkpoint's `.metadata`; with `rank=` (DCP asks so when there is none) that rank's own, of a save
+        without collectives (the reader's `rank`, where given, whatever the process's)."""
+        rank = self.rank if self.rank is not None else kwargs.get("rank")
+        metadata, self._metadata = self._metadata or self._read_metadata(rank), None
         metadata.storage_meta = metadata.storage_meta or StorageMeta()
         metadata.storage_meta.load_id = self.load_id
         return metadata
 
-    def _read_metadata(self) -> Metadata:
-        name = self.folder.name(METADATA)
+    def _read_metadata(self, rank: int | None) -> Metadata:
+        relative = METADATA if rank is None else f"__{rank}{METADATA}"
+        name = self.folder.name(relative)
         try:
             props = self.folder.client.stat(name)
             data = self.folder.client.read_into(name, bytearray(props.size), etag=props.etag or None)
         except BlobNotFoundError:
-            raise self._incomplete() from None
-        self._version = props.etag
-        metadata = load_metadata(bytes(data), f"{self.folder.display}{METADATA}")
+            raise self._incomplete(relative) from None
+        self._read, self._version = relative, props.etag
+        metadata = load_metadata(bytes(data), f"{self.folder.display}{relative}")
         if not isinstance(metadata, Metadata):
-            raise IntegrityError(f"{self.folder.display}{METADATA} is not a checkpoint's metadata")
+            raise IntegrityError(f"{self.folder.display}{relative} is not a checkpoint's metadata")
         return metadata
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         storage = metadata.storage_data
         if not isinstance(storage, dict) or not all(_placed(info) for info in storage.values()):
-            raise IntegrityError(f"{self.folder.display}{METADATA} does not say where each item's bytes are (not a "
+            raise IntegrityError(f"{self.folder.display}{self._read} does not say where each item's bytes are (not a "
                                  "checkpoint of DCP's FileSystemWriter or blobsync's)")
         self.storage = storage
 
@@ -304,15 +354,15 @@ class BlobStorageReader(StorageReader):
         self.folder.close()
 
     def _pin(self, relatives: set[str]) -> None:
-        """The version of each data blob read from here on: the one there while the `.metadata` read is still
-        there (a save deletes it before any rank writes), so no range comes from another save."""
+        """The version of each data blob read from here on: the one there while the metadata read is still there
+        (a save deletes it before any rank writes), so no range comes from another save."""
         client = self.folder.client
         new = sorted(relatives - self._pinned.keys())
         if not new:
             return
         found = [client.stat(self.folder.name(relative)).etag or None for relative in new]
         try:
-            still = client.stat(self.folder.name(METADATA)).etag == self._version
+            still = client.stat(self.folder.name(self._read)).etag == self._version
         except BlobNotFoundError:
             still = False
         if not still:
