@@ -88,16 +88,22 @@ def test_a_stale_crc64_is_settled_by_the_md5_and_a_changed_md5_is_checked_as_suc
     assert not (tmp_path / "again.bin").exists()
 
 
-def test_a_stream_written_in_blocks_carries_its_crc64_too(container: ContainerHandle, tmp_path: Path) -> None:
-    """Client.open('wb') (torch.save, numpy.save) and put() of chunks: their parts' CRC64s make the blob's."""
+@pytest.mark.parametrize("put_md5", [True, False])
+def test_a_stream_written_in_blocks_carries_its_crc64_too(put_md5: bool, container: ContainerHandle,
+                                                           tmp_path: Path) -> None:
+    """Client.open('wb') (torch.save, numpy.save) and put() of chunks: their parts' CRC64s make the blob's; with
+    put_md5=False no whole MD5 is computed or stored (before, a stream hashed and stored it whatever the setting)."""
     data = os.urandom(3 * MiB + 11)
-    config = TransferConfig.from_mib(block_size_mb=1, journal_path=tmp_path / "j.db")
+    config = TransferConfig.from_mib(block_size_mb=1, journal_path=tmp_path / "j.db", put_md5=put_md5)
     with blobsync.Client(container.url, config) as client:
         with client.open("s.bin", "wb") as f:
             for at in range(0, len(data), 100_000):
                 f.write(data[at:at + 100_000])
         client.put(iter([data[:MiB + 5], data[MiB + 5:]]), "p.bin")
         assert client.get("s.bin") == data
-    crc = struct.pack("<Q", crc64nvme(data, 0)).hex() + hashlib.md5(data).hexdigest()
+    crc = struct.pack("<Q", crc64nvme(data, 0)).hex() + (hashlib.md5(data).hexdigest() if put_md5 else "")
     assert _stored(container, "s.bin")["blobsynccrc64"] == crc == _stored(container, "p.bin")["blobsynccrc64"]
     assert container.download("s.bin") == data == container.download("p.bin")
+    for name in ("s.bin", "p.bin"):
+        stored = container.client.get_blob_client(name).get_blob_properties().content_settings.content_md5
+        assert (bytes(stored) if stored else None) == (hashlib.md5(data).digest() if put_md5 else None)

@@ -98,8 +98,9 @@ class StreamWriter:
             w.foreign = ForeignParts(ctx, writer, self._plan.headers, self._plan.conditions)
             if self._prior is not None:
                 w.prior, w.prior_note = self._prior
-            self._lane = ctx.hashing.take()  # this object's MD5: one lane (in order) from the first block to the commit
-            self._chunks = ChunkLoop(ctx, w, ctx.hashing.pool(self._lane),
+            if ctx.config.put_md5:  # this object's MD5: one lane (in order) from the first block to the commit
+                self._lane = ctx.hashing.take()
+            self._chunks = ChunkLoop(ctx, w, ctx.hashing.pool(self._lane) if self._lane is not None else None,
                                      choose_check(ctx.store.capabilities.part_checks, ctx.config.block_check))
         return self._chunks
 
@@ -113,7 +114,8 @@ class StreamWriter:
         chunks.put(chunks.w.grow(len(view)), buf, view, None)
 
     async def finish(self) -> FileResult:
-        """Stage what is left, commit in order with the whole MD5, verify, and say what landed."""
+        """Stage what is left, commit in order with the whole MD5 (unless `put_md5` is off) and the CRC64 composed
+        from the blocks', verify, and say what landed."""
         if self.closed:
             raise UsageError(f"{self.blob}: the blob writer is closed")
         self.closed = True
