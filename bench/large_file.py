@@ -72,10 +72,6 @@ def one(tool: str, way: str, src: Path, size: int, tmp: Path, cores: str | None)
     try:
         with NullServer(work, seeds=seeds) as server:
             target = Target(server.blob_endpoint, like_azure=True)
-            if way.startswith("up"):
-                from azure.storage.blob import BlobServiceClient
-
-                BlobServiceClient.from_connection_string(target.connection_string).create_container(CONTAINER)
             out = work / "down"
             out.mkdir()
             cmd = _command(tool, way, src, out, target, work)

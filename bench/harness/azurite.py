@@ -84,13 +84,16 @@ class NullServer(Azurite):
 
     ready_line = "null server listening"
 
-    def __init__(self, workdir: Path, seeds: tuple[str, ...] = (), netns: str | None = None, **kwargs: object) -> None:
+    def __init__(self, workdir: Path, seeds: tuple[str, ...] = (), netns: str | None = None, keep: bool = False,
+                 **kwargs: object) -> None:
         super().__init__(workdir, netns=netns)
         self.seeds = seeds
+        self.keep = keep  # the bytes kept: GETs return what was put (nullserver.py --keep)
 
     def command(self) -> list[str]:
         script = Path(__file__).resolve().parent / "nullserver.py"
-        return [sys.executable, str(script), "--port", str(self.port), *(f"--seed={s}" for s in self.seeds)]
+        return [sys.executable, str(script), "--port", str(self.port), *(f"--seed={s}" for s in self.seeds),
+                *(["--keep"] if self.keep else [])]
 
 
 class ListServer(Azurite):

@@ -2,7 +2,9 @@
 throws the bytes away, keeping only names, sizes and the MD5 the client declared, and answers HEAD, Get Block List,
 List Blobs and ranged GETs of what it holds (GETs return zeros), with almost no CPU of its own. No auth is checked.
 Put Block From URL stages a block of the source range's length at once (the service's own copy, free here); a small
-Put Blob (up to 1 MiB: a pointer, a block record) keeps its bytes, and GETs return them.
+Put Blob (up to 1 MiB: a pointer, a block record) keeps its bytes, and GETs return them. With `--keep` it keeps
+every blob's bytes (blocks joined at commit) and GETs return them: a save read back and compared, at one more copy
+of each byte on the server's side.
 
     python bench/harness/nullserver.py --port 10100     (the harness starts it; see NullServer)
 """
@@ -40,6 +42,8 @@ class Store:
     def __init__(self) -> None:
         self.blobs: dict[tuple[str, str], Blob] = {}
         self.staged: dict[tuple[str, str], dict[str, int]] = {}
+        self.keep = False  # every blob's bytes kept (--keep)
+        self.bodies: dict[tuple[str, str, str], bytes] = {}  # staged blocks' bytes, with keep
         self.containers: set[str] = set()
         self.counter = 0
 
@@ -69,6 +73,14 @@ async def _drain(request: web.Request) -> int:
     return n
 
 
+async def _body(request: web.Request) -> tuple[int, bytes | None]:
+    """The body's size, and its bytes where the store keeps them."""
+    if not request.app["store"].keep:
+        return await _drain(request), None
+    data = await request.read()
+    return len(data), data
+
+
 def _props(request: web.Request, size: int, md5: str | None, etag: str) -> Blob:
     meta = {k[len("x-ms-meta-"):]: v for k, v in request.headers.items() if k.lower().startswith("x-ms-meta-")}
     return Blob(size, md5, etag, time.time(), content_type=request.headers.get("x-ms-blob-content-type",
@@ -93,7 +105,9 @@ async def handle_put(request: web.Request) -> web.StreamResponse:
             first, _, last = source_range.split("=", 1)[1].partition("-")
             size = int(last) - int(first) + 1
         else:
-            size = await _drain(request)
+            size, data = await _body(request)
+            if data is not None:
+                store.bodies[(container, name, q["blockid"])] = data
         store.staged.setdefault((container, name), {})[q["blockid"]] = size
         return web.Response(status=201, headers={"Content-MD5": md5} if md5 else {})
     if q.get("comp") == "blocklist":
@@ -105,9 +119,14 @@ async def handle_put(request: web.Request) -> web.StreamResponse:
         blocks = [(i, staged[i] if i in staged else known.get(i, 0)) for i in ids]
         blob = _props(request, sum(s for _, s in blocks), request.headers.get("x-ms-blob-content-md5"), store.etag())
         blob.blocks = blocks
+        if store.keep:
+            parts = [store.bodies.pop((container, name, i), None) for i in ids]
+            blob.data = b"".join(p if p is not None else bytes(s) for p, (_, s) in zip(parts, blocks, strict=True))
+            for key in [k for k in store.bodies if k[:2] == (container, name)]:
+                del store.bodies[key]
         store.blobs[(container, name)] = blob
         return web.Response(status=201, headers={"ETag": blob.etag, "Last-Modified": formatdate(usegmt=True)})
-    body = await request.read() if (request.content_length or 0) <= KEPT else None  # Put Blob
+    body = await request.read() if store.keep or (request.content_length or 0) <= KEPT else None  # Put Blob
     size = len(body) if body is not None else await _drain(request)
     blob = _props(request, size, md5 or request.headers.get("x-ms-blob-content-md5"), store.etag())
     blob.data = body
@@ -208,9 +227,10 @@ def seed(store: Store, container: str, name: str, size: int) -> None:
     store.blobs[(container, name)] = Blob(size, base64.b64encode(digest.digest()).decode(), store.etag(), time.time())
 
 
-def app(seeds: list[tuple[str, str, int]]) -> web.Application:
+def app(seeds: list[tuple[str, str, int]], keep: bool = False) -> web.Application:
     application = web.Application(client_max_size=5000 << 20)
     store = Store()
+    store.keep = keep
     for container, name, size in seeds:
         seed(store, container, name, size)
     application["store"] = store
@@ -225,6 +245,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--seed", action="append", default=[], help="container/blob:size, a zero-filled blob")
+    p.add_argument("--keep", action="store_true", help="keep every blob's bytes (GETs return them)")
     a = p.parse_args()
     seeds = []
     for item in a.seed:
@@ -232,7 +253,7 @@ def main() -> None:
         container, name = where.split("/", 1)
         seeds.append((container, name, int(size)))
     # run_app calls `print` once the socket is bound: the harness waits for this line inside a namespace.
-    web.run_app(app(seeds), host="127.0.0.1", port=a.port, access_log=None,
+    web.run_app(app(seeds, a.keep), host="127.0.0.1", port=a.port, access_log=None,
                 print=lambda *_: print("null server listening", flush=True))
 
 

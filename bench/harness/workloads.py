@@ -72,11 +72,19 @@ class Run:
 # Data
 # --------------------------------------------------------------------------------------------------
 def _write_random(path: Path, size: int) -> None:
+    # Random so no layer (Azurite, page cache, TCP) can compress or dedupe; numpy's generator where it is there
+    # (a host's /dev/urandom can be very slow: the lent GPU host's is).
+    try:
+        import numpy
+
+        make = numpy.random.default_rng(53).bytes
+    except ImportError:
+        make = os.urandom
     with path.open("wb") as f:
         left = size
         while left:
             n = min(left, 16 * MiB)
-            f.write(os.urandom(n))  # random so no layer (Azurite, page cache, TCP) can compress or dedupe
+            f.write(make(n))
             left -= n
 
 
