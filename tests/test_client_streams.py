@@ -337,3 +337,28 @@ def test_open_writers_beyond_the_memory_budget_interleave_and_stay_within_it(
     asyncio.run(asyncio.wait_for(main(), 60))
     assert [container.download(f"w{i}.bin") for i in range(4)] == datas
     assert 0 < peak[0] <= 2 * MiB
+
+
+def test_a_stream_creates_its_container_where_create_container_says_so(container: ContainerHandle,
+                                                                        tmp_path: Path) -> None:
+    """As a job does: put() and open('wb') into a container not there make it first with create_container=True
+    (before, the setting was dropped on streams) and fail with one line without it."""
+    from azure.storage.blob import ContainerClient
+
+    from blobsync.errors import ContainerNotFoundError
+
+    data = os.urandom(2 * MiB + 7)
+    config = TransferConfig.from_mib(block_size_mb=1, journal_path=tmp_path / "j.db", create_container=True)
+    for suffix, small in (("-s", True), ("-b", False)):
+        with blobsync.Client(container.url + suffix, config) as client:
+            if small:
+                client.put(iter([b"tiny"]), "t.bin")
+            else:
+                with client.open("big.bin", "wb") as f:
+                    f.write(data)
+        made = ContainerClient.from_container_url(container.client.url + suffix, credential=container.client.credential)
+        assert made.download_blob("t.bin" if small else "big.bin").readall() == (b"tiny" if small else data)
+    with blobsync.Client(container.url + "-x", _config(tmp_path)) as client:
+        with pytest.raises(ContainerNotFoundError) as caught:
+            client.put(iter([b"tiny"]), "t.bin")
+    assert "\n" not in str(caught.value)

@@ -43,6 +43,7 @@ class StreamWriter:
         self._chunks: ChunkLoop | None = None  # from the first full block
         self._lane: int | None = None
         self._prior: tuple[PriorBlocks | None, str] | None = None  # an incremental write's earlier blob, once looked
+        self._container_made = not ctx.config.create_container  # made (or there) before the first write request
         self.closed = False
 
     @property
@@ -104,7 +105,15 @@ class StreamWriter:
                                      choose_check(ctx.store.capabilities.part_checks, ctx.config.block_check))
         return self._chunks
 
+    async def _make_container(self) -> None:
+        """The container created where `create_container` asks (as a job does), once, before the first request
+        that writes: an existing one is left as it is."""
+        if not self._container_made:
+            await self.ctx.request(self.ctx.store.create_container)
+            self._container_made = True
+
     async def _stage(self, block: memoryview) -> None:
+        await self._make_container()
         chunks = self._loop()
         limit = self.ctx.store.capabilities.max_parts
         if len(chunks.w.tokens) >= limit:
@@ -131,6 +140,7 @@ class StreamWriter:
 
     async def _finish(self) -> FileResult:
         ctx, plan = self.ctx, self._plan
+        await self._make_container()
         if self._chunks is None and self._filled <= ctx.config.single_put_limit:
             data = bytes(memoryview(self._buf)[:self._filled])
             md5 = md5_of(data) if len(data) <= INLINE_MD5 else await in_thread(ctx.io_pool, md5_of, data)
