@@ -356,9 +356,10 @@ def test_a_stream_creates_its_container_where_create_container_says_so(container
             else:
                 with client.open("big.bin", "wb") as f:
                     f.write(data)
-        made = ContainerClient.from_container_url(container.client.url + suffix, credential=container.client.credential)
+        made = ContainerClient.from_container_url(container.client.url + suffix,
+                                                  credential=container.client.credential)
         assert made.download_blob("t.bin" if small else "big.bin").readall() == (b"tiny" if small else data)
-    with blobsync.Client(container.url + "-x", _config(tmp_path)) as client:
-        with pytest.raises(ContainerNotFoundError) as caught:
-            client.put(iter([b"tiny"]), "t.bin")
+    with blobsync.Client(container.url + "-x", _config(tmp_path)) as client, \
+            pytest.raises(ContainerNotFoundError) as caught:
+        client.put(iter([b"tiny"]), "t.bin")
     assert "\n" not in str(caught.value)
