@@ -2,7 +2,7 @@
 # On the lent GPU host (16 cores, one H100/H200), from the repository's root, with .devkit carried (see
 # prepare.sh): the checks issues 48 (point 5) and 53 (point 2) leave to such a host, in one call of ~6-8 minutes.
 #   1. one 4 GiB file up (with and without the whole MD5) and down (unchecked) to the null server: blobsync in one
-#      process and with --processes 4 and 8, AzCopy and rclone, in the same run (bench/large_file.py);
+#      process and with --processes 4, 8 and 16, AzCopy and rclone, in the same run (bench/large_file.py);
 #   2. a 2 GiB bf16 state on the GPU saved with DCP through BlobStorageWriter and through FileSystemWriter to local
 #      disk, three rounds each, then loaded back onto the GPU and compared (bench/gpu_checkpoint.py).
 # Everything it prints also lands in $OUT (the device tool brings it back). To try it on this machine first (no
@@ -45,5 +45,5 @@ export PATH=/tmp/bin:$PATH
 } 2>&1 | tee "$OUT/host.txt"
 cd bench
 timeout 330 "$PY" large_file.py --mib "${MIB:-4096}" --rounds 1 --ways up,up-md5,down \
-    --tools blobsync,blobsync-p4,blobsync-p8,azcopy,rclone --cache-dir /tmp/bench-cache 2>&1 | tee "$OUT/large_file.txt"
+    --tools blobsync,blobsync-p4,blobsync-p8,blobsync-p16,azcopy,rclone --cache-dir /tmp/bench-cache 2>&1 | tee "$OUT/large_file.txt"
 timeout 200 "$PY" gpu_checkpoint.py --mib "${GPU_MIB:-2048}" --rounds 3 2>&1 | tee "$OUT/gpu_checkpoint.txt"
