@@ -187,6 +187,37 @@ def test_memory_budget_bounds_and_reuses_buffers() -> None:
     asyncio.run(scenario())
 
 
+def test_a_worker_keeps_a_closed_sessions_buffers_for_the_next_and_a_library_keeps_none() -> None:
+    """A split file's worker runs one range task's session after another: the next one's blocks land in the pages
+    the last one touched (blobsync's own workers keep them, up to a limit); elsewhere a closed budget drops them."""
+    from blobsync.engine.budget import WARM
+
+    block = 2 * MiB
+
+    async def session(n: int) -> list[object]:
+        budget = MemoryBudget(8 * block)
+        bufs = [await budget.buffer(block) for _ in range(n)]
+        for buf in bufs:
+            budget.release(buf)
+        budget.close()
+        return bufs
+
+    assert WARM.limit == 0  # the suite's own process is a library's host
+    try:
+        first = asyncio.run(session(3))
+        assert not {id(b) for b in asyncio.run(session(3))} & {id(b) for b in first}  # none kept
+        WARM.keep(2 * block)  # as a --processes worker does
+        first = asyncio.run(session(3))
+        again = asyncio.run(session(3))
+        assert len({id(b) for b in again} & {id(b) for b in first}) == 2  # the limit's worth reused, the rest new
+        budget = MemoryBudget(8 * block)
+        other = asyncio.run(budget.buffer(block // 2))  # another size: a new buffer, never a kept one cut down
+        assert len(other) == block // 2
+    finally:
+        WARM.keep(0)
+        WARM.give([])
+
+
 def test_request_limiter_backs_off_and_recovers() -> None:
     from blobsync.engine.budget import RequestLimiter
 

@@ -17,8 +17,10 @@ from blobsync.cluster import tasks
 from blobsync.cluster.shards import SplitFile
 from blobsync.cluster.spec import ShardReport, ShardSpec
 from blobsync.engine.bandwidth import BucketState
+from blobsync.engine.budget import WARM
 
 TASK_RETRIES = 2  # as on Dask: a task that raised runs at most three times in all
+WARM_BYTES = 512 << 20  # a worker keeps up to this much of a finished task's idle buffers for the next task
 
 _events: Any = None  # in a worker process: the queue its progress goes to (set by _start)
 
@@ -172,6 +174,7 @@ def _start(queue: Any, cap_state: BucketState) -> None:
     from blobsync.local.platform import tune_malloc
 
     tune_malloc()  # a process of blobsync's own, as the command's
+    WARM.keep(WARM_BYTES)  # its range tasks' sessions, one after another, reuse the pages of the one before
     global _events
     _events = queue
     work.MACHINE_CAP.state = cap_state

@@ -141,6 +141,7 @@ class Session:
             self._stores.clear()
             await asyncio.to_thread(self.io_pool.shutdown, wait=True)
             self.hashing.shutdown()
+            self.memory.close()
             if self._journal is not None and self._owns_journal:
                 self._journal.close()
 
