@@ -1,7 +1,7 @@
 """A bf16 state on the GPU saved with DCP through BlobStorageWriter and through DCP's FileSystemWriter to local disk,
 and loaded back onto the GPU equal (issue 48, point 5: the one check that needs a lent GPU host).
 
-    python bench/gpu_checkpoint.py [--mib 2048] [--rounds 3] [--device cuda] [--tensor-mib 64]
+    python bench/gpu_checkpoint.py [--mib 2048] [--rounds 3] [--device cuda] [--tensor-mib 64] [--server-processes N]
 
 The blob side is the null server on the same host (bench/harness/nullserver.py: the client's cost alone). Each
 round saves every way (blocks checked by CRC64, as on Azure), taking turns (the order alternates), into the same
@@ -105,13 +105,14 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--tensor-mib", type=int, default=64)
+    p.add_argument("--server-processes", type=int, default=1, help="null server processes for the timed saves")
     a = p.parse_args()
     data = state(a.mib, a.tensor_mib, a.device)
     tmp = Path(tempfile.mkdtemp(prefix="blobsync-gpu-ckpt-"))
     runs: dict[str, list[tuple[float, float]]] = {w: [] for w in WAYS}
     try:
         (tmp / "null").mkdir()
-        with NullServer(tmp / "null") as server:  # the timed saves: the client's cost alone
+        with NullServer(tmp / "null", processes=a.server_processes) as server:  # the timed saves: the client alone
             places = {"local": str(tmp / "local"), **{w: f"{server.blob_endpoint}/bench/{w}?sv=2021-08-06&sig=x"
                                                       for w in WAYS[1:]}}
             for r in range(a.rounds):

@@ -44,6 +44,7 @@ export PATH=/tmp/bin:$PATH
     "$AZDIR/azcopy_linux_amd64" --version; rclone version | head -1
 } 2>&1 | tee "$OUT/host.txt"
 cd bench
-timeout 330 "$PY" large_file.py --mib "${MIB:-4096}" --rounds 1 --ways up,up-md5,down \
+# Four null server processes: one drains ~3-4 GiB/s on a core like the bench VM's, less than 16 workers may send.
+timeout 330 "$PY" large_file.py --mib "${MIB:-4096}" --rounds 1 --ways up,up-md5,down --server-processes 4 \
     --tools blobsync,blobsync-p4,blobsync-p8,blobsync-p16,azcopy,rclone --cache-dir /tmp/bench-cache 2>&1 | tee "$OUT/large_file.txt"
-timeout 200 "$PY" gpu_checkpoint.py --mib "${GPU_MIB:-2048}" --rounds 3 2>&1 | tee "$OUT/gpu_checkpoint.txt"
+timeout 200 "$PY" gpu_checkpoint.py --mib "${GPU_MIB:-2048}" --rounds 3 --server-processes 2 2>&1 | tee "$OUT/gpu_checkpoint.txt"

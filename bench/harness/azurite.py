@@ -85,15 +85,16 @@ class NullServer(Azurite):
     ready_line = "null server listening"
 
     def __init__(self, workdir: Path, seeds: tuple[str, ...] = (), netns: str | None = None, keep: bool = False,
-                 **kwargs: object) -> None:
+                 processes: int = 1, **kwargs: object) -> None:
         super().__init__(workdir, netns=netns)
         self.seeds = seeds
         self.keep = keep  # the bytes kept: GETs return what was put (nullserver.py --keep)
+        self.processes = processes  # server processes sharing the port and one store (a client faster than a core)
 
     def command(self) -> list[str]:
         script = Path(__file__).resolve().parent / "nullserver.py"
         return [sys.executable, str(script), "--port", str(self.port), *(f"--seed={s}" for s in self.seeds),
-                *(["--keep"] if self.keep else [])]
+                *(["--keep"] if self.keep else []), "--processes", str(self.processes)]
 
 
 class ListServer(Azurite):

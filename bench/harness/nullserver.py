@@ -14,10 +14,13 @@ from __future__ import annotations
 import argparse
 import base64
 import hashlib
+import multiprocessing
 import re
 import time
+import uuid
 from dataclasses import dataclass, field
 from email.utils import formatdate
+from typing import Any
 from xml.sax.saxutils import escape
 
 from aiohttp import web
@@ -39,17 +42,19 @@ class Blob:
 
 
 class Store:
-    def __init__(self) -> None:
-        self.blobs: dict[tuple[str, str], Blob] = {}
-        self.staged: dict[tuple[str, str], dict[str, int]] = {}
+    """Names, sizes and declared MD5s (and, with keep, bytes). Its maps are plain dicts in one process, or a
+    multiprocessing manager's dicts shared by several server processes (`--processes`): every write is a whole
+    value set under a key, never a nested object changed in place, so that it reaches the manager."""
+
+    def __init__(self, maps: tuple[Any, Any, Any] | None = None) -> None:
+        self.blobs: Any = {} if maps is None else maps[0]  # (container, name) -> Blob
+        self.staged: Any = {} if maps is None else maps[1]  # (container, name, block id) -> size
+        self.containers: Any = {} if maps is None else maps[2]  # container -> True
         self.keep = False  # every blob's bytes kept (--keep)
         self.bodies: dict[tuple[str, str, str], bytes] = {}  # staged blocks' bytes, with keep
-        self.containers: set[str] = set()
-        self.counter = 0
 
     def etag(self) -> str:
-        self.counter += 1
-        return f'"0x{self.counter:016X}"'
+        return f'"0x{uuid.uuid4().hex[:16].upper()}"'  # unique in every process without a shared counter
 
 
 def _split(path: str) -> tuple[str, str]:
@@ -95,9 +100,9 @@ async def handle_put(request: web.Request) -> web.StreamResponse:
     if q.get("restype") == "container":
         if container in store.containers:
             return web.Response(status=409, headers={"x-ms-error-code": "ContainerAlreadyExists"})
-        store.containers.add(container)
+        store.containers[container] = True
         return web.Response(status=201, headers={"ETag": store.etag()})
-    store.containers.add(container)
+    store.containers[container] = True
     md5 = request.headers.get("Content-MD5")
     if q.get("comp") == "block":
         source_range = request.headers.get("x-ms-source-range")
@@ -108,15 +113,15 @@ async def handle_put(request: web.Request) -> web.StreamResponse:
             size, data = await _body(request)
             if data is not None:
                 store.bodies[(container, name, q["blockid"])] = data
-        store.staged.setdefault((container, name), {})[q["blockid"]] = size
+        store.staged[(container, name, q["blockid"])] = size
         return web.Response(status=201, headers={"Content-MD5": md5} if md5 else {})
     if q.get("comp") == "blocklist":
         body = (await request.read()).decode()
         ids = re.findall(r"<(?:Latest|Committed|Uncommitted)>([^<]*)</", body)
-        staged = store.staged.pop((container, name), {})
         old = store.blobs.get((container, name))
         known = dict(old.blocks) if old else {}
-        blocks = [(i, staged[i] if i in staged else known.get(i, 0)) for i in ids]
+        staged = [store.staged.pop((container, name, i), None) for i in ids]
+        blocks = [(i, size if size is not None else known.get(i, 0)) for i, size in zip(ids, staged, strict=True)]
         blob = _props(request, sum(s for _, s in blocks), request.headers.get("x-ms-blob-content-md5"), store.etag())
         blob.blocks = blocks
         if store.keep:
@@ -223,16 +228,12 @@ def seed(store: Store, container: str, name: str, size: int) -> None:
         n = min(left, len(ZEROS))
         digest.update(ZEROS[:n])
         left -= n
-    store.containers.add(container)
+    store.containers[container] = True
     store.blobs[(container, name)] = Blob(size, base64.b64encode(digest.digest()).decode(), store.etag(), time.time())
 
 
-def app(seeds: list[tuple[str, str, int]], keep: bool = False) -> web.Application:
+def app(store: Store) -> web.Application:
     application = web.Application(client_max_size=5000 << 20)
-    store = Store()
-    store.keep = keep
-    for container, name, size in seeds:
-        seed(store, container, name, size)
     application["store"] = store
     application.router.add_route("PUT", "/{tail:.*}", handle_put)
     application.router.add_route("GET", "/{tail:.*}", handle_get)
@@ -241,20 +242,49 @@ def app(seeds: list[tuple[str, str, int]], keep: bool = False) -> web.Applicatio
     return application
 
 
+def _serve(port: int, store: Store, ready: Any = None) -> None:
+    """One server process on `port` (SO_REUSEPORT: the kernel spreads connections over the processes)."""
+    def listening(*_: object) -> None:
+        if ready is not None:
+            ready.set()
+        else:  # the harness waits for this line (inside a namespace too)
+            print("null server listening", flush=True)
+
+    web.run_app(app(store), host="127.0.0.1", port=port, access_log=None, reuse_port=True, print=listening)
+
+
+def _serve_shared(port: int, maps: tuple[Any, Any, Any], ready: Any) -> None:
+    _serve(port, Store(maps), ready)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--seed", action="append", default=[], help="container/blob:size, a zero-filled blob")
     p.add_argument("--keep", action="store_true", help="keep every blob's bytes (GETs return them)")
+    p.add_argument("--processes", type=int, default=1,
+                   help="server processes on the port, sharing one store (a client faster than one core drains)")
     a = p.parse_args()
-    seeds = []
+    if a.keep and a.processes > 1:
+        p.error("--keep holds bytes in one process: use it with --processes 1")
+    manager = multiprocessing.Manager() if a.processes > 1 else None
+    store = Store(None if manager is None else (manager.dict(), manager.dict(), manager.dict()))
+    store.keep = a.keep
     for item in a.seed:
         where, size = item.rsplit(":", 1)
         container, name = where.split("/", 1)
-        seeds.append((container, name, int(size)))
-    # run_app calls `print` once the socket is bound: the harness waits for this line inside a namespace.
-    web.run_app(app(seeds, a.keep), host="127.0.0.1", port=a.port, access_log=None,
-                print=lambda *_: print("null server listening", flush=True))
+        seed(store, container, name, int(size))
+    others = []
+    if manager is not None:
+        maps = (store.blobs, store.staged, store.containers)
+        for _ in range(a.processes - 1):
+            ready = multiprocessing.Event()
+            proc = multiprocessing.Process(target=_serve_shared, args=(a.port, maps, ready), daemon=True)
+            proc.start()
+            others.append((proc, ready))
+        for _, ready in others:  # every process listens before the harness is told so
+            ready.wait(30)
+    _serve(a.port, store)
 
 
 if __name__ == "__main__":
