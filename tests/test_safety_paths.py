@@ -244,6 +244,20 @@ def test_a_range_task_stages_and_hashes_only_the_file_walked(tmp_path: Path) -> 
         hash_file(spec)
 
 
+@pytest.mark.parametrize("size", [0, 1, 8 * 1024 * 1024, 8 * 1024 * 1024 + 1, 2 * 8 * 1024 * 1024 + 77])
+def test_the_hash_task_reads_ahead_and_hashes_every_byte_once_in_order(tmp_path: Path, size: int) -> None:
+    """The split upload's hash task reads the next step while it hashes this one, into two buffers in turn."""
+    from blobsync.engine.upload import file_md5
+    from blobsync.local.files import FileIdentity
+
+    path = tmp_path / "f.bin"
+    data = os.urandom(size)
+    path.write_bytes(data)
+    st = path.stat()
+    got = file_md5(path, FileIdentity(size, st.st_mtime_ns, st.st_ino), follow_symlinks=False, root=None)
+    assert got == hashlib.md5(data).digest()
+
+
 # --- sync down with --delete-destination: nothing outside the target is deleted ----------------------------------
 
 @pytest.mark.parametrize("path", [*PATHS, "client"])  # fsspec has no sync

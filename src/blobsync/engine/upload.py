@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import hashlib
 import logging
@@ -39,15 +40,28 @@ _ATTEMPTS = 3  # chunked writes of one file: the first, and two after the store 
 
 def file_md5(path: Path, planned: FileIdentity, *, follow_symlinks: bool, root: Path | None) -> bytes:
     """The MD5 of a file read in order, opened only as `planned` names it (its inode, no link unless followed) and
-    still that version at the end (a split file's hash task: its ranges are staged beside it)."""
+    still that version at the end (a split file's hash task: its ranges are staged beside it). The next step is
+    read in a thread while this one is hashed (both leave the GIL): the task runs at the MD5's own pace."""
     src = OpenFile(path, walked=planned.inode or None, follow_symlinks=follow_symlinks, root=root)
+    size = planned.size
+    bufs = [bytearray(min(size, _HASH_STEP) or 1) for _ in range(2)]
+
+    def read(step: int) -> memoryview:
+        offset = step * _HASH_STEP
+        view = memoryview(bufs[step % 2])[:min(_HASH_STEP, size - offset)]
+        src.read_into(view, offset)
+        return view
+
     try:
         digest = hashlib.md5()
-        buf = bytearray(min(planned.size, _HASH_STEP) or 1)
-        for offset in range(0, planned.size, _HASH_STEP):
-            view = memoryview(buf)[:min(_HASH_STEP, planned.size - offset)]
-            src.read_into(view, offset)
-            digest.update(view)
+        steps = -(-size // _HASH_STEP)
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="blobsync-hash-read") as reader:
+            ahead = reader.submit(read, 0) if steps else None
+            for step in range(steps):
+                assert ahead is not None
+                view = ahead.result()
+                ahead = reader.submit(read, step + 1) if step + 1 < steps else None
+                digest.update(view)  # the other buffer is being filled meanwhile
         if (src.identity().size, src.identity().mtime_ns) != (planned.size, planned.mtime_ns):
             raise SourceChangedError(f"{path}: file changed while it was being hashed; nothing committed")
         return digest.digest()
