@@ -242,19 +242,36 @@ def app(store: Store) -> web.Application:
     return application
 
 
-def _serve(port: int, store: Store, ready: Any = None) -> None:
-    """One server process on `port` (SO_REUSEPORT: the kernel spreads connections over the processes)."""
+def _serve(port: int, store: Store, ready: Any = None, shared: bool = False) -> None:
+    """One server process on `port`; `shared`: one of several on it (SO_REUSEPORT: the kernel spreads connections
+    over them)."""
     def listening(*_: object) -> None:
         if ready is not None:
             ready.set()
         else:  # the harness waits for this line (inside a namespace too)
             print("null server listening", flush=True)
 
-    web.run_app(app(store), host="127.0.0.1", port=port, access_log=None, reuse_port=True, print=listening)
+    web.run_app(app(store), host="127.0.0.1", port=port, access_log=None, reuse_port=shared or None, print=listening)
 
 
 def _serve_shared(port: int, maps: tuple[Any, Any, Any], ready: Any) -> None:
-    _serve(port, Store(maps), ready)
+    _serve(port, Store(maps), ready, shared=True)
+
+
+def _start_others(port: int, store: Store, count: int) -> None:
+    """`count` more server processes on the port, each listening (or failed: where the platform shares no port,
+    the first process serves alone) before this one says it listens."""
+    maps = (store.blobs, store.staged, store.containers)
+    started = []
+    for _ in range(count):
+        ready = multiprocessing.Event()
+        proc = multiprocessing.Process(target=_serve_shared, args=(port, maps, ready), daemon=True)
+        proc.start()
+        started.append((proc, ready))
+    deadline = time.monotonic() + 20
+    for proc, ready in started:
+        while not ready.wait(0.1) and proc.is_alive() and time.monotonic() < deadline:
+            pass
 
 
 def main() -> None:
@@ -274,17 +291,14 @@ def main() -> None:
         where, size = item.rsplit(":", 1)
         container, name = where.split("/", 1)
         seed(store, container, name, int(size))
-    others = []
     if manager is not None:
-        maps = (store.blobs, store.staged, store.containers)
-        for _ in range(a.processes - 1):
-            ready = multiprocessing.Event()
-            proc = multiprocessing.Process(target=_serve_shared, args=(a.port, maps, ready), daemon=True)
-            proc.start()
-            others.append((proc, ready))
-        for _, ready in others:  # every process listens before the harness is told so
-            ready.wait(30)
-    _serve(a.port, store)
+        _start_others(a.port, store, a.processes - 1)
+    try:
+        _serve(a.port, store, shared=manager is not None)
+    except (OSError, ValueError):  # no port sharing here: this process serves alone
+        if manager is None:
+            raise
+        _serve(a.port, store)
 
 
 if __name__ == "__main__":
