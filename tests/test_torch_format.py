@@ -203,3 +203,29 @@ def test_consolidate_refuses_bad_input_with_one_line(source: Side, azurite: Azur
         with pytest.raises(UsageError, match="invalid rank=") as caught:
             consolidate(source.url(azurite.base_url, "nothing/here"), rank=rank)  # type: ignore[arg-type]
         assert "\n" not in str(caught.value)
+
+
+def test_overwrite_false_keeps_a_complete_checkpoint_of_either_mode(source: Side, azurite: Azurite) -> None:
+    """BlobStorageWriter(overwrite=False) refuses a folder holding a complete checkpoint, saved with collectives
+    (`.metadata`) or without (`__<rank>.metadata`), in either mode, before it deletes or writes anything."""
+    import torch.distributed.checkpoint as dcp
+
+    from blobsync.torch import BlobStorageReader, BlobStorageWriter
+
+    def names(folder: str) -> list[str]:
+        return sorted(b.name.rsplit("/", 1)[1] for b in source.client.list_blobs(name_starts_with=folder + "/"))
+
+    for first, then in ((True, False), (False, True), (True, True), (False, False)):
+        folder = f"keep/{first}-{then}"
+        url = source.url(azurite.base_url, folder)
+        dcp.save({"w": torch.ones(64)}, storage_writer=BlobStorageWriter(url), no_dist=True, use_collectives=first)
+        before = names(folder)
+        # DCP raises what a rank raised in its planning as a CheckpointException (a BaseException) that carries it.
+        with pytest.raises(BaseException, match="holds a complete checkpoint already") as caught:
+            dcp.save({"w": torch.zeros(64)}, storage_writer=BlobStorageWriter(url, overwrite=False), no_dist=True,
+                     use_collectives=then)
+        assert isinstance(caught.value, Exception if not then else BaseException)
+        assert names(folder) == before
+        back = {"w": torch.zeros(64)}
+        dcp.load(back, storage_reader=BlobStorageReader(url), no_dist=True)
+        assert torch.equal(back["w"], torch.ones(64))

@@ -155,10 +155,11 @@ class BlobStorageWriter(StorageWriter):
             return
         # The old metadata goes before any rank writes: a save killed half-way must not leave a complete-looking
         # checkpoint over blobs half rewritten. (The other ranks write only after the coordinator's plan.)
-        client, own = self.folder.client, self.folder.name(self._metadata_name())
-        if not self.overwrite and _exists(client, own):
+        client, stale = self.folder.client, self._stale_metadata()
+        # overwrite=False keeps a complete checkpoint of either mode: this save would rewrite its blobs.
+        if not self.overwrite and any(_exists(client, self.folder.name(relative)) for relative in stale):
             raise UsageError(f"{self.folder.display} holds a complete checkpoint already (overwrite=False)")
-        for relative in self._stale_metadata():
+        for relative in stale:
             client.delete(self.folder.name(relative))
 
     def _metadata_name(self) -> str:
