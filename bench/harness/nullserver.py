@@ -212,8 +212,12 @@ _MD5S: dict[int, str] = {}
 
 
 def _zeros_md5(length: int) -> str:
+    """The MD5 (base64) of `length` zero bytes, hashed a MiB at a time, once per length in this process."""
     if length not in _MD5S:
-        _MD5S[length] = base64.b64encode(hashlib.md5(bytes(length)).digest()).decode()
+        digest = hashlib.md5()
+        for at in range(0, length, len(ZEROS)):
+            digest.update(ZEROS[:min(len(ZEROS), length - at)])
+        _MD5S[length] = base64.b64encode(digest.digest()).decode()
     return _MD5S[length]
 
 
@@ -224,18 +228,12 @@ async def handle_delete(request: web.Request) -> web.StreamResponse:
 
 
 def _zeros_md5_of(size: int) -> str:
-    """The MD5 (base64) of `size` zero bytes, kept in the temp folder: every run of a download bench starts a server
-    that seeds the same blob, and 4 GiB of MD5 is seconds of its start."""
+    """`_zeros_md5`, kept in the temp folder: every run of a download bench starts a server that seeds the same blob,
+    and 4 GiB of MD5 is seconds of its start."""
     cached = Path(tempfile.gettempdir()) / f"blobsync-null-zeros-{size}.md5"
     with contextlib.suppress(OSError):
         return cached.read_text().strip()
-    digest = hashlib.md5()
-    left = size
-    while left > 0:
-        n = min(left, len(ZEROS))
-        digest.update(ZEROS[:n])
-        left -= n
-    value = base64.b64encode(digest.digest()).decode()
+    value = _zeros_md5(size)
     with contextlib.suppress(OSError):
         cached.write_text(value)
     return value
