@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -75,7 +76,8 @@ def test_a_sync_runs_in_two_processes_and_a_big_file_is_staged_by_both(container
 
 
 def _workers_of(pid: int) -> list[int]:
-    """The spawned pool workers among a process's children (not multiprocessing's resource tracker)."""
+    """The pool workers among a process's children (not multiprocessing's resource tracker): forked by the command,
+    or spawned."""
     found = []
     for entry in Path("/proc").glob("[0-9]*"):
         try:
@@ -83,7 +85,7 @@ def _workers_of(pid: int) -> list[int]:
             cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
         except OSError:
             continue
-        if int(stat[1]) == pid and "spawn_main" in cmdline and "resource_tracker" not in cmdline:
+        if int(stat[1]) == pid and "resource_tracker" not in cmdline:
             found.append(int(entry.name))
     return found
 
@@ -112,6 +114,8 @@ def test_a_worker_process_killed_mid_job_stops_it_with_one_line_and_it_resumes(
             str(tmp_path / "j.db")]
     with _held_job(args, env, proxy, 20) as (proc, workers):
         assert len(workers) == 2, workers
+        # Forked by the command before it started anything (cluster.processes.prestart), not spawned.
+        assert all(b"spawn_main" not in Path(f"/proc/{w}/cmdline").read_bytes() for w in workers)
         os.kill(workers[0], signal.SIGKILL)  # killed as the OOM killer would
         proxy.release_holds()
         _, err = proc.communicate(timeout=120)
@@ -147,6 +151,45 @@ def test_processes_with_watch_and_in_the_library_are_checked(tmp_path: Path) -> 
         blobsync.copy(tmp_path, "http://127.0.0.1:9/devstoreaccount1/cont", cluster="processes:-1")
     with pytest.raises(blobsync.UsageError, match="invalid cluster=2"):
         blobsync.sync(tmp_path, "http://127.0.0.1:9/devstoreaccount1/cont", cluster=2)
+
+
+def test_workers_a_command_started_end_with_it_when_it_stops_before_its_job(tmp_path: Path) -> None:
+    """The command forks its workers first thing; one that then stops on a usage error leaves none behind."""
+    proc = subprocess.Popen([sys.executable, "-m", "blobsync", "sync", str(tmp_path), "http://127.0.0.1:9/x/cont",
+                             "--watch", "--processes", "3", "--journal", str(tmp_path / "j.db")],
+                            env=clean_env({}), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 2 and "--watch" in err and "Traceback" not in err
+        assert not _running_in_group(proc.pid)
+    finally:
+        kill_tree(proc.pid)
+
+
+def _running_in_group(pgid: int) -> list[int]:
+    """The processes of a process group that still run (an exited child reparented to a PID 1 that reaps nothing
+    stays a zombie: not running)."""
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError):
+            state, _ppid, group = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:3]
+            if int(group) == pgid and state != "Z":
+                found.append(int(entry.name))
+    return found
+
+
+def test_workers_are_forked_only_where_no_other_thread_runs() -> None:
+    from blobsync.cluster.processes import prestart
+
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    try:
+        assert prestart(2) is None  # a library's host, or a command past its start: spawned workers
+    finally:
+        stop.set()
+        other.join()
 
 
 def test_sigterm_stops_a_job_and_its_worker_processes_with_one_line_and_it_resumes(

@@ -77,7 +77,11 @@ def _cluster(address: str | None, processes: str | None = None) -> str | Process
         if address is not None:
             raise UsageError("choose one of --cluster and --processes")
         count = parse_processes(processes)
-        return Processes(count) if count > 1 else None
+        if count < 2:
+            return None
+        from blobsync.cluster.processes import prestart
+
+        return Processes(count, started=prestart(count))
     if address is None:
         return None
     if not address:

@@ -438,7 +438,7 @@ def remote(target: object, url: str, source_url: str = "") -> RemoteOpener:
         if isinstance(target, Processes):
             from blobsync.cluster.processes import ProcessExecutor
 
-            executor = await ProcessExecutor.open(target.count)
+            executor = await ProcessExecutor.open(target.count, target.started)
         else:
             from blobsync.cluster.dask_adapter import DaskExecutor
 

@@ -5,8 +5,10 @@ an engine of their own on shards of the job, while the client plans, journals an
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import contextlib
+import gc
 import multiprocessing
 import signal
 import threading
@@ -25,29 +27,62 @@ WARM_BYTES = 512 << 20  # a worker keeps up to this much of a finished task's id
 _events: Any = None  # in a worker process: the queue its progress goes to (set by _start)
 
 
+def prestart(count: int) -> ProcessExecutor | None:
+    """`count` workers forked from this process now, for the command's first job to take (ProcessExecutor.open),
+    or None where they cannot be (no fork here, or a thread already runs: a fork copies the locks other threads
+    hold). Only blobsync's own command calls this, first thing: a library's host (its threads, a GPU context) always
+    gets spawned workers. A forked worker starts in milliseconds with every module imported; a spawned one imports
+    the engine and aiohttp first (~0.3 s of CPU each), which a job of one large file pays on its critical path."""
+    if "fork" not in multiprocessing.get_all_start_methods() or threading.active_count() > 1:
+        return None
+    # What a task runs (the engine's steps, the Blob store, aiohttp, awscrt's CRC64), loaded once, here: a worker
+    # imports nothing its first task needs.
+    from blobsync.backends.azure import store  # noqa: F401
+    from blobsync.backends.trust_store import import_aiohttp
+    from blobsync.checksums import crc64_available
+    from blobsync.cluster import split  # noqa: F401
+
+    import_aiohttp()
+    crc64_available()
+
+    gc.freeze()  # the objects of now kept out of the workers' collections: their pages stay shared
+    try:
+        executor = ProcessExecutor(count, fork=True)
+    finally:
+        gc.unfreeze()
+    atexit.register(executor.discard)  # a command that stops before its job takes them
+    return executor
+
+
 class ProcessExecutor:
-    """Runs the client's units in a pool of local worker processes (spawned: no state of the client's event loop
-    or threads is forked into them); their progress comes back through one queue."""
+    """Runs the client's units in a pool of local worker processes (spawned, or forked by `prestart` before the
+    command starts any thread or event loop); their progress comes back through one queue."""
 
     shares_machine = True  # the workers share this machine's memory: the job's memory budget is split among them
 
-    def __init__(self, count: int) -> None:
-        context = multiprocessing.get_context("spawn")
+    def __init__(self, count: int, fork: bool = False) -> None:
+        context = multiprocessing.get_context("fork" if fork else "spawn")
         self.count = count
         self._queue: Any = context.SimpleQueue()
         # The job's one bandwidth cap, in memory every worker shares: the client moves its bucket in (run).
         self.cap_state = BucketState.shared()
         self._pool = concurrent.futures.ProcessPoolExecutor(count, mp_context=context, initializer=_start,
                                                             initargs=(self._queue, self.cap_state))
+        if fork:
+            self._pool.submit(int)  # a forking pool forks all its workers at its first task: now, with no thread
         self._handler: Callable[[dict[str, Any]], None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._broken = False
+        self._taken = self._closed = False
         self._reader = threading.Thread(target=self._relay, name="blobsync-process-events", daemon=True)
         self._reader.start()
 
     @classmethod
-    async def open(cls, count: int) -> ProcessExecutor:
-        executor = cls(count)
+    async def open(cls, count: int, started: object = None) -> ProcessExecutor:
+        """The workers `prestart` started, the first time a job asks (with as many), else `count` spawned ones."""
+        ready = isinstance(started, ProcessExecutor) and started.count == count and not started._taken
+        executor = started if ready and isinstance(started, ProcessExecutor) else cls(count)
+        executor._taken = True
         executor._loop = asyncio.get_running_loop()
         return executor
 
@@ -118,6 +153,13 @@ class ProcessExecutor:
 
     async def close(self) -> None:
         """Stops the workers at once (a stopped job resumes from what its journal and the store hold)."""
+        await asyncio.to_thread(self.discard)
+
+    def discard(self) -> None:
+        """close(), from any thread, once."""
+        if self._closed:
+            return
+        self._closed = True
         processes = list(getattr(self._pool, "_processes", {}).values())
         # Pending tasks are not cancelled here: the pool fails them itself once its workers are gone (Python 3.11's
         # pool raises InvalidStateError in its own thread, with a traceback on stderr, when it fails a task that
@@ -126,9 +168,9 @@ class ProcessExecutor:
         for process in processes:
             with contextlib.suppress(Exception):
                 process.terminate()
-        await asyncio.to_thread(_join, processes)
+        _join(processes)
         self._queue.put(None)
-        await asyncio.to_thread(self._reader.join, 5)
+        self._reader.join(5)
 
 
 def _unlinked(task: concurrent.futures.Future[Any]) -> asyncio.Future[Any]:
@@ -172,6 +214,11 @@ def _join(processes: list[Any]) -> None:
 def _start(queue: Any, cap_state: BucketState) -> None:
     from blobsync.cluster import work
     from blobsync.local.platform import tune_malloc
+
+    # A forked worker has the command's signal handlers, and its wakeup descriptor (a signal here would wake the
+    # command's loop as if the command had it): the defaults, as a spawned worker has them.
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
     tune_malloc()  # a process of blobsync's own, as the command's
     WARM.keep(WARM_BYTES)  # its range tasks' sessions, one after another, reuse the pages of the one before

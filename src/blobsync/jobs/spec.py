@@ -49,9 +49,11 @@ def parse_processes(text: str | int) -> int:
 
 @dataclass(frozen=True)
 class Processes:
-    """--processes N: the job's files in N worker processes of blobsync's own on this machine, no Dask."""
+    """--processes N: the job's files in N worker processes of blobsync's own on this machine, no Dask. `started`:
+    workers the command started before anything else (cluster.processes.prestart), for its first job to take."""
 
     count: int
+    started: object | None = field(default=None, compare=False, repr=False)
 
 
 DASK_SCHEMES = ("tcp://", "tls://", "ucx://", "inproc://", "ws://", "wss://")
