@@ -5,7 +5,8 @@ rclone in the same run.
     python bench/large_file.py [--mib 1024] [--rounds 3] [--ways up,up-md5,down,down-md5] [--tools ...]
                                [--taskset 0 | 0,1] [--server-processes N]
 
-Each run: a fresh null server, one tool in a child process (wall, its CPU from wait4), tools taking turns in an order
+Each run: a fresh null server, one tool in a child process (wall, its CPU from wait4; the server's CPU beside it, the
+share of the machine the tool did not have), tools taking turns in an order
 that rotates each round. `--taskset` pins the tool (not the null server) to those cores: the scaling from 1 to 2
 cores. Prints medians."""
 
@@ -67,7 +68,8 @@ def _command(tool: str, way: str, src: Path, out: Path, target: Target, tmp: Pat
 
 
 def one(tool: str, way: str, src: Path, size: int, tmp: Path, cores: str | None, servers: int = 1
-        ) -> tuple[float, float]:
+        ) -> tuple[float, float, float]:
+    """Wall, the tool's CPU and the null server's CPU of one run."""
     seeds = (f"{CONTAINER}/big.bin:{size}",) if way.startswith("down") else ()
     work = Path(tempfile.mkdtemp(dir=tmp))
     try:
@@ -76,7 +78,9 @@ def one(tool: str, way: str, src: Path, size: int, tmp: Path, cores: str | None,
             out = work / "down"
             out.mkdir()
             cmd = _command(tool, way, src, out, target, work)
-            return wall_and_cpu(["taskset", "-c", cores, *cmd] if cores else cmd, env_for(target, work))
+            before = server.cpu_seconds()
+            wall, cpu = wall_and_cpu(["taskset", "-c", cores, *cmd] if cores else cmd, env_for(target, work))
+            return wall, cpu, server.cpu_seconds() - before
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -95,24 +99,25 @@ def main() -> int:
     src = large_file(a.cache_dir, a.mib)
     warm(src)
     tools, ways = a.tools.split(","), a.ways.split(",")
-    runs: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    runs: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="blobsync-large-") as tmp:
         for r in range(a.rounds):
             for way in ways:
                 for tool in tools[r % len(tools):] + tools[:r % len(tools)]:
                     got = one(tool, way, src, a.mib * MiB, Path(tmp), a.taskset, a.server_processes)
                     runs.setdefault((tool, way), []).append(got)
-                    print(f"round {r + 1} {way} {tool}: wall {got[0]:.2f} s, CPU {got[1]:.2f} s", file=sys.stderr,
-                          flush=True)
+                    print(f"round {r + 1} {way} {tool}: wall {got[0]:.2f} s, CPU {got[1]:.2f} s, server CPU "
+                          f"{got[2]:.2f} s", file=sys.stderr, flush=True)
     gib = a.mib / 1024
     cores = a.taskset or ",".join(map(str, sorted(os.sched_getaffinity(0))))
     print(f"One file of {a.mib} MiB, null server ({a.server_processes} process(es)), tool on cores {cores}, medians "
           f"of {a.rounds}:\n")
-    print("| way | tool | wall s | MiB/s | client CPU s | CPU s/GiB |")
-    print("|---|---|---|---|---|---|")
+    print("| way | tool | wall s | MiB/s | client CPU s | CPU s/GiB | server CPU s/GiB |")
+    print("|---|---|---|---|---|---|---|")
     for (tool, way), done in sorted(runs.items(), key=lambda kv: (ways.index(kv[0][1]), tools.index(kv[0][0]))):
-        wall, cpu = statistics.median(w for w, _ in done), statistics.median(c for _, c in done)
-        print(f"| {way} | {tool} | {wall:.2f} | {a.mib / wall:.0f} | {cpu:.2f} | {cpu / gib:.2f} |")
+        wall, cpu, served = (statistics.median(run[i] for run in done) for i in range(3))
+        print(f"| {way} | {tool} | {wall:.2f} | {a.mib / wall:.0f} | {cpu:.2f} | {cpu / gib:.2f} | "
+              f"{served / gib:.2f} |")
     return 0
 
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from blobsync.backends.base import NO_CONDITIONS, BlobHeaders
 from blobsync.cluster.shards import BlockSizer, SplitFile, cut, sizing
 from blobsync.cluster.spec import FileOutcome, ShardReport, ShardSpec, WorkerJob, file_nonce
-from blobsync.config import Overwrite
+from blobsync.config import CheckMd5, Overwrite
 from blobsync.engine.blocks import block_count
 from blobsync.engine.commit import clear_foreign
 from blobsync.engine.context import EngineContext
@@ -105,7 +105,7 @@ class ClusterTransfer:
         topic = f"blobsync-{job_id}-{uuid.uuid4().hex[:8]}"
         self.executor.follow(topic, lambda event: self._event(ctx, event))
         job = self._job_spec(ctx, job_id, topic, len(workers))
-        split = ctx.config.overwrite is Overwrite.TRUE
+        split = ctx.config.overwrite is Overwrite.TRUE and self._split_pays(ctx)
         sizer = BlockSizer(ctx.config.block_size, ctx.store.capabilities)
         units = cut(self._files(ctx, job_id, items, sizer), job, sizing(*totals, len(workers)),
                     block_size_of=sizer, split=split)
@@ -116,6 +116,17 @@ class ClusterTransfer:
             if rebalancing is not None:
                 rebalancing.cancel()
                 await asyncio.gather(rebalancing, return_exceptions=True)
+
+    def _split_pays(self, ctx: EngineContext) -> bool:
+        """Whether a file too big for one shard is cut over the workers. Workers of a cluster have cores of their
+        own; workers on this machine (--processes) share its cores: one process keeps one busy with its loop, and
+        a second with a file's serial MD5 where the job takes one. A split runs beside those and pays only with a
+        core more; on fewer it is slower (bench/RESULTS.md), and the file goes whole to one worker."""
+        cores = getattr(self.executor, "cores", None)
+        if cores is None or self.source_url:
+            return True  # a copy's ranges are the service's work
+        hashed = ctx.config.put_md5 if self.upload else ctx.config.check_md5 is not CheckMd5.NO_CHECK
+        return int(cores) > (2 if hashed else 1)
 
     def _rebalance(self, ctx: EngineContext, job_id: str) -> asyncio.Task[None] | None:
         """Where the workers cannot share one bucket (Dask, several machines), the cap is split among those busy

@@ -10,9 +10,10 @@ import concurrent.futures
 import contextlib
 import gc
 import multiprocessing
+import os
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from blobsync.cluster import tasks
@@ -20,6 +21,7 @@ from blobsync.cluster.shards import SplitFile
 from blobsync.cluster.spec import ShardReport, ShardSpec
 from blobsync.engine.bandwidth import BucketState
 from blobsync.engine.budget import WARM
+from blobsync.local.platform import usable_cores
 
 TASK_RETRIES = 2  # as on Dask: a task that raised runs at most three times in all
 WARM_BYTES = 512 << 20  # a worker keeps up to this much of a finished task's idle buffers for the next task
@@ -60,9 +62,10 @@ class ProcessExecutor:
 
     shares_machine = True  # the workers share this machine's memory: the job's memory budget is split among them
 
-    def __init__(self, count: int, fork: bool = False) -> None:
+    def __init__(self, count: int, fork: bool = False, env: Mapping[str, str] = os.environ) -> None:
         context = multiprocessing.get_context("fork" if fork else "spawn")
         self.count = count
+        self.cores = _cores(env)
         self._queue: Any = context.SimpleQueue()
         # The job's one bandwidth cap, in memory every worker shares: the client moves its bucket in (run).
         self.cap_state = BucketState.shared()
@@ -171,6 +174,13 @@ class ProcessExecutor:
         _join(processes)
         self._queue.put(None)
         self._reader.join(5)
+
+
+def _cores(env: Mapping[str, str]) -> int:
+    """The cores the workers share (what a split of one file counts on): this process's, or BLOBSYNC_SPLIT_CORES
+    (tests and benchmarks: the split as a larger machine makes it)."""
+    given = env.get("BLOBSYNC_SPLIT_CORES", "").strip()
+    return int(given) if given.isdigit() and 0 < int(given) <= 4096 else usable_cores()
 
 
 def _unlinked(task: concurrent.futures.Future[Any]) -> asyncio.Future[Any]:

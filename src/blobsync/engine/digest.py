@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import os
 import struct
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
@@ -20,6 +19,7 @@ from blobsync.backends.base import BlockCheck, PartCheck
 from blobsync.checksums import crc64_available, crc64_compose, crc64_int, crc64_value, part_check
 from blobsync.config import CRC64_METADATA, CheckMd5
 from blobsync.errors import ChecksumMismatchError, IntegrityError
+from blobsync.local.platform import usable_cores
 
 if TYPE_CHECKING:
     from blobsync.backends.base import BlobProperties, Buffer
@@ -130,7 +130,7 @@ def hash_threads(env: Mapping[str, str]) -> int:
     given = env.get("BLOBSYNC_HASH_THREADS", "").strip()
     if given.isdigit() and 0 < int(given) <= 1024:
         return int(given)
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return usable_cores()
 
 
 WRITTEN_NOWHERE = " (the same bytes on every fetch); nothing was written at the final path"

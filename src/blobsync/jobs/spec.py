@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -12,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from blobsync.backends.base import Location
 from blobsync.errors import UsageError
 from blobsync.filters import Filters
+from blobsync.local.platform import usable_cores
 from blobsync.options import CompareMode, DeleteMode, MaxDelete
 
 if TYPE_CHECKING:
@@ -35,7 +35,7 @@ def parse_processes(text: str | int) -> int:
     """--processes: a number of worker processes, or 'auto' (one per usable core where there are at least
     AUTO_MIN_CORES, else 1: the plain engine in this process)."""
     if str(text).strip().lower() == "auto":
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        cores = usable_cores()
         return cores if cores >= AUTO_MIN_CORES else 1
     try:
         n = int(text)

@@ -263,6 +263,11 @@ _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
 MALLOC_TUNING = ((_M_MMAP_THRESHOLD, 16 << 20), (_M_TRIM_THRESHOLD, 64 << 20), (_M_TOP_PAD, 16 << 20))
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity: a taskset or a cgroup's cpuset narrows it)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def tune_malloc() -> bool:
     """Keep freed heap memory (up to 64 MiB) for reuse instead of returning it and faulting it in again; a process
     of blobsync's own only (the command, its worker processes): the library leaves its host's allocator alone.
