@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 from blobsync.backends.base import NO_CONDITIONS, BlobHeaders
 from blobsync.cluster.shards import BlockSizer, SplitFile, cut, sizing
 from blobsync.cluster.spec import FileOutcome, ShardReport, ShardSpec, WorkerJob, file_nonce
-from blobsync.config import CheckMd5, Overwrite
+from blobsync.config import Overwrite
 from blobsync.engine.blocks import block_count
 from blobsync.engine.commit import clear_foreign
 from blobsync.engine.context import EngineContext
-from blobsync.engine.digest import whole_check
+from blobsync.engine.digest import may_hash_whole, whole_check
 from blobsync.engine.download import LandedHash, shared_part
 from blobsync.engine.fetching import Refetches
 from blobsync.engine.mtime import MTIME_KEY, format_mtime
@@ -125,7 +125,7 @@ class ClusterTransfer:
         cores = getattr(self.executor, "cores", None)
         if cores is None or self.source_url:
             return True  # a copy's ranges are the service's work
-        hashed = ctx.config.put_md5 if self.upload else ctx.config.check_md5 is not CheckMd5.NO_CHECK
+        hashed = ctx.config.put_md5 if self.upload else may_hash_whole(ctx.config.check_md5)
         return int(cores) > (2 if hashed else 1)
 
     def _rebalance(self, ctx: EngineContext, job_id: str) -> asyncio.Task[None] | None:

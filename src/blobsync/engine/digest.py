@@ -199,6 +199,12 @@ def stored_crc64(metadata: Mapping[str, str], content_md5: bytes | None) -> byte
     return crc if md5 == content_md5 else None
 
 
+def may_hash_whole(mode: CheckMd5) -> bool:
+    """Whether a download in this mode may take a whole MD5 of what it reads (one serial pass: whole_check decides
+    per blob, once its properties are known)."""
+    return mode is not CheckMd5.NO_CHECK
+
+
 def whole_check(mode: CheckMd5, blob: str, props: BlobProperties) -> WholeKind:
     """The one decision of what a whole read of a blob computes (a download, a get, a split file's finish): the
     CRC64 blobsync stored with the blob where there is one (composed from the ranges as they arrive, in parallel,
