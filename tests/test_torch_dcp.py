@@ -77,7 +77,7 @@ def test_ranks_save_their_shards_and_load_them_back(world: int, source: Side, az
     assert _group({"mode": "save", "url": url, "seed": 3, "width": 256}, world, tmp_path) == [{"ok": True}] * world
     names = sorted(b.name for b in source.client.list_blobs(name_starts_with="ckpt/step-1/"))
     assert names == ["ckpt/step-1/.metadata", *(f"ckpt/step-1/__{r}_0.distcp" for r in range(world))]
-    for name in names:  # each committed with its whole MD5
+    for name in names:  # each with a whole check: these small ones put at once, their MD5 checked by the service
         props = source.client.get_blob_client(name).get_blob_properties()
         assert props.content_settings.content_md5 is not None
     assert _check_storage(source, "ckpt/step-1", 3, 256) >= {"model.0.weight", "model.2.bias",

@@ -116,23 +116,29 @@ class BlobStorageWriter(StorageWriter):
     rank's state, up to one per core), as FileSystemWriter's. `incremental=True` keeps each blob's block digests
     beside it (`<blob>.blocks`), and with `base` (the folder URL of an earlier checkpoint in the same container)
     has the service stage every block equal to the same block of its namesake there, sending only the others:
-    each checkpoint stays whole (deleting `base` later breaks nothing). `written` holds what this rank's blobs of
-    the last save sent and had staged."""
+    each checkpoint stays whole (deleting `base` later breaks nothing). `put_md5=True` also commits each blob with
+    its whole Content-MD5 (one serial pass a blob), for tools that check one on download; without it (as DCP's
+    FileSystemWriter stores no checksum) each blob's whole check is the CRC64 composed from its blocks' (which the
+    service checks one by one), stored with it and checked by blobsync's whole reads. It is this argument, not
+    `config`'s put_md5, as `overwrite` is. `written` holds what this rank's blobs of the last save sent and had
+    staged."""
 
     def __init__(self, url: str | os.PathLike[str], *, client: Client | None = None,
                  config: TransferConfig | None = None, credential: object = None, overwrite: bool = True,
                  thread_count: int | None = None, incremental: bool = False,
-                 base: str | os.PathLike[str] | None = None) -> None:
+                 base: str | os.PathLike[str] | None = None, put_md5: bool = False) -> None:
         super().__init__()
         if thread_count is not None and (isinstance(thread_count, bool) or not isinstance(thread_count, int)
                                          or thread_count < 1):
             raise UsageError(f"invalid thread_count={thread_count!r}: how many blobs a rank writes at once, 1 or more")
-        if not isinstance(incremental, bool):
-            raise UsageError(f"invalid incremental={incremental!r}: True or False")
+        for name, flag in (("incremental", incremental), ("put_md5", put_md5)):
+            if not isinstance(flag, bool):
+                raise UsageError(f"invalid {name}={flag!r}: True or False")
         if base is not None and not incremental:
             raise UsageError("base= names the earlier checkpoint of an incremental save: pass incremental=True too")
         self.folder = _Folder(url, client, config, credential)
         self.incremental = incremental
+        self.put_md5 = put_md5
         self.base = base_path(self.folder.url, base) if base is not None else None
         self.written: list[FileResult] = []
         self.overwrite = overwrite
@@ -209,11 +215,13 @@ class BlobStorageWriter(StorageWriter):
         done.set_result(results)
         return done
 
-    def _config(self, relative: str) -> TransferConfig | None:
-        """An incremental save's blob: its block digests kept, its blocks compared with its namesake's in `base`."""
+    def _config(self, relative: str) -> TransferConfig:
+        """A blob's: its whole MD5 or not (put_md5); an incremental save's, its block digests kept and its blocks
+        compared with its namesake's in `base`."""
+        config = dataclasses.replace(self.folder.client.aio.config, put_md5=self.put_md5)
         if not self.incremental:
-            return None
-        return dataclasses.replace(self.folder.client.aio.config, block_digests=True,
+            return config
+        return dataclasses.replace(config, block_digests=True,
                                    blocks_from=self.base + relative if self.base is not None else None)
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
