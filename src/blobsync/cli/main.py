@@ -66,8 +66,9 @@ _cluster_option = click.option(
 
 _processes_option = click.option(
     "--processes", default=None, metavar="N|auto",
-    help="Run the transfers in N worker processes of blobsync's own on this machine (no Dask), for jobs of many "
-         "small files that one process's CPU bounds; auto: one per core where there are at least 4, else 1.")
+    help="Run the transfers in N worker processes of blobsync's own on this machine (no Dask), for jobs that one "
+         "process's CPU bounds: many small files, or a large file cut into block ranges where a core is left for "
+         "them; auto: one per core where there are at least 4, else 1.")
 
 
 def _cluster(address: str | None, processes: str | None = None) -> str | Processes | None:
