@@ -5,7 +5,6 @@ an engine of their own on shards of the job, while the client plans, journals an
 from __future__ import annotations
 
 import asyncio
-import atexit
 import concurrent.futures
 import contextlib
 import gc
@@ -52,8 +51,7 @@ def prestart(count: int) -> ProcessExecutor | None:
         executor = ProcessExecutor(count, fork=True)
     finally:
         gc.unfreeze()
-    atexit.register(executor.discard)  # a command that stops before its job takes them
-    return executor
+    return executor  # a command that stops before its job takes them: the pool's own exit handler ends them
 
 
 class ProcessExecutor:
@@ -76,7 +74,7 @@ class ProcessExecutor:
         self._handler: Callable[[dict[str, Any]], None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._broken = False
-        self._taken = self._closed = False
+        self._taken = False
         self._reader = threading.Thread(target=self._relay, name="blobsync-process-events", daemon=True)
         self._reader.start()
 
@@ -156,13 +154,6 @@ class ProcessExecutor:
 
     async def close(self) -> None:
         """Stops the workers at once (a stopped job resumes from what its journal and the store hold)."""
-        await asyncio.to_thread(self.discard)
-
-    def discard(self) -> None:
-        """close(), from any thread, once."""
-        if self._closed:
-            return
-        self._closed = True
         processes = list(getattr(self._pool, "_processes", {}).values())
         # Pending tasks are not cancelled here: the pool fails them itself once its workers are gone (Python 3.11's
         # pool raises InvalidStateError in its own thread, with a traceback on stderr, when it fails a task that
@@ -171,9 +162,9 @@ class ProcessExecutor:
         for process in processes:
             with contextlib.suppress(Exception):
                 process.terminate()
-        _join(processes)
+        await asyncio.to_thread(_join, processes)
         self._queue.put(None)
-        self._reader.join(5)
+        await asyncio.to_thread(self._reader.join, 5)
 
 
 def _cores(env: Mapping[str, str]) -> int:
