@@ -139,6 +139,44 @@ def test_each_blob_is_checked_by_its_composed_crc64_and_by_its_md5_where_asked(s
         _same(back, state)
 
 
+def test_zip_crc32s_are_left_out_unless_asked_and_the_callers_setting_is_untouched(source: Side, azurite: Azurite,
+                                                                                   tmp_path: Path) -> None:
+    """torch.load never checks an item's zip CRC32s (the blob's CRC64s are checked): by default they are 0, as
+    set_crc32_options(False) saves, and the stock reader loads them; zip_crc32=True writes them, for unzip tools.
+    Either way the caller's thread keeps its own setting, whether the items are written in it or in a pool."""
+    import zipfile
+
+    import torch.distributed.checkpoint as dcp
+
+    from blobsync.torch import BlobStorageWriter
+
+    state = _state()
+    for zip_crc32, threads in ((False, 1), (False, 2), (True, 1), (True, 2)):
+        folder = f"crc32-{zip_crc32}-{threads}/step-1"
+        dcp.save(state, storage_writer=BlobStorageWriter(source.url(azurite.base_url, folder), zip_crc32=zip_crc32,
+                                                         thread_count=threads), no_dist=True)
+        assert torch.serialization.get_crc32_options() is True
+        down = tmp_path / folder
+        _download(source, folder, down)
+        metadata = pickle.loads((down / ".metadata").read_bytes())
+        items = 0
+        for info in metadata.storage_data.values():
+            raw = (down / info.relative_path).read_bytes()[info.offset:info.offset + info.length]
+            if not raw.startswith(b"PK\x03\x04"):
+                continue  # a bytes item
+            items += 1
+            with zipfile.ZipFile(io.BytesIO(raw)) as item:
+                records = [r for r in item.infolist() if r.file_size]
+                if zip_crc32:
+                    assert item.testzip() is None, info  # every record's CRC32 right
+                else:
+                    assert all(r.CRC == 0 for r in records), info
+        assert items >= 8  # the tensors, and the values the planner saved with torch.save
+        back = _blank(state)
+        dcp.load(back, storage_reader=dcp.FileSystemReader(down), no_dist=True)
+        _same(back, state)
+
+
 def test_large_tensors_are_read_once_straight_in(source: Side, azurite: Azurite, proxy: FaultProxy) -> None:
     import torch.distributed.checkpoint as dcp
 

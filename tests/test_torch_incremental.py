@@ -264,6 +264,7 @@ def test_bad_arguments_get_one_line(source: Side, azurite: Azurite, tmp_path: Pa
          r"an earlier checkpoint in the same container"),
         (lambda: TransferConfig(blocks_from="https://acct.blob.core.windows.net/c/x"), r"invalid blocks_from="),
         (lambda: BlobStorageWriter(url, put_md5="yes"), r"invalid put_md5='yes': True or False"),  # type: ignore[arg-type]
+        (lambda: BlobStorageWriter(url, zip_crc32=1), r"invalid zip_crc32=1: True or False"),  # type: ignore[arg-type]
     ]
     for make, line in cases:
         with pytest.raises(UsageError, match=line) as caught:

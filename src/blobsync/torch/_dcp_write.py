@@ -78,24 +78,16 @@ def cpu_tensor(data: torch.Tensor) -> torch.Tensor:
 
 
 def write_file(open_blob: Callable[[], BlobWriter], relative: str, items: Sequence[WriteItem],
-               planner: SavePlanner) -> list[WriteResult]:
-    """`items` written into one blob, each at the next aligned offset; committed (and verified) before return."""
+               planner: SavePlanner, crc32: bool = False) -> list[WriteResult]:
+    """`items` written into one blob, each at the next aligned offset; committed (and verified) before return.
+    `crc32=False` leaves out torch.save's CRC32 of each zip record, a serial pass over the bytes that torch.load
+    never checks (the blob's CRC64s are what is checked); the setting is torch's per thread, a caller's untouched."""
+    from torch.utils.serialization import config
+
     writer = open_blob()
-    out = _Counted(writer)
-    results: list[WriteResult] = []
     try:
-        for item in items:
-            out.pad()
-            start = out.at
-            data = planner.resolve_data(item)
-            if item.type is WriteItemType.BYTE_IO:
-                assert isinstance(data, io.BytesIO)
-                out.write(data.getbuffer())
-            else:
-                assert isinstance(data, torch.Tensor)
-                torch.save(cpu_tensor(data), out)  # type: ignore[arg-type]  # a file-like object: write, flush
-            results.append(WriteResult(index=item.index, size_in_bytes=out.at - start,
-                                       storage_data=_StorageInfo(relative, start, out.at - start)))
+        with config.patch({"save.compute_crc32": crc32}):  # type: ignore[attr-defined]  # made at import
+            results = _write_items(_Counted(writer), relative, items, planner)
     except BaseException:
         writer.abort()
         raise
@@ -103,15 +95,35 @@ def write_file(open_blob: Callable[[], BlobWriter], relative: str, items: Sequen
     return results
 
 
+def _write_items(out: _Counted, relative: str, items: Sequence[WriteItem], planner: SavePlanner
+                 ) -> list[WriteResult]:
+    results: list[WriteResult] = []
+    for item in items:
+        out.pad()
+        start = out.at
+        data = planner.resolve_data(item)
+        if item.type is WriteItemType.BYTE_IO:
+            assert isinstance(data, io.BytesIO)
+            out.write(data.getbuffer())
+        else:
+            assert isinstance(data, torch.Tensor)
+            torch.save(cpu_tensor(data), out)  # type: ignore[arg-type]  # a file-like object: write, flush
+        results.append(WriteResult(index=item.index, size_in_bytes=out.at - start,
+                                   storage_data=_StorageInfo(relative, start, out.at - start)))
+    return results
+
+
 def write_rank(open_blob: Callable[[str], BlobWriter], prefix: str, items: Sequence[WriteItem],
-               planner: SavePlanner, files: int | None) -> list[WriteResult]:
+               planner: SavePlanner, files: int | None, crc32: bool = False) -> list[WriteResult]:
     """A rank's items over its blobs (`<prefix><n>.distcp`), written at once, one thread each (torch.save
-    blocks); every blob committed before return, or none left half-written."""
+    blocks); every blob committed before return, or none left half-written. `crc32`: each item's zip records carry
+    their CRC32, as torch.save's defaults write them."""
     parts = buckets(items, files)
     names = [f"{prefix}{n}{SUFFIX}" for n in range(len(parts))]
     if len(parts) <= 1:
-        return write_file(lambda: open_blob(names[0]), names[0], parts[0], planner) if parts else []
+        return write_file(lambda: open_blob(names[0]), names[0], parts[0], planner, crc32) if parts else []
     with concurrent.futures.ThreadPoolExecutor(len(parts), thread_name_prefix="blobsync-dcp") as pool:
-        futures = [pool.submit(write_file, lambda name=name: open_blob(name), name, part, planner)  # type: ignore[misc]
+        futures = [pool.submit(write_file, lambda name=name: open_blob(name), name, part, planner,  # type: ignore[misc]
+                               crc32)
                    for name, part in zip(names, parts, strict=True)]
         return [r for f in futures for r in f.result()]

@@ -120,25 +120,29 @@ class BlobStorageWriter(StorageWriter):
     its whole Content-MD5 (one serial pass a blob), for tools that check one on download; without it (as DCP's
     FileSystemWriter stores no checksum) each blob's whole check is the CRC64 composed from its blocks' (which the
     service checks one by one), stored with it and checked by blobsync's whole reads. It is this argument, not
-    `config`'s put_md5, as `overwrite` is. `written` holds what this rank's blobs of the last save sent and had
+    `config`'s put_md5, as `overwrite` is. `zip_crc32=True` has each tensor item's zip records carry their CRC32,
+    as torch.save's defaults write them, for tools that unzip an item; by default they carry 0, as
+    `torch.serialization.set_crc32_options(False)` saves: torch.load (and so every DCP reader) never checks it, and
+    it costs a serial pass over the bytes. `written` holds what this rank's blobs of the last save sent and had
     staged."""
 
     def __init__(self, url: str | os.PathLike[str], *, client: Client | None = None,
                  config: TransferConfig | None = None, credential: object = None, overwrite: bool = True,
                  thread_count: int | None = None, incremental: bool = False,
-                 base: str | os.PathLike[str] | None = None, put_md5: bool = False) -> None:
+                 base: str | os.PathLike[str] | None = None, put_md5: bool = False, zip_crc32: bool = False
+                 ) -> None:
         super().__init__()
         if thread_count is not None and (isinstance(thread_count, bool) or not isinstance(thread_count, int)
                                          or thread_count < 1):
             raise UsageError(f"invalid thread_count={thread_count!r}: how many blobs a rank writes at once, 1 or more")
-        for name, flag in (("incremental", incremental), ("put_md5", put_md5)):
+        for name, flag in (("incremental", incremental), ("put_md5", put_md5), ("zip_crc32", zip_crc32)):
             if not isinstance(flag, bool):
                 raise UsageError(f"invalid {name}={flag!r}: True or False")
         if base is not None and not incremental:
             raise UsageError("base= names the earlier checkpoint of an incremental save: pass incremental=True too")
         self.folder = _Folder(url, client, config, credential)
         self.incremental = incremental
-        self.put_md5 = put_md5
+        self.put_md5, self.zip_crc32 = put_md5, zip_crc32
         self.base = base_path(self.folder.url, base) if base is not None else None
         self.written: list[FileResult] = []
         self.overwrite = overwrite
@@ -204,7 +208,8 @@ class BlobStorageWriter(StorageWriter):
             return writer
 
         try:
-            results = write_rank(open_blob, plan.storage_data.prefix, plan.items, planner, self.thread_count)
+            results = write_rank(open_blob, plan.storage_data.prefix, plan.items, planner, self.thread_count,
+                                 self.zip_crc32)
         except BaseException:
             folder.close()
             raise
