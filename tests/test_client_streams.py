@@ -339,6 +339,43 @@ def test_open_writers_beyond_the_memory_budget_interleave_and_stay_within_it(
     assert 0 < peak[0] <= 2 * MiB
 
 
+def test_a_borrowed_write_sends_its_whole_blocks_from_the_callers_memory(container: ContainerHandle, tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """write_borrowed takes no buffer of the budget for the whole blocks it holds (the caller keeps them unchanged
+    until close); the block begun by other writes and the tail still go through buffers. With the whole MD5 too,
+    the blob is what was written, and changing the memory after close changes nothing."""
+    import hashlib
+
+    from blobsync.blobfile import BlobWriter
+    from blobsync.engine.budget import MemoryBudget
+
+    taken = [0]
+    buffer = MemoryBudget.buffer
+
+    async def counted(self: MemoryBudget, capacity: int) -> object:
+        taken[0] += 1
+        return await buffer(self, capacity)
+
+    monkeypatch.setattr(MemoryBudget, "buffer", counted)
+    head, lent, tail = os.urandom(300_000), bytearray(os.urandom(4 * MiB)), os.urandom(MiB // 2)
+    with blobsync.Client(container.url, _config(tmp_path)) as client:
+        for put_md5 in (False, True):
+            taken[0] = 0
+            with client.open(f"lent-{put_md5}.bin", "wb", config=TransferConfig.from_mib(
+                    block_size_mb=1, put_md5=put_md5, journal_path=tmp_path / "j.db")) as f:
+                assert isinstance(f, BlobWriter)
+                f.write(head)
+                f.write_borrowed(memoryview(lent))  # fills the begun block (copied), 3 whole blocks, a tail
+                f.write(tail)
+            assert taken[0] == 2, taken  # the begun block and the last one; 5 where every block is copied
+            want = head + bytes(lent) + tail
+            lent[:] = bytes(len(lent))
+            assert container.download(f"lent-{put_md5}.bin") == want
+            md5 = container.client.get_blob_client(f"lent-{put_md5}.bin").get_blob_properties().content_settings
+            assert (bytes(md5.content_md5) == hashlib.md5(want).digest()) if put_md5 else md5.content_md5 is None
+            lent[:] = os.urandom(len(lent))
+
+
 def test_a_stream_creates_its_container_where_create_container_says_so(container: ContainerHandle,
                                                                         tmp_path: Path) -> None:
     """As a job does: put() and open('wb') into a container not there make it first with create_container=True

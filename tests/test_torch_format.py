@@ -177,6 +177,39 @@ def test_zip_crc32s_are_left_out_unless_asked_and_the_callers_setting_is_untouch
         _same(back, state)
 
 
+def test_large_tensors_are_sent_from_their_own_memory_and_land_whole(source: Side, azurite: Azurite, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tensor's bytes from LEND_BYTES up go from its own memory, not copied into blocks: the state's own tensors,
+    and the copy a strided one is saved from (kept alive by the view handed on until its blocks are sent, though
+    torch.save drops it at once). Each lands whole: the stock reader loads the SDK's download equal."""
+    import torch.distributed.checkpoint as dcp
+
+    from blobsync.blobfile import BlobWriter
+    from blobsync.torch import BlobStorageWriter
+
+    lent: list[int] = []
+    borrowed = BlobWriter.write_borrowed
+
+    def spied(self: BlobWriter, data: Any) -> int:
+        lent.append(memoryview(data).nbytes)
+        return borrowed(self, data)
+
+    monkeypatch.setattr(BlobWriter, "write_borrowed", spied)
+    state = _state()
+    state["strided"] = torch.randn(2048, 1024, generator=torch.Generator().manual_seed(5)).t()  # saved from a copy
+    for threads in (1, 3):
+        lent.clear()
+        folder = f"lent-{threads}/step-1"
+        dcp.save(state, storage_writer=BlobStorageWriter(source.url(azurite.base_url, folder), thread_count=threads,
+                                                         config=blobsync.TransferConfig(block_size=1 << 20)),
+                 no_dist=True)
+        assert sorted(lent) == sorted(state[k].nbytes for k in ("big", "big16", "strided")), lent
+        _download(source, folder, tmp_path / folder)
+        back = _blank(state)
+        dcp.load(back, storage_reader=dcp.FileSystemReader(tmp_path / folder), no_dist=True)
+        _same(back, state)
+
+
 def test_large_tensors_are_read_once_straight_in(source: Side, azurite: Azurite, proxy: FaultProxy) -> None:
     import torch.distributed.checkpoint as dcp
 

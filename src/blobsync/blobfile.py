@@ -127,7 +127,7 @@ class BlobWriter(io.RawIOBase):
     `close()` commits (nothing is visible before it) and keeps the record of what landed in `result`; leaving a
     `with` block by an exception commits nothing and leaves no blob."""
 
-    def __init__(self, name: str, write: Callable[[memoryview], Coroutine[Any, Any, int]],
+    def __init__(self, name: str, write: Callable[[memoryview, bool], Coroutine[Any, Any, int]],
                  finish: Callable[[], Coroutine[Any, Any, FileResult]], abort: Callable[[], Coroutine[Any, Any, None]],
                  run: Callable[[Coroutine[Any, Any, Any]], Any]) -> None:
         super().__init__()
@@ -151,6 +151,14 @@ class BlobWriter(io.RawIOBase):
         if self.closed:
             raise ValueError("write to a closed blob writer")
         n: int = self._run(self._async.write(data))  # waited for: the stream copies what it keeps
+        return n
+
+    def write_borrowed(self, data: Any) -> int:
+        """Write `data` without copying its whole blocks: they are sent from its memory, which must stay alive
+        (`data` an object that owns it, or a view of one) and unchanged until `close()` or `abort()` returns."""
+        if self.closed:
+            raise ValueError("write to a closed blob writer")
+        n: int = self._run(self._async.write(data, borrowed=True))
         return n
 
     def close(self) -> None:
@@ -250,7 +258,7 @@ class AsyncBlobWriter:
     """The async writer of a blob: `await write(data)` stages full blocks as they fill, `await close()` commits
     and returns the record of what landed (`result`); leaving `async with` by an exception commits nothing."""
 
-    def __init__(self, name: str, write: Callable[[memoryview], Coroutine[Any, Any, int]],
+    def __init__(self, name: str, write: Callable[[memoryview, bool], Coroutine[Any, Any, int]],
                  finish: Callable[[], Coroutine[Any, Any, FileResult]],
                  abort: Callable[[], Coroutine[Any, Any, None]]) -> None:
         self.name = name
@@ -262,10 +270,11 @@ class AsyncBlobWriter:
     def tell(self) -> int:
         return self._pos
 
-    async def write(self, data: Any) -> int:
+    async def write(self, data: Any, *, borrowed: bool = False) -> int:
+        """Stage `data` (copied, unless `borrowed`: see BlobWriter.write_borrowed)."""
         if self.closed:
             raise ValueError("write to a closed blob writer")
-        n = await self._write(memoryview(data).cast("B"))  # the stream copies what it keeps
+        n = await self._write(memoryview(data).cast("B"), borrowed)  # the stream copies what it keeps
         self._pos += n
         return n
 

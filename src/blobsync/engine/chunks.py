@@ -128,10 +128,7 @@ class ChunkLoop:
     async def slot(self, length: int) -> tuple[BlockBuffer, memoryview]:
         """A pooled buffer for the next block (`length` bytes of it in the view), once the write may have one more
         block out; a part that failed meanwhile is raised here (it stops the write now, not after the rest)."""
-        raise_first_failure(self._sends)
-        while len(self._queued) >= HASH_AHEAD:
-            await self._queued.popleft()
-        await self._window.acquire()
+        await self.lend()
         try:
             buf = await self.ctx.memory.buffer(self.w.block_size)
         except BaseException:
@@ -139,12 +136,20 @@ class ChunkLoop:
             raise
         return buf, memoryview(buf)[:length]
 
+    async def lend(self) -> None:
+        """Wait until the write may have one more block out, for a block sent from the caller's own memory (`put`
+        with no buffer: the caller keeps it unchanged until `finish`)."""
+        raise_first_failure(self._sends)
+        while len(self._queued) >= HASH_AHEAD:
+            await self._queued.popleft()
+        await self._window.acquire()
+
     def drop(self, buf: BlockBuffer) -> None:
         """A slot given back unfilled (its read failed, or the write ended another way)."""
         self.ctx.memory.release(buf)
         self._window.release()
 
-    def put(self, idx: int, buf: BlockBuffer, view: memoryview, got: BlockDigests | None) -> None:
+    def put(self, idx: int, buf: BlockBuffer | None, view: memoryview, got: BlockDigests | None) -> None:
         """Block `idx`, filled in `view`: hashed in order, then staged unless the store holds it already or the
         delta keeps it. `got`: its digests as read (None: computed beside its request)."""
         hashed = None
@@ -200,8 +205,8 @@ class ChunkLoop:
         self.ctx.progress.advanced(w.rel, length, 0)
         return True
 
-    async def _send(self, idx: int, view: memoryview, digest: bool, check: PartCheck | None, buf: BlockBuffer,
-                    hashed: asyncio.Future[None] | None) -> None:
+    async def _send(self, idx: int, view: memoryview, digest: bool, check: PartCheck | None,
+                    buf: BlockBuffer | None, hashed: asyncio.Future[None] | None) -> None:
         ctx, w = self.ctx, self.w
         try:
             if digest and (w.prior is not None or ctx.config.block_digests):  # an incremental write's blocks
@@ -222,7 +227,9 @@ class ChunkLoop:
             ctx.journal.block_done(w.row.id, idx, len(view), check.value.hex() if check is not None else "")
         ctx.progress.advanced(w.rel, len(view), 0 if copied else len(view))
 
-    def _release_after(self, buf: BlockBuffer, hashed: asyncio.Future[None] | None) -> None:
+    def _release_after(self, buf: BlockBuffer | None, hashed: asyncio.Future[None] | None) -> None:
+        if buf is None:  # the caller's memory: nothing of the budget's to give back
+            return
         if hashed is None or hashed.done():
             self.ctx.memory.release(buf)
         else:

@@ -51,8 +51,10 @@ class StreamWriter:
         """The bytes written so far."""
         return (self._chunks.w.size if self._chunks is not None else 0) + self._filled
 
-    async def write(self, data: Buffer) -> int:
-        """Take `data` (copied: the caller may reuse its buffer); a block that fills is staged."""
+    async def write(self, data: Buffer, borrowed: bool = False) -> int:
+        """Take `data` (copied: the caller may reuse its buffer); a block that fills is staged. `borrowed`: its
+        whole blocks are sent from `data` itself, outside the memory budget (the window still bounds them): `data`
+        must keep its memory alive (a view of an object that owns it) and unchanged until finish or abort."""
         if self.closed:
             raise UsageError(f"{self.blob}: write to a closed blob writer")
         try:
@@ -69,7 +71,7 @@ class StreamWriter:
                 await self._stage(memoryview(self._buf))
                 self._filled = 0
         while len(view) - done >= block:  # whole blocks go from the caller's memory (one copy, into the block)
-            await self._stage(view[done:done + block])
+            await self._stage(view[done:done + block], borrowed)
             done += block
         self._fill(view[done:])
         return len(view)
@@ -112,12 +114,16 @@ class StreamWriter:
             await self.ctx.request(self.ctx.store.create_container)
             self._container_made = True
 
-    async def _stage(self, block: memoryview) -> None:
+    async def _stage(self, block: memoryview, borrowed: bool = False) -> None:
         await self._make_container()
         chunks = self._loop()
         limit = self.ctx.store.capabilities.max_parts
         if len(chunks.w.tokens) >= limit:
             raise UsageError(f"{self.blob}: more than {limit} blocks: raise block_size for a stream this large")
+        if borrowed:
+            await chunks.lend()
+            chunks.put(chunks.w.grow(len(block)), None, block, None)
+            return
         buf, view = await chunks.slot(len(block))
         view[:] = block
         chunks.put(chunks.w.grow(len(view)), buf, view, None)

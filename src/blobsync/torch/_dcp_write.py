@@ -20,6 +20,12 @@ SUFFIX = ".distcp"
 ALIGN = 64  # items start 64-byte aligned, as torch.save aligns a tensor's bytes in its item: a load views them in
 # place whatever their type, and a stock reader (which slices by offset and length) never notices
 FILE_BYTES = 128 << 20  # a rank's state is spread over one blob per this many bytes, up to one per core
+LEND_BYTES = 1 << 20  # a tensor's bytes from this size are sent from its own memory, not copied into blocks
+
+try:  # the address of the memory torch.save hands over, and a view that keeps it alive (else it is copied)
+    import numpy
+except ImportError:  # pragma: no cover - torch runs without numpy
+    numpy = None  # type: ignore[assignment]
 
 
 def item_size(item: WriteItem) -> int:
@@ -50,15 +56,35 @@ def buckets(items: Sequence[WriteItem], files: int | None) -> list[list[WriteIte
 
 
 class _Counted:
-    """A BlobWriter as torch.save writes to it, counting the bytes (where the next item starts)."""
+    """A BlobWriter as torch.save writes to it, counting the bytes (where the next item starts). The bytes of
+    the tensor being saved (`lent`) are sent from the tensor's memory, not copied: each item's tensor stays
+    unchanged while the save runs, and the view handed on keeps it alive until its blocks are sent."""
 
     def __init__(self, writer: BlobWriter) -> None:
         self.writer, self.at = writer, 0
+        self.lent: torch.Tensor | None = None
 
     def write(self, data: Buffer) -> int:
-        n = self.writer.write(data)
+        own = self._owned(data)
+        n = self.writer.write_borrowed(own) if own is not None else self.writer.write(data)
         self.at += n
         return n
+
+    def _owned(self, data: Buffer) -> memoryview | None:
+        """A view of the lent tensor's bytes that keeps them alive, where `data` is exactly those bytes (torch.save
+        writes a storage in one write, from a view of its memory that does not keep it alive); else None."""
+        tensor = self.lent
+        if tensor is None or numpy is None:
+            return None
+        view = memoryview(data)
+        if view.nbytes < LEND_BYTES or view.nbytes != tensor.nbytes:
+            return None
+        try:
+            if numpy.frombuffer(view, numpy.uint8).ctypes.data != tensor.data_ptr():
+                return None
+            return memoryview(tensor.reshape(-1).view(torch.uint8).numpy().data)  # the array holds the tensor
+        except (RuntimeError, TypeError, ValueError):  # a tensor without plain bytes (quantized, sparse): copied
+            return None
 
     def flush(self) -> None:
         pass
@@ -107,7 +133,11 @@ def _write_items(out: _Counted, relative: str, items: Sequence[WriteItem], plann
             out.write(data.getbuffer())
         else:
             assert isinstance(data, torch.Tensor)
-            torch.save(cpu_tensor(data), out)  # type: ignore[arg-type]  # a file-like object: write, flush
+            out.lent = cpu_tensor(data)
+            try:
+                torch.save(out.lent, out)  # type: ignore[arg-type]  # a file-like object: write, flush
+            finally:
+                out.lent = None
         results.append(WriteResult(index=item.index, size_in_bytes=out.at - start,
                                    storage_data=_StorageInfo(relative, start, out.at - start)))
     return results
