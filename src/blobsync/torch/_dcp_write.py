@@ -57,8 +57,8 @@ def buckets(items: Sequence[WriteItem], files: int | None) -> list[list[WriteIte
 
 class _Counted:
     """A BlobWriter as torch.save writes to it, counting the bytes (where the next item starts). The bytes of
-    the tensor being saved (`lent`) are sent from the tensor's memory, not copied: each item's tensor stays
-    unchanged while the save runs, and the view handed on keeps it alive until its blocks are sent."""
+    the state's tensor being saved (`lent`) are sent from its memory, not copied: the state stays unchanged while
+    the save runs, and the view handed on keeps the tensor alive until its blocks are sent."""
 
     def __init__(self, writer: BlobWriter) -> None:
         self.writer, self.at = writer, 0
@@ -133,9 +133,12 @@ def _write_items(out: _Counted, relative: str, items: Sequence[WriteItem], plann
             out.write(data.getbuffer())
         else:
             assert isinstance(data, torch.Tensor)
-            out.lent = cpu_tensor(data)
+            tensor = cpu_tensor(data)
+            # Only the state's own memory is lent: a copy made here (from a GPU, of a strided view) would be kept
+            # alive until its blocks are sent while the next item's copy is made; copied into blocks, it is not.
+            out.lent = tensor if tensor.untyped_storage().data_ptr() == data.untyped_storage().data_ptr() else None
             try:
-                torch.save(out.lent, out)  # type: ignore[arg-type]  # a file-like object: write, flush
+                torch.save(tensor, out)  # type: ignore[arg-type]  # a file-like object: write, flush
             finally:
                 out.lent = None
         results.append(WriteResult(index=item.index, size_in_bytes=out.at - start,
