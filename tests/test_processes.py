@@ -233,6 +233,41 @@ def test_sigterm_stops_a_job_and_its_worker_processes_with_one_line_and_it_resum
     _same_bytes(container, files)
 
 
+def _hold_the_event_lock() -> None:
+    """In a worker: take the lock of the progress pipe and keep it, as a worker terminated mid-write does."""
+    from blobsync.cluster import processes
+
+    processes._events._lock.acquire()
+    time.sleep(120)
+
+
+def test_closing_the_workers_ends_though_one_was_stopped_holding_the_progress_lock() -> None:
+    """A worker terminated while it wrote a progress event keeps that lock for good: close() must not wait on it
+    (it did: a job stopped by SIGTERM under load never ended)."""
+    import asyncio
+
+    from blobsync.cluster.processes import ProcessExecutor
+
+    ended: list[float] = []
+
+    async def main() -> None:
+        executor = await ProcessExecutor.open(2)
+        executor._pool.submit(_hold_the_event_lock)
+        deadline = time.monotonic() + 60
+        while executor._queue._lock.acquire(False):  # not taken yet
+            executor._queue._lock.release()
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        start = time.monotonic()
+        await executor.close()
+        ended.append(time.monotonic() - start)
+
+    closer = threading.Thread(target=lambda: asyncio.run(main()), daemon=True)
+    closer.start()
+    closer.join(90)
+    assert not closer.is_alive() and ended and ended[0] < 15, ended
+
+
 def test_throttled_and_reset_requests_in_the_workers_are_retried_to_the_right_bytes(
         container: ContainerHandle, tmp_path: Path, proxy: FaultProxy, proxy_env: str) -> None:
     """Faults reach the workers' own engines: 503s with a Retry-After on Put Blob and Put Block, and a connection

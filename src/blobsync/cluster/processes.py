@@ -23,6 +23,7 @@ from blobsync.engine.budget import WARM
 from blobsync.local.platform import usable_cores
 
 TASK_RETRIES = 2  # as on Dask: a task that raised runs at most three times in all
+RELAY_POLL = 0.2  # s: how soon the relay thread sees that close() asked it to stop
 WARM_BYTES = 512 << 20  # a worker keeps up to this much of a finished task's idle buffers for the next task
 
 _events: Any = None  # in a worker process: the queue its progress goes to (set by _start)
@@ -64,7 +65,8 @@ class ProcessExecutor:
         context = multiprocessing.get_context("fork" if fork else "spawn")
         self.count = count
         self.cores = _cores(env)
-        self._queue: Any = context.SimpleQueue()
+        self._queue = _Events(context)
+        self._stopping = threading.Event()
         # The job's one bandwidth cap, in memory every worker shares: the client moves its bucket in (run).
         self.cap_state = BucketState.shared()
         self._pool = concurrent.futures.ProcessPoolExecutor(count, mp_context=context, initializer=_start,
@@ -140,16 +142,15 @@ class ProcessExecutor:
 
     def _relay(self) -> None:
         """Worker progress events into the client's loop, those waiting taken together (one wake-up of the loop
-        for them all), until close() sends None."""
+        for them all), until close() says stop: then those still in the pipe, and no more (the workers are gone)."""
         while True:
-            events = [self._queue.get()]
-            while events[-1] is not None and not self._queue.empty():
-                events.append(self._queue.get())
+            stopping = self._stopping.is_set()
+            events = self._queue.take(0 if stopping else RELAY_POLL)
             loop, handler = self._loop, self._handler
-            if loop is not None and handler is not None:
+            if events and loop is not None and handler is not None:
                 with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                    loop.call_soon_threadsafe(_each, handler, [e for e in events if e is not None])
-            if events[-1] is None:
+                    loop.call_soon_threadsafe(_each, handler, events)
+            if stopping and not events:
                 return
 
     async def close(self) -> None:
@@ -163,8 +164,31 @@ class ProcessExecutor:
             with contextlib.suppress(Exception):
                 process.terminate()
         await asyncio.to_thread(_join, processes)
-        self._queue.put(None)
+        # Not a last message through the queue: a worker terminated while it was writing one holds the queue's
+        # lock for good, and a put would wait on it forever (seen: a SIGTERM'd job that never ended).
+        self._stopping.set()
         await asyncio.to_thread(self._reader.join, 5)
+
+
+class _Events:
+    """The workers' progress events to the client: one pipe, a lock among the writers (each message is written
+    whole), read by the client's relay thread with a timeout, so that it can stop whatever a worker left."""
+
+    def __init__(self, context: Any) -> None:
+        self._reader, self._writer = context.Pipe(duplex=False)
+        self._lock = context.Lock()
+
+    def put(self, event: dict[str, Any]) -> None:
+        """In a worker: one event."""
+        with self._lock:
+            self._writer.send(event)
+
+    def take(self, timeout: float) -> list[dict[str, Any]]:
+        """In the client: the events waiting, or the first to come within `timeout` (none: an empty list)."""
+        events: list[dict[str, Any]] = []
+        while self._reader.poll(0 if events else timeout):
+            events.append(self._reader.recv())
+        return events
 
 
 def _cores(env: Mapping[str, str]) -> int:
