@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from blobsync import TransferConfig
 from blobsync.torch import Checkpoints, IncompleteCheckpointError
 from conftest import Side
 from support.azurite import Azurite
@@ -59,6 +60,38 @@ def test_an_async_save_returns_with_the_state_copied_and_completes_later(source:
         assert checkpoints.latest() == 7
         assert torch.equal(checkpoints.load()["w"], torch.full((4 << 20,), 1.0))  # as it was at save()
     assert torch.equal(_sdk_state(source, "runs/async/step-00000007/state.pt")["w"], torch.full((4 << 20,), 1.0))
+
+
+def test_a_one_process_save_sends_the_states_large_tensors_from_their_own_memory(
+        source: Side, azurite: Azurite, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.save writes each storage once, in one write: a storage of the state's own CPU tensors (however deep,
+    however many views share it) goes up from its memory, not copied into blocks; small ones and an async save's
+    host copies likewise (its copies are the save's own). The SDK's download loads equal, views still views."""
+    from blobsync.blobfile import BlobWriter
+
+    lent: list[int] = []
+    borrowed = BlobWriter.write_borrowed
+
+    def spied(self: BlobWriter, data: object) -> int:
+        lent.append(memoryview(data).nbytes)  # type: ignore[arg-type]
+        return borrowed(self, data)
+
+    monkeypatch.setattr(BlobWriter, "write_borrowed", spied)
+    base = torch.randn(1 << 20, generator=torch.Generator().manual_seed(3))  # 4 MiB
+    state = {"w": base, "half": base[::2], "deep": [{"e": torch.arange(1 << 19, dtype=torch.float64)}],
+             "small": torch.ones(10), "step": 5}
+    url = source.url(azurite.base_url, "runs/lent")
+    with Checkpoints(url, config=TransferConfig(block_size=1 << 20)) as checkpoints:
+        checkpoints.save(5, state)
+        assert sorted(lent) == [4 << 20, 4 << 20], lent  # `w` and `half` share one storage, written once
+        lent.clear()
+        assert checkpoints.save(6, state, async_=True).result(timeout=120).step == 6  # type: ignore[union-attr]
+        assert sorted(lent) == [2 << 20, 4 << 20, 4 << 20], lent  # the host copies: `half` a storage of its own
+    for step in (5, 6):
+        got = _sdk_state(source, f"runs/lent/step-0000000{step}/state.pt")
+        assert torch.equal(got["w"], base) and torch.equal(got["half"], base[::2])  # type: ignore[arg-type]
+        assert torch.equal(got["deep"][0]["e"], state["deep"][0]["e"])  # type: ignore[index]
+        assert got["step"] == 5 and torch.equal(got["small"], torch.ones(10))  # type: ignore[arg-type]
 
 
 def test_bad_arguments_get_one_line(source: Side, azurite: Azurite) -> None:

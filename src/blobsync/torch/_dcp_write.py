@@ -15,17 +15,12 @@ from torch.distributed.checkpoint.storage import WriteResult
 
 from blobsync.backends.base import Buffer
 from blobsync.blobfile import BlobWriter
+from blobsync.torch._lend import Lender
 
 SUFFIX = ".distcp"
 ALIGN = 64  # items start 64-byte aligned, as torch.save aligns a tensor's bytes in its item: a load views them in
 # place whatever their type, and a stock reader (which slices by offset and length) never notices
 FILE_BYTES = 128 << 20  # a rank's state is spread over one blob per this many bytes, up to one per core
-LEND_BYTES = 1 << 20  # a tensor's bytes from this size are sent from its own memory, not copied into blocks
-
-try:  # the address of the memory torch.save hands over, and a view that keeps it alive (else it is copied)
-    import numpy
-except ImportError:  # pragma: no cover - torch runs without numpy
-    numpy = None  # type: ignore[assignment]
 
 
 def item_size(item: WriteItem) -> int:
@@ -55,39 +50,19 @@ def buckets(items: Sequence[WriteItem], files: int | None) -> list[list[WriteIte
     return [b for b in out if b]
 
 
-class _Counted:
-    """A BlobWriter as torch.save writes to it, counting the bytes (where the next item starts). The bytes of
-    the state's tensor being saved (`lent`) are sent from its memory, not copied: the state stays unchanged while
-    the save runs, and the view handed on keeps the tensor alive until its blocks are sent."""
+class _Counted(Lender):
+    """A BlobWriter as torch.save writes to it, counting the bytes (where the next item starts); the storage of
+    the state's tensor being saved is lent (sent from its memory, not copied: the state stays unchanged while the
+    save runs)."""
 
     def __init__(self, writer: BlobWriter) -> None:
-        self.writer, self.at = writer, 0
-        self.lent: torch.Tensor | None = None
+        super().__init__(writer)
+        self.at = 0
 
     def write(self, data: Buffer) -> int:
-        own = self._owned(data)
-        n = self.writer.write_borrowed(own) if own is not None else self.writer.write(data)
+        n = super().write(data)
         self.at += n
         return n
-
-    def _owned(self, data: Buffer) -> memoryview | None:
-        """A view of the lent tensor's bytes that keeps them alive, where `data` is exactly those bytes (torch.save
-        writes a storage in one write, from a view of its memory that does not keep it alive); else None."""
-        tensor = self.lent
-        if tensor is None or numpy is None:
-            return None
-        view = memoryview(data)
-        if view.nbytes < LEND_BYTES or view.nbytes != tensor.nbytes:
-            return None
-        try:
-            if numpy.frombuffer(view, numpy.uint8).ctypes.data != tensor.data_ptr():
-                return None
-            return memoryview(tensor.reshape(-1).view(torch.uint8).numpy().data)  # the array holds the tensor
-        except (RuntimeError, TypeError, ValueError):  # a tensor without plain bytes (quantized, sparse): copied
-            return None
-
-    def flush(self) -> None:
-        pass
 
     def pad(self) -> None:
         if self.at % ALIGN:
@@ -136,11 +111,12 @@ def _write_items(out: _Counted, relative: str, items: Sequence[WriteItem], plann
             tensor = cpu_tensor(data)
             # Only the state's own memory is lent: a copy made here (from a GPU, of a strided view) would be kept
             # alive until its blocks are sent while the next item's copy is made; copied into blocks, it is not.
-            out.lent = tensor if tensor.untyped_storage().data_ptr() == data.untyped_storage().data_ptr() else None
+            if tensor.untyped_storage().data_ptr() == data.untyped_storage().data_ptr():
+                out.offer([tensor])
             try:
                 torch.save(tensor, out)  # type: ignore[arg-type]  # a file-like object: write, flush
             finally:
-                out.lent = None
+                out.withdraw()
         results.append(WriteResult(index=item.index, size_in_bytes=out.at - start,
                                    storage_data=_StorageInfo(relative, start, out.at - start)))
     return results

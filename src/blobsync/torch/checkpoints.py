@@ -33,6 +33,7 @@ from blobsync.filters import Filters
 from blobsync.redact import strip_query
 from blobsync.report import FileResult
 from blobsync.torch import _pending
+from blobsync.torch._lend import Lender, tensors_in
 from blobsync.torch._paths import below, container_path, folder_url
 from blobsync.torch._tier import LocalTier
 from blobsync.torch._unpickle import load_metadata
@@ -222,8 +223,10 @@ class Checkpoints:
         config = self._incremental(self._base_path() + folder_of(base) + STATE if base is not None else None)
         out = self.client.open(self._name(folder_of(step) + STATE), "wb", config=config)
         assert isinstance(out, BlobWriter)
+        lender = Lender(out)
+        lender.offer(tensors_in(state))  # the state's CPU tensors go up from their own memory: it waits for this
         with out:  # one commit, at close
-            torch.save(state, cast(IO[bytes], out))
+            torch.save(state, cast(IO[bytes], lender))
         self._complete(step, "torch")
         return Saved.of(step, [out.result] if out.result is not None else [], base)
 
