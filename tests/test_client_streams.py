@@ -376,6 +376,23 @@ def test_a_borrowed_write_sends_its_whole_blocks_from_the_callers_memory(contain
             lent[:] = os.urandom(len(lent))
 
 
+def test_borrowed_blocks_retried_after_faults_land_right(container: ContainerHandle, proxy: FaultProxy,
+                                                         tmp_path: Path) -> None:
+    """A block sent from the caller's memory is read again for its retry: 503s and a reset on Put Block are
+    ridden out, the commit lands, and the SDK reads back exactly what was written."""
+    from support.proxy import Rule, reset_before, respond
+
+    proxy.add_rule(Rule("put_block", respond(503, "ServerBusy", retry_after=0.1), probability=0.3, seed=11))
+    proxy.add_rule(Rule("put_block", reset_before(), nth=2))
+    lent = bytearray(os.urandom(5 * MiB))
+    with blobsync.Client(f"{proxy.endpoint()}/{container.name}", _config(tmp_path)) as client, \
+            client.open("faulted.bin", "wb") as f:
+        f.write(b"head")
+        f.write_borrowed(memoryview(lent))  # type: ignore[union-attr]
+    assert sum(proxy.stats.faults.values()) >= 2
+    assert container.download("faulted.bin") == b"head" + bytes(lent)
+
+
 def test_a_stream_creates_its_container_where_create_container_says_so(container: ContainerHandle,
                                                                         tmp_path: Path) -> None:
     """As a job does: put() and open('wb') into a container not there make it first with create_container=True

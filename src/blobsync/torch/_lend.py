@@ -32,10 +32,14 @@ class Lender:
     def offer(self, tensors: Iterable[torch.Tensor]) -> None:
         """The storages of these tensors (the CPU ones, of plain layout and LEND_BYTES or more) may be lent."""
         for tensor in tensors:
-            if tensor.device.type == "cpu" and tensor.layout is torch.strided and not tensor.is_quantized:
+            if tensor.device.type != "cpu" or tensor.layout is not torch.strided or tensor.is_quantized:
+                continue
+            try:
                 storage = tensor.untyped_storage()
-                if storage.nbytes() >= LEND_BYTES:
-                    self._storages[storage.data_ptr()] = storage
+            except (RuntimeError, NotImplementedError, TypeError):  # a wrapper subclass without plain storage
+                continue
+            if storage.nbytes() >= LEND_BYTES:
+                self._storages[storage.data_ptr()] = storage
 
     def withdraw(self) -> None:
         self._storages.clear()
